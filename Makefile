@@ -1,0 +1,35 @@
+# Two commands for a fresh machine (Python 3.11, a C++ compiler, network to PyPI):
+#   make demo   -> virtualenv + install + demo data + the main job
+#   make test   -> virtualenv + install + the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed-stamp
+DEMO_DIR ?= demo_data
+# pip's own chatter about unreachable extra indexes is noise, not progress
+PIP_FLAGS ?= --disable-pip-version-check
+
+.PHONY: install demo test bench clean
+
+$(STAMP): pyproject.toml setup.py constraints.txt data_tools/helpers.cpp
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install $(PIP_FLAGS) -q -c constraints.txt -e ".[cpu,test,demo]"
+	$(PY) -c "import data_tools.index as i; print('compiled index helper OK, version', i.HELPER_VERSION)"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m data_tools.prepare_demo_data --output_dir $(DEMO_DIR)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_index.py
+	$(PY) benchmarks/bench_preprocess.py
+	$(PY) benchmarks/bench_dataset.py
+
+clean:
+	rm -rf build *.egg-info data_tools/_helpers*.so $(DEMO_DIR)
