@@ -1,0 +1,180 @@
+"""Shims that let Paddle 2.6.2's fleet collective programs be built and run on a CPU-only build.
+
+Two uses (facts and evidence: ../shared/notes/platform.md, "Fleet on CPU, several processes"):
+
+* **Running on CPU** (gloo): `apply_cpu_collective_shim()` after `paddle.distributed.init_parallel_env()`,
+  then `strip_gpu_sync_ops(main, startup)` before the first `exe.run`. Unmodified fleet fails on a
+  CPU build because (a) `FLAGS_dynamic_static_unified_comm` exists only in CUDA/XPU builds and
+  (b) `CollectiveHelper._init_communicator` has only CUDA/XPU branches. The CPU `c_*` kernels use
+  the process-global gloo context that `init_parallel_env()` creates, so the communicator set-up
+  can be skipped. They ignore `ring_id`: only whole-world groups work on CPU.
+* **Inspecting GPU programs on CPU**: `emulate_gpu_program(rank, world_size)` builds, without
+  running anything, the program that rank `rank` of `world_size` would run on GPUs: a fake
+  `UserDefinedRoleMaker`, the `c_gen_nccl_id`/`c_comm_init` ops a CUDA build writes, and the GPU
+  fp16/bf16 op lists so that AMP inserts casts (a CPU build reads the lists from its own kernel
+  registry, finds no GPU kernels and inserts none). Every monkeypatch is undone on exit.
+
+The emulated op lists treat every registered op as having a low-precision GPU kernel, so cast
+placement can differ slightly from a real GPU build; the collective structure is the real one.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+
+import paddle
+from paddle.base import core
+
+_UNIFIED_COMM_FLAG = "FLAGS_dynamic_static_unified_comm"
+# Stream-ordering ops: GPU-only kernels, no-ops for synchronous gloo collectives.
+GPU_SYNC_OPS = ("c_sync_calc_stream", "c_sync_comm_stream", "c_wait_comm", "c_wait_compute")
+
+
+def is_cpu_build() -> bool:
+    """True when this paddle has neither CUDA nor XPU support (the gloo path applies)."""
+    return not (core.is_compiled_with_cuda() or core.is_compiled_with_xpu())
+
+
+class _Patches:
+    """A stack of (object, attribute, original value) so patches can be undone in reverse order."""
+
+    def __init__(self) -> None:
+        self._undo: List[Tuple[Any, str, Any]] = []
+
+    def set(self, obj: Any, name: str, value: Any) -> None:
+        self._undo.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    def restore(self) -> None:
+        while self._undo:
+            obj, name, value = self._undo.pop()
+            setattr(obj, name, value)
+
+
+def _get_flags_with_unified_comm(original: Callable) -> Callable:
+    def get_flags(flags):
+        try:
+            return original(flags)
+        except ValueError:
+            names = [flags] if isinstance(flags, str) else list(flags)
+            if names and all(n == _UNIFIED_COMM_FLAG for n in names):
+                # True = "communicators are set up elsewhere": fleet then skips its TCP port waits.
+                return {n: True for n in names}
+            raise
+    get_flags.__ernie_mtl_shim__ = True
+    return get_flags
+
+
+def _skip_communicator_init(self, program, current_endpoint, endpoints, rank, ring_id, wait_port,
+                            global_ring_id=None, sync=True):
+    """CPU build: gloo is already initialised process-wide by init_parallel_env(); nothing to add."""
+
+
+
+def apply_cpu_collective_shim() -> bool:
+    """Make fleet's static collective meta-optimizers usable on a CPU-only build (idempotent).
+
+    Call after `paddle.enable_static()` and `paddle.distributed.init_parallel_env()`, before
+    `fleet.distributed_optimizer(...).minimize`. Does nothing on CUDA/XPU builds. Returns whether
+    the shim is active.
+    """
+    if not is_cpu_build():
+        return False
+    from paddle.distributed.fleet.meta_optimizers import common
+
+    if not getattr(paddle.get_flags, "__ernie_mtl_shim__", False):
+        paddle.get_flags = _get_flags_with_unified_comm(paddle.get_flags)
+    common.CollectiveHelper._init_communicator = _skip_communicator_init
+    return True
+
+
+def strip_gpu_sync_ops(*programs: paddle.static.Program) -> int:
+    """Remove stream-synchronisation ops (no CPU kernel) from `programs`; returns how many."""
+    removed = 0
+    for program in programs:
+        for block in program.blocks:
+            for idx in reversed(range(len(block.ops))):
+                if block.ops[idx].type in GPU_SYNC_OPS:
+                    block._remove_op(idx, sync=False)
+                    removed += 1
+            block._sync_with_cpp()
+    return removed
+
+
+def _emit_comm_init_ops(self, program, current_endpoint, endpoints, rank, ring_id, wait_port,
+                        global_ring_id=None, sync=True):
+    """What `CollectiveHelper._init_communicator` writes on a CUDA build, written as raw op
+    descriptions because `c_gen_nccl_id`/`c_comm_init` are not registered in a CPU build."""
+    from paddle.distributed.fleet.meta_optimizers.common import OP_ROLE_KEY, OpRole
+    from paddle.utils import unique_name
+
+    block = program.global_block()
+    if current_endpoint is not None:
+        others = [e for e in endpoints if e != current_endpoint]
+        comm_id = block.create_var(name=unique_name.generate("comm_id"), persistable=True,
+                                   type=core.VarDesc.VarType.RAW)
+        for op_type, inputs, outputs, attrs in (
+                ("c_gen_nccl_id", {}, {"Out": [comm_id.name]},
+                 {"rank": rank, "endpoint": current_endpoint, "other_endpoints": others, "ring_id": ring_id}),
+                ("c_comm_init", {"X": [comm_id.name]}, {},
+                 {"nranks": len(endpoints), "rank": rank, "ring_id": ring_id, "endpoints": ",".join(endpoints)})):
+            desc = block.desc.append_op()
+            desc.set_type(op_type)
+            for key, names in inputs.items():
+                desc.set_input(key, names)
+            for key, names in outputs.items():
+                desc.set_output(key, names)
+            for key, value in attrs.items():
+                desc._set_attr(key, value)
+            desc._set_attr(OP_ROLE_KEY, int(OpRole.Forward))
+        block._sync_with_cpp()
+        if not sync:
+            return
+    # the "sync by all-reduce" a GPU build appends (a registered op, so append it normally)
+    sync_var = block.create_var(name=unique_name.generate("sync_var"), dtype=core.VarDesc.VarType.INT32,
+                                persistable=False, stop_gradient=True)
+    block.append_op(type="fill_constant", outputs={"Out": [sync_var]},
+                    attrs={"shape": [1], "dtype": sync_var.dtype, "value": 1, "force_cpu": False,
+                           OP_ROLE_KEY: OpRole.Forward})
+    block.append_op(type="c_allreduce_sum", inputs={"X": [sync_var]}, outputs={"Out": [sync_var]},
+                    attrs={"ring_id": global_ring_id, "use_calc_stream": True, OP_ROLE_KEY: OpRole.Forward})
+    block.append_op(type="c_sync_calc_stream", inputs={"X": sync_var}, outputs={"Out": sync_var},
+                    attrs={OP_ROLE_KEY: OpRole.Forward})
+
+
+def _all_ops_have_gpu_kernels(dtype):
+    """Stand-in for `fp16_lists._get_sys_unsupported_list` on a GPU build: nothing unsupported."""
+    return "GPU", set(), set(core._get_all_register_op_kernels("all").keys())
+
+
+@contextlib.contextmanager
+def emulate_gpu_program(rank: int, world_size: int, *,
+                        endpoints: Optional[Sequence[str]] = None) -> Iterator[None]:
+    """Inside: fleet is initialised as rank `rank` of `world_size` GPU workers, and programs built
+    with fleet get the communicator-init ops and AMP casts a CUDA build would give them.
+
+    Build only: such programs cannot run on CPU (no NCCL, no fp16 kernels). On exit every patch is
+    undone; fleet stays initialised with the fake role maker until the next `fleet.init`.
+    """
+    import paddle.distributed.fleet as fleet
+    import paddle.static.amp.fp16_lists as fp16_lists
+    from paddle.distributed.fleet.meta_optimizers import common
+
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+    endpoints = list(endpoints or [f"127.0.0.1:{6170 + i}" for i in range(world_size)])
+    if len(endpoints) != world_size:
+        raise ValueError(f"{len(endpoints)} endpoints given for {world_size} ranks")
+    patches = _Patches()
+    try:
+        if not getattr(paddle.get_flags, "__ernie_mtl_shim__", False):
+            patches.set(paddle, "get_flags", _get_flags_with_unified_comm(paddle.get_flags))
+        patches.set(common.CollectiveHelper, "_init_communicator", _emit_comm_init_ops)
+        # read by paddle.static.amp (fleet AMP and static.amp.decorate, fp16 and bf16 alike)
+        patches.set(fp16_lists, "_get_sys_unsupported_list", _all_ops_have_gpu_kernels)
+        role = fleet.UserDefinedRoleMaker(is_collective=True, current_id=rank, role=fleet.Role.WORKER,
+                                          worker_num=world_size, worker_endpoints=endpoints)
+        fleet.init(role_maker=role, is_collective=True)
+        yield
+    finally:
+        patches.restore()
