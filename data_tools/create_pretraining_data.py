@@ -1,0 +1,442 @@
+"""Tokenize a text corpus into a Megatron-compatible `.bin/.idx` dataset for ERNIE pretraining.
+
+    python -m data_tools.create_pretraining_data --input corpus.jsonl --vocab_file vocab.txt \\
+        --output_prefix data/corpus --cn_whole_word_segment --workers 4
+
+Input: files or directories (walked in sorted order, hidden files skipped). `.jsonl`/`.json` files
+are JSON lines, one document per line, text under --json_key; any other file is plain text, where
+a blank line separates documents and each line holds one or more sentences. Every sentence
+becomes one sequence of the output; empty documents are skipped. Output: `<prefix>.bin`,
+`<prefix>.idx` and a `<prefix>.json` sidecar (vocab sha1, options, counts); each appears only
+when complete. Malformed lines (undecodable, bad JSON, missing key, non-string text) are
+skipped and reported as file:line; the run fails, leaving nothing new under the output names,
+when they exceed --max_malformed. Memory does not grow with the corpus (streamed input, a
+bounded number of chunks in flight, streamed output); the output order is the input order for
+any --workers.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import multiprocessing
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from data_tools.cli_utils import str2bool
+from data_tools.indexed_dataset import IndexedDatasetBuilder, best_dtype, mkstemp_public
+
+JSON_SUFFIXES = (".jsonl", ".json")
+_LIST_MALFORMED = 20  # malformed lines listed in the summary
+_ALL_BAD_PROBE = 1000  # stop early when this many leading records are all malformed
+
+
+class InputError(ValueError):
+    """Bad command-line input (the message names the flag or file and the fix)."""
+
+
+@dataclass
+class Document:
+    """One input document, or (error set) one malformed line."""
+    file: str
+    line: int
+    text: Optional[str]
+    nbytes: int
+    error: Optional[str] = None
+
+
+def list_input_files(inputs: Sequence[str]) -> List[str]:
+    """Expand files and directories (recursively, sorted, hidden entries skipped)."""
+    files: List[str] = []
+    for item in inputs:
+        if os.path.isfile(item):
+            files.append(item)
+        elif os.path.isdir(item):
+            found = []
+            for root, dirs, names in os.walk(item):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                found += [os.path.join(root, n) for n in names if not n.startswith(".")]
+            if not found:
+                raise InputError(f"--input {item}: directory holds no files")
+            files += sorted(found)
+        else:
+            raise InputError(f"--input {item}: no such file or directory")
+    return files
+
+
+def iter_documents(files: Iterable[str], json_key: str = "text") -> Iterator[Document]:
+    """Stream documents (and malformed-line records) from the input files."""
+    for path in files:
+        if path.lower().endswith(JSON_SUFFIXES):
+            yield from _json_documents(path, json_key)
+        else:
+            yield from _text_documents(path)
+
+
+def _decode(raw: bytes, lineno: int) -> str:
+    text = raw.decode("utf-8")
+    return text[1:] if lineno == 1 and text.startswith("\ufeff") else text  # byte-order mark
+
+
+def _json_documents(path: str, key: str) -> Iterator[Document]:
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(_decode(raw, lineno))
+            except UnicodeDecodeError as exc:
+                yield Document(path, lineno, None, len(raw), f"not valid UTF-8 ({exc.reason} at byte {exc.start})")
+                continue
+            except json.JSONDecodeError as exc:
+                yield Document(path, lineno, None, len(raw), f"invalid JSON ({exc.msg} at column {exc.colno})")
+                continue
+            if not isinstance(obj, dict):
+                yield Document(path, lineno, None, len(raw), f"expected a JSON object, got {type(obj).__name__}")
+            elif key not in obj:
+                yield Document(path, lineno, None, len(raw),
+                               f"no key {key!r} (keys: {', '.join(list(obj)[:5])}; set --json_key)")
+            elif not isinstance(obj[key], str):
+                yield Document(path, lineno, None, len(raw),
+                               f"{key!r} is {type(obj[key]).__name__}, expected a string")
+            else:
+                yield Document(path, lineno, obj[key], len(raw))
+
+
+def _text_documents(path: str) -> Iterator[Document]:
+    lines: List[str] = []
+    first = 0
+    nbytes = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            nbytes += len(raw)
+            try:
+                text = _decode(raw, lineno)
+            except UnicodeDecodeError as exc:
+                yield Document(path, lineno, None, 0, f"not valid UTF-8 ({exc.reason} at byte {exc.start})")
+                continue
+            if text.strip():
+                if not lines:
+                    first = lineno
+                lines.append(text.rstrip("\r\n"))
+            elif lines:
+                yield Document(path, first, "\n".join(lines), nbytes)
+                lines, nbytes = [], 0
+    if lines:
+        yield Document(path, first, "\n".join(lines), nbytes)
+
+
+def parse_max_malformed(value: str) -> Tuple[str, float]:
+    """'25' -> ('count', 25); '0.001' -> ('fraction', 0.001) (of the input records)."""
+    text = str(value).strip()
+    try:
+        count = int(text)
+    except ValueError:
+        try:
+            frac = float(text)
+        except ValueError:
+            frac = -1.0
+        if not 0.0 <= frac < 1.0:
+            raise InputError(f"--max_malformed {value!r}: give a count (e.g. 10) or a fraction in [0, 1) "
+                             "(e.g. 0.001)") from None
+        return "fraction", frac
+    if count < 0:
+        raise InputError(f"--max_malformed {value!r}: a count must be >= 0")
+    return "count", float(count)
+
+
+# --------------------------------------------------------------------------------------------
+# Workers: one DocumentEncoder (tokenizer + jieba) per process, built once (before forking).
+
+_ENCODER = None
+_DTYPE = None
+
+
+def _init_worker(encoder_kwargs: dict, dtype: str) -> None:
+    global _ENCODER, _DTYPE
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker
+    from data_tools.tokenization import DocumentEncoder
+
+    _ENCODER = DocumentEncoder(**encoder_kwargs)
+    _DTYPE = np.dtype(dtype)
+
+
+def _encode_chunk(texts: List[str]):
+    """Documents -> (tokens, sentence sizes, sentences per non-empty document, empty documents)."""
+    parts, sizes, doc_sentences = [], [], []
+    empty = 0
+    for text in texts:
+        sentences = _ENCODER.encode(text)
+        if not sentences:
+            empty += 1
+            continue
+        parts += sentences
+        sizes += [len(s) for s in sentences]
+        doc_sentences.append(len(sentences))
+    tokens = np.concatenate(parts).astype(_DTYPE) if parts else np.zeros(0, _DTYPE)
+    return tokens, np.array(sizes, dtype=np.int32), np.array(doc_sentences, dtype=np.int32), empty
+
+
+def _ordered_results(chunks: Iterator[Tuple[List[str], int, int]], workers: int, init_args: tuple):
+    """Yield (result, nbytes, ndocs) per chunk in input order, with at most 2*workers chunks in
+    flight (Pool.imap would read the whole input ahead of slow workers)."""
+    fork = workers > 1 and "fork" in multiprocessing.get_all_start_methods()
+    if workers == 1 or fork:
+        # built once here; forked workers inherit it (copy-on-write) instead of each paying the
+        # seconds of jieba's dictionary load and the tokenizer tables
+        _init_worker(*init_args)
+    if workers == 1:
+        for texts, nbytes, ndocs in chunks:
+            yield _encode_chunk(texts), nbytes, ndocs
+        return
+    if fork:
+        pool = multiprocessing.get_context("fork").Pool(workers)
+    else:
+        pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=init_args)
+    with pool:
+        pending: collections.deque = collections.deque()
+        for texts, nbytes, ndocs in chunks:
+            pending.append((pool.apply_async(_encode_chunk, (texts,)), nbytes, ndocs))
+            if len(pending) >= 2 * workers:
+                job, b, d = pending.popleft()
+                yield job.get(), b, d
+        while pending:
+            job, b, d = pending.popleft()
+            yield job.get(), b, d
+
+
+class _MalformedLimit(Exception):
+    pass
+
+
+class _Reader:
+    """Streams chunks of documents and keeps the malformed-line and record counts."""
+
+    def __init__(self, files: List[str], json_key: str, limit: Tuple[str, float], chunk_docs: int,
+                 chunk_bytes: int = 1 << 20):
+        self.files, self.json_key, self.limit = files, json_key, limit
+        self.chunk_docs, self.chunk_bytes = chunk_docs, chunk_bytes
+        self.records = 0
+        self.malformed: List[Document] = []
+        self.malformed_count = 0
+
+    def chunks(self) -> Iterator[Tuple[List[str], int, int]]:
+        texts: List[str] = []
+        nbytes = 0
+        for doc in iter_documents(self.files, self.json_key):
+            self.records += 1
+            if doc.error is not None:
+                self._malformed(doc)
+                nbytes += doc.nbytes
+                continue
+            texts.append(doc.text)
+            nbytes += doc.nbytes
+            if len(texts) >= self.chunk_docs or nbytes >= self.chunk_bytes:
+                yield texts, nbytes, len(texts)
+                texts, nbytes = [], 0
+        if texts or nbytes:
+            yield texts, nbytes, len(texts)
+
+    def _malformed(self, doc: Document) -> None:
+        self.malformed_count += 1
+        if len(self.malformed) < _LIST_MALFORMED:
+            self.malformed.append(doc)
+        kind, value = self.limit
+        if kind == "count" and self.malformed_count > value:
+            raise _MalformedLimit(f"more than {int(value)} malformed lines (--max_malformed {int(value)})")
+        if self.records == _ALL_BAD_PROBE and self.malformed_count == _ALL_BAD_PROBE:
+            raise _MalformedLimit(f"the first {_ALL_BAD_PROBE} records are all malformed: wrong --json_key "
+                                  "or input format?")
+
+    def check_fraction(self) -> None:
+        kind, value = self.limit
+        if kind == "fraction" and self.malformed_count > value * max(self.records, 1):
+            raise _MalformedLimit(f"{self.malformed_count} malformed of {self.records} records "
+                                  f"({self.malformed_count / max(self.records, 1):.4%}) exceeds --max_malformed "
+                                  f"{value} (a fraction)")
+
+
+def _sha1(path: str) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_json_atomic(path: str, obj: dict) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = mkstemp_public(directory, os.path.basename(path) + ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.remove(tmp)
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bool_flag = dict(type=str2bool, nargs="?", const=True)
+    p.add_argument("--input", nargs="+", required=True, help="input files or directories")
+    p.add_argument("--vocab_file", required=True, help="vocab.txt (e.g. from `python -m data_tools.build_vocab`)")
+    p.add_argument("--output_prefix", required=True, help="writes <prefix>.bin, <prefix>.idx, <prefix>.json")
+    p.add_argument("--json_key", default="text", help="text field of JSON-lines inputs")
+    p.add_argument("--do_lower_case", default=True, **bool_flag,
+                   help="lower-case and strip accents (as the vocab was built)")
+    p.add_argument("--split_sentences", default=True, **bool_flag,
+                   help="split at sentence-final punctuation; false: only newlines end sentences")
+    p.add_argument("--cn_whole_word_segment", default=False, **bool_flag,
+                   help="mark Chinese word continuations as ##<char> ids (jieba segmentation)")
+    p.add_argument("--jieba_hmm", default=True, **bool_flag,
+                   help="jieba's HMM for words missing from its dictionary (jieba's default)")
+    p.add_argument("--segmenter", choices=("fast", "jieba"), default="fast",
+                   help="fast: re-implementation of jieba's algorithm, identical output; jieba: jieba.cut")
+    p.add_argument("--tokenizer", choices=("fast", "paddlenlp"), default="fast",
+                   help="fast: Rust `tokenizers` matching paddlenlp's ErnieTokenizer; paddlenlp: that tokenizer")
+    p.add_argument("--workers", type=int, default=1, help="tokenizer processes")
+    p.add_argument("--chunk_docs", type=int, default=256, help="documents per work unit sent to a worker")
+    p.add_argument("--max_malformed", default="0.001",
+                   help="tolerated malformed lines: a count (10) or a fraction of the records (0.001)")
+    p.add_argument("--log_interval", type=int, default=10000,
+                   help="documents between progress lines when stderr is not a terminal")
+    return p
+
+
+def _validate(args) -> Tuple[List[str], Tuple[str, float]]:
+    problems = []
+    files: List[str] = []
+    limit = ("count", 0.0)
+    try:
+        files = list_input_files(args.input)
+    except InputError as exc:
+        problems.append(str(exc))
+    try:
+        limit = parse_max_malformed(args.max_malformed)
+    except InputError as exc:
+        problems.append(str(exc))
+    if not os.path.isfile(args.vocab_file):
+        problems.append(f"--vocab_file {args.vocab_file}: file not found (build one with "
+                        "`python -m data_tools.build_vocab`)")
+    if args.workers < 1:
+        problems.append(f"--workers {args.workers}: must be >= 1")
+    if args.chunk_docs < 1:
+        problems.append(f"--chunk_docs {args.chunk_docs}: must be >= 1")
+    if args.log_interval < 1:
+        problems.append(f"--log_interval {args.log_interval}: must be >= 1")
+    if os.path.isdir(args.output_prefix):
+        problems.append(f"--output_prefix {args.output_prefix}: is a directory; give a file prefix such as "
+                        f"{os.path.join(args.output_prefix, 'corpus')}")
+    outputs = {os.path.abspath(args.output_prefix + s) for s in (".bin", ".idx", ".json")}
+    clash = [f for f in files if os.path.abspath(f) in outputs]
+    if clash:
+        problems.append(f"--output_prefix {args.output_prefix}: would overwrite the input {clash[0]}")
+    if problems:
+        raise InputError("invalid arguments:\n  " + "\n  ".join(problems))
+    return files, limit
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the preprocessing; returns the process exit code (0 ok, 1 failed, 2 bad arguments)."""
+    args = build_parser().parse_args(argv)
+    try:
+        files, limit = _validate(args)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from data_tools.tokenization import load_vocab
+    from tqdm import tqdm
+
+    vocab = load_vocab(args.vocab_file)
+    dtype = best_dtype(max(vocab.values()) + 1)
+    encoder_kwargs = dict(vocab_file=args.vocab_file, do_lower_case=args.do_lower_case,
+                          split_sentences=args.split_sentences, whole_word=args.cn_whole_word_segment,
+                          backend=args.tokenizer, segmenter=args.segmenter, hmm=args.jieba_hmm)
+    reader = _Reader(files, args.json_key, limit, args.chunk_docs)
+    total_bytes = sum(os.path.getsize(f) for f in files)
+    tqdm.monitor_interval = 0  # no monitor thread: worker processes are forked while the bar runs
+    sentences = empty = docs_done = bytes_done = 0
+    t0 = time.perf_counter()
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", disable=None,
+               file=sys.stderr, mininterval=1.0)
+    next_log = args.log_interval
+    try:
+        with IndexedDatasetBuilder(args.output_prefix, dtype) as builder:
+            for (tokens, sizes, doc_sents, n_empty), nbytes, ndocs in _ordered_results(
+                    reader.chunks(), args.workers, (encoder_kwargs, dtype.name)):
+                if len(doc_sents):
+                    builder.add_documents(tokens, sizes, doc_sents)
+                sentences += len(sizes)
+                empty += n_empty
+                docs_done += ndocs
+                bytes_done += nbytes
+                bar.update(nbytes)
+                elapsed = max(time.perf_counter() - t0, 1e-9)
+                bar.set_postfix_str(f"{docs_done / elapsed:,.0f} docs/s", refresh=False)
+                if bar.disable and docs_done >= next_log:
+                    print(f"{docs_done:,} documents, {docs_done / elapsed:,.0f} docs/s, "
+                          f"{bytes_done / elapsed / 1e6:.2f} MB/s", file=sys.stderr, flush=True)
+                    next_log = docs_done + args.log_interval
+            reader.check_fraction()
+            stats = builder.finalize()
+    except _MalformedLimit as exc:
+        bar.close()  # before the report, so the two do not interleave
+        _print_malformed(reader)
+        print(f"error: {exc}; nothing was written under {args.output_prefix}.*", file=sys.stderr)
+        return 1
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - t0
+    sidecar = {
+        "format": "Megatron-LM MMIDIDX v1 (.bin tokens + .idx index)",
+        "dtype": stats["dtype"],
+        "vocab_file": os.path.abspath(args.vocab_file),
+        "vocab_sha1": _sha1(args.vocab_file),
+        "vocab_file_bytes": os.path.getsize(args.vocab_file),
+        "vocab_size": len(vocab),
+        "do_lower_case": args.do_lower_case,
+        "split_sentences": args.split_sentences,
+        "cn_whole_word_segment": args.cn_whole_word_segment,
+        "jieba_hmm": args.jieba_hmm if args.cn_whole_word_segment else None,
+        "tokenizer": args.tokenizer,
+        "json_key": args.json_key,
+        "inputs": [os.path.abspath(f) for f in files],
+        "input_bytes": total_bytes,
+        "documents": stats["documents"],
+        "sentences": stats["sequences"],
+        "tokens": stats["tokens"],
+        "empty_documents_skipped": empty,
+        "malformed_lines": reader.malformed_count,
+    }
+    _write_json_atomic(args.output_prefix + ".json", sidecar)
+    _print_malformed(reader)
+    mb = total_bytes / 1e6
+    print(f"documents {stats['documents']:,} | sentences {stats['sequences']:,} | tokens {stats['tokens']:,} "
+          f"({stats['dtype']}) | empty documents skipped {empty:,} | malformed lines {reader.malformed_count:,}\n"
+          f"input {mb:.2f} MB in {seconds:.1f}s = {mb / max(seconds, 1e-9):.2f} MB/s with {args.workers} worker(s)\n"
+          f"wrote {stats['bin_path']} ({stats['bin_bytes']:,} B), {stats['idx_path']} ({stats['idx_bytes']:,} B), "
+          f"{args.output_prefix}.json")
+    return 0
+
+
+def _print_malformed(reader: _Reader) -> None:
+    if not reader.malformed_count:
+        return
+    more = reader.malformed_count - len(reader.malformed)
+    print(f"{reader.malformed_count} malformed line(s) skipped:", file=sys.stderr)
+    for d in reader.malformed:
+        print(f"  {d.file}:{d.line}: {d.error}", file=sys.stderr)
+    if more:
+        print(f"  ... and {more} more", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
