@@ -176,9 +176,11 @@ def _atomic_write(path: Path) -> Iterator[IO[str]]:
         raise
 
 
-def write_pretraining_corpus(out_path: str | os.PathLike, *, include_reviews: bool = True) -> dict:
+def write_pretraining_corpus(out_path: str | os.PathLike, *, include_reviews: bool = True,
+                             max_documents: int | None = None) -> dict:
     """Write the pretraining corpus as JSON lines `{"text": ...}`, one document per line (paragraphs
-    joined by "\\n"): People's Daily articles in file order, then (optionally) the unique reviews.
+    joined by "\\n"): People's Daily articles in file order, then (optionally) the unique reviews,
+    stopping after `max_documents` documents when given (small corpora for tests).
     Returns counts: documents (and per source), characters (of the texts), bytes (of the file)."""
     out_path = Path(out_path)
     stats = {"peoples_daily_documents": 0, "review_documents": 0, "characters": 0}
@@ -186,6 +188,8 @@ def write_pretraining_corpus(out_path: str | os.PathLike, *, include_reviews: bo
         for source, texts in (("peoples_daily_documents", map("\n".join, iter_peoples_daily_documents())),
                               ("review_documents", iter_review_documents() if include_reviews else ())):
             for text in texts:
+                if max_documents is not None and sum(stats[k] for k in stats if k.endswith("_documents")) >= max_documents:
+                    break
                 f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
                 stats[source] += 1
                 stats["characters"] += len(text)
