@@ -1,0 +1,75 @@
+"""Process-level distributed setup: who am I, the CPU/gloo path, and a barrier that works everywhere.
+
+`paddle.distributed.launch` describes the job in environment variables (PADDLE_TRAINER_ID,
+PADDLE_TRAINERS_NUM, PADDLE_LOCAL_RANK, PADDLE_MASTER, ...). On a GPU build fleet sets up NCCL
+from the program it builds; on a CPU-only build the collective ops run over gloo, which needs
+`init_parallel_env()` after `enable_static()` plus the shim in ernie_mtl/compat.py (see
+../shared/notes/platform.md in the developer docs).
+
+The barrier uses the job's TCP store (the rendezvous server `launch` already runs), not a
+collective op: it works before any program exists, on CPU and GPU alike, and does not depend on
+which communication rings a strategy happened to create.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """This process's place in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @classmethod
+    def from_env(cls) -> "ProcessInfo":
+        rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+        world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+        local = int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("PADDLE_RANK_IN_NODE", str(rank))))
+        return cls(rank=rank, world_size=world, local_rank=local)
+
+
+def init_distributed(info: ProcessInfo) -> None:
+    """Static mode, and on a CPU-only build with several processes: gloo + the collective shim."""
+    import paddle
+
+    paddle.enable_static()
+    from ernie_mtl.compat import apply_cpu_collective_shim, is_cpu_build
+
+    if info.world_size > 1 and is_cpu_build():
+        paddle.distributed.init_parallel_env()  # initialises the process-global gloo context
+        apply_cpu_collective_shim()
+
+
+class StoreBarrier:
+    """Blocks until every rank has called it the same number of times (TCP-store counter)."""
+
+    def __init__(self, info: ProcessInfo, *, timeout_s: float = 1800.0):
+        self.info = info
+        self.timeout_s = timeout_s
+        self._count = 0
+        self._store = None
+        if info.world_size > 1:
+            from paddle.base import core
+
+            self._store = core.create_or_get_global_tcp_store()
+
+    def __call__(self, what: str = "barrier") -> None:
+        if self._store is None:
+            return
+        self._count += 1
+        key = f"ernie_mtl/barrier/{self._count}"
+        self._store.add(key, 1)
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.001
+        while self._store.add(key, 0) < self.info.world_size:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rank {self.info.rank}: other ranks did not reach {what} #{self._count} within "
+                    f"{self.timeout_s:.0f}s; check the other workers' logs for an error")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)

@@ -1,0 +1,186 @@
+"""The static pretraining trainer end to end on CPU with a tiny ERNIE and a real (capped) demo corpus:
+loss falls, checkpoint layout and retention, VisualDL tags, bitwise-exact resume after SIGKILL with
+gradient accumulation, and two gloo processes equal to one process on the combined batch."""
+import zlib  # noqa: F401  (before paddle)
+
+import glob
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_tools import prepare_demo_data
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRY = str(ROOT / "run_multitask_static.py")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    assert prepare_demo_data.main(["--output_dir", str(out), "--max_documents", "400", "--vocab_size", "3000",
+                                   "--workers", "1"]) == 0
+    return out
+
+
+def tiny_args(demo, output_dir, **flags):
+    vocab_size = sum(1 for _ in open(demo / "vocab.txt", encoding="utf-8"))
+    argv = ["--device", "cpu", "--model_name_or_path", "ernie-tiny-test", "--vocab_size", str(vocab_size),
+            "--max_seq_len", "64", "--num_workers", "0", "--split", "90,5,5", "--input_dir", str(demo / "corpus"),
+            "--tokenizer_name_or_path", str(demo / "vocab.txt"), "--output_dir", str(output_dir)]
+    for k, v in flags.items():
+        argv += [f"--{k}", str(v)]
+    return argv
+
+
+def train(argv, *, cwd, env=None, launch_procs=0, timeout=240):
+    """Run the trainer (or `paddle.distributed.launch` of it) and return the completed process."""
+    prefix = [sys.executable]
+    if launch_procs:
+        prefix += ["-m", "paddle.distributed.launch", "--nproc_per_node", str(launch_procs),
+                   "--log_dir", str(Path(cwd) / "launch_logs")]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(prefix + [ENTRY] + argv, cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def metrics(output_dir, tag):
+    """{step: value} of one tag from train_metrics.jsonl (full precision)."""
+    rows = [json.loads(line) for line in open(Path(output_dir) / "train_metrics.jsonl", encoding="utf-8")]
+    return {r["step"]: r[tag] for r in rows if tag in r}
+
+
+def state(prefix):
+    """Parameters (.pdparams) and optimizer state (.pdopt) written by paddle.static.save."""
+    out = {}
+    for ext in (".pdparams", ".pdopt"):
+        with open(f"{prefix}{ext}", "rb") as f:
+            out.update({k: np.asarray(v) for k, v in pickle.load(f).items() if not k.startswith("StructuredToParameter")})
+    return out
+
+
+@pytest.mark.slow
+def test_single_process_loss_falls_checkpoints_and_visualdl(demo, tmp_path):
+    out = tmp_path / "run"
+    proc = ok(train(tiny_args(demo, out, micro_batch_size=8, max_steps=30, max_lr=5e-3, min_lr=1e-4,
+                              warmup_rate=0.1, logging_freq=5, eval_freq=10, eval_iters=2, checkpoint_steps=5,
+                              save_steps=10, keep_last=2), cwd=tmp_path))
+    losses = metrics(out, "train/loss")
+    assert sorted(losses) == [5, 10, 15, 20, 25, 30]
+    assert losses[30] < losses[5] - 0.5, losses  # mean of the last 5 steps vs the first 5
+    assert sorted(metrics(out, "eval/loss")) == [10, 20, 30]
+    # layout: rolling model_last, kept model_<step> pruned to the newest 2, nothing half-written
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["model_20", "model_30", "model_last", "program_desc", "train_metrics.jsonl", "visualdl"]
+    saved = json.loads((out / "model_last" / "train_state.json").read_text())
+    assert saved["step"] == 30 and saved["consumed_samples"] == 240
+    assert saved["topology"]["global_batch_size"] == 8 and saved["config"]["optim"]["max_lr"] == 5e-3
+    assert saved["lr_scheduler"]["last_epoch"] == 30
+    assert saved["name_map"]["ernie.embeddings.word_embeddings.weight"] in state(out / "model_last/state/rank_0")
+    assert json.loads((out / "model_20" / "train_state.json").read_text())["step"] == 20
+    assert not glob.glob(str(tmp_path / "main_sharding*"))  # fleet's dumps stay under program_desc
+    assert f"VisualDL: visualdl --logdir {out}/visualdl" in proc.stdout
+    # VisualDL, read back with its own reader
+    from visualdl.reader.reader import LogReader
+
+    (record,) = glob.glob(str(out / "visualdl" / "vdlrecords.*.log"))
+    reader = LogReader(file_path=record)
+    tags = reader.get_tags()
+    assert {"train/loss", "train/mlm_loss", "train/nsp_loss", "train/lr", "perf/tokens_per_s", "perf/steps_per_s",
+            "eval/loss", "eval/mlm_loss", "eval/nsp_loss", "test/loss"} <= set(tags["scalar"])
+    assert "hparam" in tags["hyper_parameters"] and "config" in tags["text"]
+    vdl_loss = {r.id: r.value for r in reader.get_data("scalar", "train/loss")}
+    assert sorted(vdl_loss) == sorted(losses)
+    for step, value in losses.items():
+        assert vdl_loss[step] == pytest.approx(value, rel=1e-6)
+    assert all(r.value > 0 for r in reader.get_data("scalar", "perf/tokens_per_s"))
+
+
+@pytest.mark.slow
+def test_sigkill_after_checkpoint_then_resume_is_bitwise_exact(demo, tmp_path):
+    """Gradient accumulation 2, dropout on: an uninterrupted run equals a run killed after step 6's
+    checkpoint and resumed with the same command (parameters, optimizer state and per-step losses)."""
+    common = dict(micro_batch_size=2, global_batch_size=4, max_steps=8, max_lr=5e-3, min_lr=1e-4, warmup_rate=0.25,
+                  logging_freq=1, eval_freq=4, eval_iters=1, checkpoint_steps=3, save_steps=100)
+    ok(train(tiny_args(demo, tmp_path / "straight", **common), cwd=tmp_path))
+    killed = train(tiny_args(demo, tmp_path / "resumed", **common), cwd=tmp_path,
+                   env={"ERNIE_MTL_TEST_KILL_AT_STEP": "6"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert json.loads((tmp_path / "resumed/model_last/train_state.json").read_text())["step"] == 6
+    proc = ok(train(tiny_args(demo, tmp_path / "resumed", **common), cwd=tmp_path))
+    assert f"resumed from {tmp_path / 'resumed' / 'model_last'} at step 6 (24 samples consumed" in proc.stdout
+    for tag in ("train/loss", "train/lr", "eval/loss"):
+        straight, resumed = metrics(tmp_path / "straight", tag), metrics(tmp_path / "resumed", tag)
+        assert straight == resumed, tag  # bitwise: the same floats
+    assert sorted(metrics(tmp_path / "resumed", "train/loss")) == list(range(1, 9))
+    a, b = state(tmp_path / "straight/model_last/state/rank_0"), state(tmp_path / "resumed/model_last/state/rank_0")
+    assert sorted(a) == sorted(b) and any("moment1" in k for k in a)
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name
+    # a changed global batch cannot continue exactly: refused with what differs
+    refused = train(tiny_args(demo, tmp_path / "resumed", **{**common, "global_batch_size": 8}), cwd=tmp_path)
+    assert refused.returncode != 0
+    assert "cannot resume exactly" in refused.stderr and "global_batch_size: checkpoint 4 vs now 8" in refused.stderr
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_equal_one_process_on_the_combined_batch(demo, tmp_path):
+    """Dropout off, and exactly one masked token per sample (budget 1, unigrams, no short samples):
+    the MLM loss is a mean over each micro-batch's masked tokens, so only equal counts make the
+    average of two half-batch means equal the mean over the combined batch."""
+    common = dict(max_predictions_per_seq=1, max_ngrams=1, short_seq_prob=0, max_steps=5, max_lr=5e-3, min_lr=1e-4, warmup_rate=0.2, global_batch_size=8, logging_freq=1,
+                  eval_freq=5, eval_iters=1, checkpoint_steps=5, save_steps=100, hidden_dropout_prob=0,
+                  attention_probs_dropout_prob=0)
+    ok(train(tiny_args(demo, tmp_path / "one", micro_batch_size=4, **common), cwd=tmp_path))
+    two = train(tiny_args(demo, tmp_path / "two", micro_batch_size=2, **common), cwd=tmp_path, launch_procs=2,
+                env={"ERNIE_MTL_TEST_DUMP_DIR": str(tmp_path / "dump")})
+    logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted((tmp_path / "launch_logs").glob("workerlog.*")))
+    assert two.returncode == 0, two.stdout[-2000:] + logs
+    saved = json.loads((tmp_path / "two/model_last/train_state.json").read_text())
+    assert saved["topology"]["world_size"] == 2 and saved["topology"]["accumulate_steps"] == 2
+    single = state(tmp_path / "one/model_last/state/rank_0")
+    rank0, rank1 = state(tmp_path / "dump/rank_0"), state(tmp_path / "dump/rank_1")
+    params = sorted(set(saved["name_map"].values()))
+    assert params and set(params) <= set(rank0)
+    for name in params:
+        np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=name)  # all-reduce keeps ranks equal
+        np.testing.assert_allclose(rank0[name], single[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.slow
+def test_two_processes_sharded_sigkill_and_resume_is_bitwise_exact(demo, tmp_path):
+    """Sharding 2 (per-rank checkpoint files) with accumulation 2 under paddle.distributed.launch:
+    both ranks SIGKILLed after step 2's checkpoint, relaunched, equal to an uninterrupted run."""
+    common = dict(use_sharding="true", sharding_degree=2, micro_batch_size=2, global_batch_size=8, max_steps=4,
+                  logging_freq=1, eval_freq=2, eval_iters=1, checkpoint_steps=2, save_steps=100, max_lr=5e-3,
+                  min_lr=1e-4, warmup_rate=0.25)
+    ok(train(tiny_args(demo, tmp_path / "straight", **common), cwd=tmp_path, launch_procs=2))
+    killed = train(tiny_args(demo, tmp_path / "resumed", **common), cwd=tmp_path, launch_procs=2,
+                   env={"ERNIE_MTL_TEST_KILL_AT_STEP": "2"})
+    assert killed.returncode != 0
+    assert json.loads((tmp_path / "resumed/model_last/train_state.json").read_text())["step"] == 2
+    ok(train(tiny_args(demo, tmp_path / "resumed", **common), cwd=tmp_path, launch_procs=2))
+    assert "resumed from" in (tmp_path / "launch_logs" / "workerlog.0").read_text()
+    saved = json.loads((tmp_path / "resumed/model_last/train_state.json").read_text())
+    assert saved["per_rank_state"] is True and saved["topology"]["sharding_degree"] == 2
+    for tag in ("train/loss", "eval/loss"):
+        assert metrics(tmp_path / "straight", tag) == metrics(tmp_path / "resumed", tag), tag
+    for rank in (0, 1):
+        a = state(tmp_path / f"straight/model_last/state/rank_{rank}")
+        b = state(tmp_path / f"resumed/model_last/state/rank_{rank}")
+        assert sorted(a) == sorted(b) and a
+        for name in a:
+            assert np.array_equal(a[name], b[name]), (rank, name)
+    assert (tmp_path / "straight/program_desc/main_sharding_1").is_file()  # fleet's dumps, not in the cwd
+    assert not glob.glob(str(tmp_path / "main_sharding*"))
