@@ -22,6 +22,8 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m data_tools.prepare_demo_data --output_dir $(DEMO_DIR)
+	$(PY) run_multitask_static.py --config scripts/demo_pretrain.yaml \
+	    --input_dir $(DEMO_DIR)/corpus --tokenizer_name_or_path $(DEMO_DIR)/vocab.txt
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -32,4 +34,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_dataset.py
 
 clean:
-	rm -rf build *.egg-info data_tools/_helpers*.so $(DEMO_DIR)
+	rm -rf build *.egg-info data_tools/_helpers*.so $(DEMO_DIR) output/demo_pretrain

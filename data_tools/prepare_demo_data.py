@@ -23,7 +23,7 @@ from pathlib import Path
 from data_tools.cli_utils import str2bool
 
 # The demo run these index caches are built for (the trainer's demo uses the same numbers).
-DEMO_RUN = dict(split="98,1,1", max_seq_len=128, global_batch_size=16, max_steps=200, eval_freq=50, eval_iters=2,
+DEMO_RUN = dict(split="98,1,1", max_seq_len=128, global_batch_size=16, max_steps=120, eval_freq=40, eval_iters=2,
                 seed=1234)
 
 
