@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from data_tools.cli_utils import str2bool
 from ernie_mtl.config import AmpConfig, ConfigError, ModelConfig, OptimConfig, ParallelConfig, field_help
+from ernie_mtl.data.pretrain import PretrainSampleConfig
 
 
 def _f(default: Any, help: str) -> Any:
@@ -89,6 +90,14 @@ class RunConfig:
     def to_dict(self) -> Dict[str, Dict[str, Any]]:
         """JSON-friendly `{slice: {field: value}}` (stored in checkpoints)."""
         return {name: asdict(getattr(self, name)) for name in SLICES}
+
+    def sample_config(self) -> PretrainSampleConfig:
+        """How the pretraining dataset cuts and masks samples (its slice of this config)."""
+        return PretrainSampleConfig(
+            max_seq_len=self.data.max_seq_len, short_seq_prob=self.data.short_seq_prob,
+            binary_head=self.model.binary_head, masked_lm_prob=self.data.masked_lm_prob,
+            max_predictions_per_seq=self.data.max_predictions_per_seq, max_ngrams=self.data.max_ngrams,
+            seed=self.train.seed)
 
 
 SLICES: Dict[str, type] = {"model": ModelConfig, "parallel": ParallelConfig, "amp": AmpConfig,
@@ -288,6 +297,7 @@ def validate(cfg: RunConfig, *, world_size: Optional[int] = None) -> RunConfig:
         collect(Topology.from_config, cfg.parallel, world_size)
     resolved = collect(cfg.model.resolve)  # validates the model slice too
     problems += _data_problems(cfg.data, resolved.arch if resolved else None)
+    problems += cfg.sample_config().problems()  # the dataset's own checks, so they are written once
     problems += _train_problems(cfg.train, cfg.optim)
     from ernie_mtl.trainer import resolve_device
 
@@ -325,8 +335,6 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]]) -> List[
         parse_split(data.split)
     except ValueError as e:
         problems.append(str(e))
-    if data.max_seq_len < 5:
-        problems.append(f"--max_seq_len {data.max_seq_len} must be >= 5 (room for [CLS] A [SEP] B [SEP]), e.g. 512")
     if arch is not None:
         if data.max_seq_len > arch["max_position_embeddings"]:
             problems.append(f"--max_seq_len {data.max_seq_len} exceeds the model's max_position_embeddings "
@@ -335,14 +343,6 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]]) -> List[
         if vocab_size is not None and vocab_size > arch["vocab_size"]:
             problems.append(f"--tokenizer_name_or_path {data.vocab_file} has {vocab_size} tokens but the model's "
                             f"vocab_size is {arch['vocab_size']}; pass --vocab_size {vocab_size}")
-    if not 0.0 < data.masked_lm_prob < 1.0:
-        problems.append(f"--masked_lm_prob {data.masked_lm_prob} must be within (0, 1), e.g. 0.15")
-    if not 0.0 <= data.short_seq_prob <= 1.0:
-        problems.append(f"--short_seq_prob {data.short_seq_prob} must be within [0, 1], e.g. 0.1")
-    if data.max_ngrams < 1:
-        problems.append(f"--max_ngrams {data.max_ngrams} must be >= 1 (3 = up to trigrams)")
-    if data.max_predictions_per_seq < 1:
-        problems.append(f"--max_predictions_per_seq {data.max_predictions_per_seq} must be >= 1, e.g. 20")
     if data.num_workers < 0:
         problems.append(f"--num_workers {data.num_workers} must be >= 0 (0 = load in the training process)")
     return problems

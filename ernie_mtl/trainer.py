@@ -121,18 +121,14 @@ def build_programs(cfg, topo):
 def build_datasets(cfg, info, barrier, log):
     """train/valid/test datasets sized for the run (every rank calls; rank 0 builds the caches)."""
     from ernie_mtl.data.masking import VocabInfo
-    from ernie_mtl.data.pretrain import PretrainSampleConfig, build_pretrain_datasets, required_samples
+    from ernie_mtl.data.pretrain import build_pretrain_datasets, required_samples
 
     vocab = VocabInfo.from_file(cfg.data.vocab_file)
     counts = required_samples(global_batch_size=_global_batch(cfg, info), max_steps=cfg.optim.max_steps,
                               eval_freq=cfg.train.eval_freq, eval_iters=cfg.train.eval_iters,
                               test_iters=TEST_ITERS_PER_EVAL_ITER * cfg.train.eval_iters)
-    sample_cfg = PretrainSampleConfig(
-        max_seq_len=cfg.data.max_seq_len, short_seq_prob=cfg.data.short_seq_prob,
-        binary_head=cfg.model.binary_head, masked_lm_prob=cfg.data.masked_lm_prob,
-        max_predictions_per_seq=cfg.data.max_predictions_per_seq, max_ngrams=cfg.data.max_ngrams,
-        seed=cfg.train.seed)
-    datasets = build_pretrain_datasets(cfg.data.input_dir, split=cfg.data.split, num_samples=counts, cfg=sample_cfg,
+    datasets = build_pretrain_datasets(cfg.data.input_dir, split=cfg.data.split, num_samples=counts,
+                                       cfg=cfg.sample_config(),
                                        vocab=vocab, is_builder=info.rank == 0, barrier=barrier, log=log.info)
     return datasets, vocab.pad_id
 

@@ -69,21 +69,26 @@ class PretrainSampleConfig:
     max_ngrams: int = 3
     seed: int = 1234
 
-    def validate(self) -> None:
+    def problems(self) -> List[str]:
+        """Every invalid value, each naming its flag, the value and the fix."""
         problems = []
         if self.max_seq_len < 5:
-            problems.append(f"--max_seq_len {self.max_seq_len} is too small: it must leave room for "
-                            "[CLS] A [SEP] B [SEP] (at least 5)")
+            problems.append(f"--max_seq_len {self.max_seq_len} must be >= 5 (room for [CLS] A [SEP] B [SEP]), "
+                            "e.g. 512")
         if not 0.0 <= self.short_seq_prob <= 1.0:
-            problems.append(f"--short_seq_prob {self.short_seq_prob} must be within [0, 1]")
+            problems.append(f"--short_seq_prob {self.short_seq_prob} must be within [0, 1], e.g. 0.1")
         if not 0.0 < self.masked_lm_prob < 1.0:
             problems.append(f"--masked_lm_prob {self.masked_lm_prob} must be within (0, 1), e.g. 0.15")
         if self.max_predictions_per_seq < 1:
-            problems.append(f"max_predictions_per_seq {self.max_predictions_per_seq} must be >= 1")
+            problems.append(f"--max_predictions_per_seq {self.max_predictions_per_seq} must be >= 1, e.g. 20")
         if self.max_ngrams < 1:
             problems.append(f"--max_ngrams {self.max_ngrams} must be >= 1 (3 = up to trigrams)")
         if self.pair_task not in ("sop", "nsp"):
             problems.append(f"pair_task {self.pair_task!r} must be 'sop' or 'nsp'")
+        return problems
+
+    def validate(self) -> None:
+        problems = self.problems()
         if problems:
             raise ValueError("; ".join(problems))
 
