@@ -154,10 +154,9 @@ class Checkpointer:
         shutil.rmtree(backup, ignore_errors=True)
 
     def _prune(self) -> None:
-        kept = sorted((int(m.group(1)), p) for p in self.root.iterdir() if (m := _KEPT.match(p.name)))
-        for _, path in kept[:-self.keep_last]:
-            shutil.rmtree(path, ignore_errors=True)
-            self.log(f"removed old checkpoint {path} (keep_last={self.keep_last})")
+        for ref in kept_checkpoints(self.root)[:-self.keep_last]:
+            shutil.rmtree(ref.path, ignore_errors=True)
+            self.log(f"removed old checkpoint {ref.path} (keep_last={self.keep_last})")
 
     # -- reading -------------------------------------------------------------------------
     def resolve(self, resume: str) -> Optional[CheckpointRef]:

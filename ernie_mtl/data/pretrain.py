@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from data_tools import index as index_helper
-from data_tools.index_cache import is_index_builder, load_or_build  # noqa: F401  (re-exported)
+from data_tools.index_cache import load_or_build
 from data_tools.indexed_dataset import MMapIndexedDataset, file_identity
 from ernie_mtl.data.masking import VocabInfo, mask_whole_word_ngrams
 
