@@ -212,38 +212,65 @@ def build_pretrain_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig,
         name_map = {k: v.name for k, v in model.state_dict().items()}
         _drop_untied_duplicates(main, startup, set(name_map.values()))
 
-        dist_strategy = strategy(recompute_checkpoints=checkpoints) if callable(strategy) else strategy
-        if dist_strategy.recompute and not dist_strategy.recompute_configs["checkpoints"]:
-            raise ValueError("the strategy enables recompute without checkpoints (fleet would recompute "
-                             "nothing); pass a builder such as partial(build_strategy, topo, parallel_cfg, "
-                             "amp_cfg) instead of a finished strategy")
-        lr_scheduler = WarmupLinearDecay(optim_cfg)
-        optimizer = make_optimizer(optim_cfg, name_map, lr_scheduler)
-        fp16 = amp_cfg.use_amp and amp_cfg.amp_dtype == "float16"
-        bf16 = amp_cfg.use_amp and amp_cfg.amp_dtype == "bfloat16"
-        if fp16 != bool(dist_strategy.amp):
-            raise ValueError(f"amp_cfg (use_amp={amp_cfg.use_amp}, {amp_cfg.amp_dtype}) and the strategy "
-                             f"(amp={dist_strategy.amp}) disagree; build the strategy from the same AmpConfig")
-        if bf16:  # fleet 2.6.2 cannot express bf16: decorate the optimizer before fleet wraps it
-            optimizer = paddle.static.amp.decorate(
-                optimizer, amp_lists=paddle.static.amp.AutoMixedPrecisionLists(
-                    custom_white_list=set(amp_cfg.custom_white_list),
-                    custom_black_list=set(amp_cfg.custom_black_list), dtype="bfloat16"),
-                level=amp_cfg.amp_level, dtype="bfloat16", init_loss_scaling=1.0,
-                use_dynamic_loss_scaling=False, use_amp_guard=True)
-        dist_optimizer = fleet.distributed_optimizer(optimizer, strategy=dist_strategy)
-        dist_optimizer.minimize(loss)
+        minimized = minimize_with_fleet(loss, name_map, optim_cfg, strategy, amp_cfg, checkpoints)
         test = _forward_only(main, loss)
 
-    # fleet keeps the applied AMP meta-optimizer in global state: take it now, before another build
-    amp_optimizer = fleet.fleet._get_amp_optimizer() if fp16 else optimizer if bf16 else None
-    loss_scaling = main.global_block().var(amp_optimizer.get_loss_scaling().name) if fp16 else None
     return Programs(
         main=main, startup=startup, test=test, feeds=specs, feed_vars=feed_vars, loss=loss, mlm_loss=mlm_loss,
-        nsp_loss=nsp_loss, lr=main.global_block().var(lr_scheduler._var_name), loss_scaling=loss_scaling,
-        lr_scheduler=lr_scheduler, name_map=name_map, recompute_checkpoints=checkpoints, strategy=dist_strategy,
-        topo=topo, arch=resolved.arch, weights=resolved.weights,
-        amp_level=amp_cfg.amp_level if amp_cfg.use_amp else None, _amp_optimizer=amp_optimizer)
+        nsp_loss=nsp_loss, lr=minimized.lr_var, loss_scaling=minimized.loss_scaling,
+        lr_scheduler=minimized.lr_scheduler, name_map=name_map, recompute_checkpoints=checkpoints,
+        strategy=minimized.strategy, topo=topo, arch=resolved.arch, weights=resolved.weights,
+        amp_level=minimized.amp_level, _amp_optimizer=minimized.amp_optimizer)
+
+
+@dataclass
+class Minimized:
+    """What `minimize_with_fleet` added to the program."""
+
+    lr_scheduler: WarmupLinearDecay
+    lr_var: Any
+    loss_scaling: Optional[Any]
+    strategy: Any
+    amp_level: Optional[str]
+    amp_optimizer: Any
+
+
+def minimize_with_fleet(loss, name_map: Mapping[str, str], optim_cfg: OptimConfig,
+                        strategy: Union[StrategyBuilder, Any], amp_cfg: AmpConfig,
+                        recompute_checkpoints: List[str]) -> Minimized:
+    """AdamW + LR schedule wrapped by fleet's distributed optimizer (AMP, recompute, sharding,
+    gradient merge as the strategy says), minimizing `loss` in the current program_guard."""
+    import paddle.distributed.fleet as fleet
+
+    dist_strategy = strategy(recompute_checkpoints=recompute_checkpoints) if callable(strategy) else strategy
+    if dist_strategy.recompute and not dist_strategy.recompute_configs["checkpoints"]:
+        raise ValueError("the strategy enables recompute without checkpoints (fleet would recompute "
+                         "nothing); pass a builder such as partial(build_strategy, topo, parallel_cfg, "
+                         "amp_cfg) instead of a finished strategy")
+    lr_scheduler = WarmupLinearDecay(optim_cfg)
+    optimizer = make_optimizer(optim_cfg, name_map, lr_scheduler,
+                               multi_precision=amp_cfg.use_amp and amp_cfg.amp_level == "O2")
+    fp16 = amp_cfg.use_amp and amp_cfg.amp_dtype == "float16"
+    bf16 = amp_cfg.use_amp and amp_cfg.amp_dtype == "bfloat16"
+    if fp16 != bool(dist_strategy.amp):
+        raise ValueError(f"amp_cfg (use_amp={amp_cfg.use_amp}, {amp_cfg.amp_dtype}) and the strategy "
+                         f"(amp={dist_strategy.amp}) disagree; build the strategy from the same AmpConfig")
+    if bf16:  # fleet 2.6.2 cannot express bf16: decorate the optimizer before fleet wraps it
+        optimizer = paddle.static.amp.decorate(
+            optimizer, amp_lists=paddle.static.amp.AutoMixedPrecisionLists(
+                custom_white_list=set(amp_cfg.custom_white_list),
+                custom_black_list=set(amp_cfg.custom_black_list), dtype="bfloat16"),
+            level=amp_cfg.amp_level, dtype="bfloat16", init_loss_scaling=1.0,
+            use_dynamic_loss_scaling=False, use_amp_guard=True)
+    dist_optimizer = fleet.distributed_optimizer(optimizer, strategy=dist_strategy)
+    dist_optimizer.minimize(loss)
+    # fleet keeps the applied AMP meta-optimizer in global state: take it now, before another build
+    amp_optimizer = fleet.fleet._get_amp_optimizer() if fp16 else optimizer if bf16 else None
+    main = loss.block.program
+    loss_scaling = main.global_block().var(amp_optimizer.get_loss_scaling().name) if fp16 else None
+    return Minimized(lr_scheduler=lr_scheduler, lr_var=main.global_block().var(lr_scheduler._var_name),
+                     loss_scaling=loss_scaling, strategy=dist_strategy,
+                     amp_level=amp_cfg.amp_level if amp_cfg.use_amp else None, amp_optimizer=amp_optimizer)
 
 
 def _drop_untied_duplicates(main: paddle.static.Program, startup: paddle.static.Program, used: set) -> None:

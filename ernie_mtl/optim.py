@@ -57,12 +57,14 @@ def decay_parameter_names(name_map: Mapping[str, str]) -> Set[str]:
     return set(name_map.values()) - excluded
 
 
-def make_optimizer(cfg: OptimConfig, name_map: Mapping[str, str],
-                   lr_scheduler: LRScheduler) -> paddle.optimizer.AdamW:
+def make_optimizer(cfg: OptimConfig, name_map: Mapping[str, str], lr_scheduler: LRScheduler, *,
+                   multi_precision: bool = False) -> paddle.optimizer.AdamW:
     """AdamW driven by `lr_scheduler`, decay filtered by `decay_parameter_names`, and global-norm
-    clipping when `cfg.grad_clip > 0`."""
+    clipping when `cfg.grad_clip > 0`. `multi_precision` (AMP O2): keep fp32 master weights and
+    update them, instead of accumulating into the float16 parameters."""
     decay = decay_parameter_names(name_map)
     clip = paddle.nn.ClipGradByGlobalNorm(cfg.grad_clip) if cfg.grad_clip > 0 else None
     return paddle.optimizer.AdamW(
         learning_rate=lr_scheduler, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
-        weight_decay=cfg.weight_decay, grad_clip=clip, apply_decay_param_fun=lambda name: name in decay)
+        weight_decay=cfg.weight_decay, grad_clip=clip, apply_decay_param_fun=lambda name: name in decay,
+        multi_precision=multi_precision)

@@ -7,6 +7,7 @@ import zlib  # noqa: F401  (before paddle)
 
 from collections import Counter
 
+import paddle
 import pytest
 
 from ernie_mtl.config import AmpConfig, ConfigError, ParallelConfig
@@ -264,6 +265,17 @@ def test_gpu_bfloat16_through_the_static_amp_api(build_programs):
     assert len(bf16_casts) > 20
     assert c["update_loss_scaling"] == 0 and c["check_finite_and_unscale"] == 0  # no loss scaling for bf16
     assert not p.strategy.amp and p.loss_scaling is None and c[("c_allreduce_sum")] >= 1
+
+
+def test_gpu_amp_o2_keeps_fp32_master_weights(build_programs):
+    """O2 casts the parameters to float16; AdamW must update fp32 master copies (multi_precision),
+    not accumulate into the float16 values."""
+    p = build_programs(world=2, amp=AmpConfig(use_amp=True, amp_level="O2"), gpu=True)
+    block = p.main.global_block()
+    adamw = [op for op in block.ops if op.type == "adamw"]
+    fp16 = [op for op in adamw if block.var(op.input("Param")[0]).dtype == paddle.float16]
+    assert len(fp16) > 10 and all(op.attr("multi_precision") for op in fp16)
+    assert all(op.input("MasterParam") == [op.input("Param")[0] + "_fp32_master_0"] for op in fp16)
 
 
 # -------------------------------------------------------------------------------------- CPU shim
