@@ -1,0 +1,5 @@
+"""Built-in task types (importing this package registers them); see ernie_mtl/tasks/base.py."""
+from ernie_mtl.tasks.base import (  # noqa: F401
+    BACKBONE_FEEDS, Encoded, HeadOutputs, Option, TaskContext, TaskData, TaskSpec, TaskType, get_task_type,
+    register_task_type, registered_task_types)
+from ernie_mtl.tasks import classification, mlm, mrc, pretrain, seq_label  # noqa: F401,E402

@@ -1,0 +1,317 @@
+"""Task types: the contract between a task's reader, head and metric and the multi-task trainer.
+
+A *task type* (the `reader` key of a task YAML: `cls`, `match`, `seq_label`, `mrc`, `mlm`,
+`pretrain`, or a user's own) is a `TaskType` subclass registered by name. The trainer makes one
+instance per task (`TaskType(spec, ctx)`) and uses it in three places:
+
+data     `load(split)` -> `TaskData` (features in file order, plus whatever decoding needs);
+         `collate(features)` -> one micro-batch as numpy arrays: the shared backbone inputs
+         (`BACKBONE_FEEDS`) plus this task's label feeds (`label_feeds()`, un-prefixed names);
+         `dummy_labels(batch, seq)` -> finite placeholder labels for micro-batches of *other*
+         tasks (every head runs on every micro-batch; its loss is then multiplied by 0).
+model    `create_head(enc)` -> a `paddle.nn.Layer` holding the head's parameters (called once per
+         `task_reuse_tag` group: tasks of a group share this object, hence its parameters);
+         `head_forward(head, enc, feeds)` -> `HeadOutputs(loss, predictions)` inside the static
+         program being built. `loss` is a float32 scalar that is finite for dummy labels.
+eval     `evaluate(data, outputs)` -> `{metric: value}` with `main_metric` among the keys;
+         `predictions(data, outputs)` -> JSON-serialisable records for `--do_predict`.
+         `outputs` maps each name of `HeadOutputs.predictions` to one numpy array per batch,
+         in the order of `data.features` (batches of `collate`, last one possibly smaller).
+
+A user's task type lives in their own file: subclass `TaskType`, decorate it with
+`@register_task_type("name")`, and list the file under `plugins:` in the global YAML.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+
+import numpy as np
+
+from ernie_mtl.config import ConfigError
+from ernie_mtl.model import FeedSpec
+
+# Inputs of the shared backbone, identical for every task (see ernie_mtl/model.py FEED_SPECS).
+BACKBONE_FEEDS: Tuple[FeedSpec, ...] = (
+    FeedSpec("input_ids", (-1, -1), "int64", "token ids [batch, seq]"),
+    FeedSpec("segment_ids", (-1, -1), "int64", "segment (token type) ids [batch, seq]"),
+    FeedSpec("input_mask", (-1, 1, 1, -1), "float32", "additive attention mask: 0 keep, -1e4 padding"),
+)
+ATTENTION_PAD = -1e4
+PAD_MULTIPLE = 8  # sequence lengths of a batch are padded to a multiple of 8 (tensor-core friendly)
+SPLITS = ("train", "dev", "test", "pred")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A task-type-specific key of the task YAML (e.g. `n_classes`, `doc_stride`)."""
+
+    default: Any
+    help: str
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task as resolved from the global and task YAMLs (file paths absolute)."""
+
+    name: str
+    reader: str
+    index: int  # position in `task_instance`: the task id (task embedding, gate, RNG streams)
+    train_file: Optional[str] = None
+    dev_file: Optional[str] = None
+    test_file: Optional[str] = None
+    pred_file: Optional[str] = None
+    max_seq_len: int = 128
+    batch_size: int = 32  # per rank and micro-batch
+    loss_weight: float = 1.0
+    is_target: bool = True
+    mix_ratio: float = 1.0
+    reuse_tag: Optional[int] = None  # tasks with the same tag share one head
+    num_epochs: Optional[float] = None
+    do_lower_case: bool = True
+    for_cn: bool = True
+    options: Mapping[str, Any] = field(default_factory=dict)  # the type's own keys, defaults filled in
+
+    def file(self, split: str) -> Optional[str]:
+        """The data file of `split` (train/dev/test/pred), or None."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
+        return getattr(self, f"{split}_file")
+
+
+@dataclass
+class TaskContext:
+    """What a task type may use besides its spec."""
+
+    vocab_file: str
+    seed: int
+    model_type: str = "ernie"  # "ernie" or "bert"
+    rank: int = 0
+    world_size: int = 1
+    barrier: Callable[..., None] = lambda *a, **k: None  # every rank calls it the same number of times
+    log: Callable[[str], None] = print
+    extra: Dict[str, Any] = field(default_factory=dict)  # e.g. sample counts the pretrain task needs
+
+    _tokenizer: Any = field(default=None, repr=False)
+
+    def tokenizer(self, do_lower_case: bool = True):
+        """paddlenlp's tokenizer of the model's vocab (ErnieTokenizer or BertTokenizer), cached."""
+        key = (self.model_type, do_lower_case)
+        if self._tokenizer is None or self._tokenizer[0] != key:
+            from paddlenlp.transformers import BertTokenizer, ErnieTokenizer
+
+            cls = BertTokenizer if self.model_type == "bert" else ErnieTokenizer
+            self._tokenizer = (key, cls(vocab_file=self.vocab_file, do_lower_case=do_lower_case))
+        return self._tokenizer[1]
+
+
+@dataclass
+class TaskData:
+    """One split of one task: `features` are what `collate` takes (model inputs and labels, one per
+    model example), `examples` whatever `evaluate`/`predictions` need to map features back to the
+    file's rows (e.g. MRC contexts and ids). `features` may be any sequence (a lazily computed
+    dataset for pretraining)."""
+
+    split: str
+    features: Sequence[Any]
+    examples: Optional[Sequence[Any]] = None
+    has_labels: bool = True
+    # Optional per-epoch view: (feature, index, epoch) -> feature, e.g. dynamic masking that draws a
+    # new mask every epoch, deterministically from (seed, index, epoch). None: features as they are.
+    transform: Optional[Callable[[Any, int, int], Any]] = None
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def get(self, index: int, epoch: int = 0) -> Any:
+        """Feature `index` as seen in `epoch` (the trainer's only way to read features)."""
+        feature = self.features[index]
+        return feature if self.transform is None else self.transform(feature, index, epoch)
+
+
+@dataclass
+class Encoded:
+    """What the backbone hands to the heads while the program is built."""
+
+    sequence_output: Any  # [batch, seq, hidden]
+    pooled_output: Any  # [batch, hidden]
+    backbone: Any  # the paddlenlp ErnieModel / BertModel (for tied embeddings)
+    config: Any  # its paddlenlp config (hidden_size, vocab_size, hidden_act, ...)
+    feeds: Mapping[str, Any]  # the shared BACKBONE_FEEDS variables
+
+
+@dataclass
+class HeadOutputs:
+    """A head's contribution to the program: its loss and the variables prediction fetches."""
+
+    loss: Any  # float32 scalar
+    predictions: Dict[str, Any]  # name -> variable (exported to the inference model in this order)
+
+
+class TaskType(abc.ABC):
+    """Base class of a task type; see the module docstring for the contract."""
+
+    name: ClassVar[str] = ""
+    options: ClassVar[Dict[str, Option]] = {}
+    main_metric: ClassVar[str] = ""
+    higher_is_better: ClassVar[bool] = True
+    # False: evaluate only `eval_iters` batches of the dev split (a pretraining corpus's valid split
+    # is far larger than a fine-tuning dev file)
+    full_dev_eval: ClassVar[bool] = True
+    # False: predictions need more than the backbone inputs (masked positions), so no inference model
+    exportable: ClassVar[bool] = True
+    # True: load("train") generates `ctx.extra["num_samples"]["train"]` samples when set (pretraining
+    # corpora); the trainer sets it to what the planned run reads
+    sized_by_run: ClassVar[bool] = False
+
+    def __init__(self, spec: TaskSpec, ctx: TaskContext):
+        self.spec = spec
+        self.ctx = ctx
+
+    # -- data ----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def load(self, split: str) -> TaskData:
+        """Read and featurize `split` (train/dev/test/pred). Errors name the file and line."""
+
+    @abc.abstractmethod
+    def collate(self, features: Sequence[Any]) -> Dict[str, np.ndarray]:
+        """One micro-batch: BACKBONE_FEEDS (see `pad_backbone_inputs`) + this task's label feeds."""
+
+    @abc.abstractmethod
+    def label_feeds(self) -> Tuple[FeedSpec, ...]:
+        """This task's own inputs (labels, positions, lengths), un-prefixed."""
+
+    @abc.abstractmethod
+    def dummy_labels(self, batch_size: int, seq_len: int) -> Dict[str, np.ndarray]:
+        """Placeholder values of `label_feeds()` for a micro-batch of another task: shapes that fit a
+        [batch_size, seq_len] batch and give a finite loss."""
+
+    def num_train_examples(self, data: TaskData) -> int:
+        """Examples counted by epochs and sampling (default: features)."""
+        return len(data.features)
+
+    # -- model ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def create_head(self, enc: Encoded) -> Any:
+        """The head's parameters, as a paddle.nn.Layer (shared by a reuse group)."""
+
+    @abc.abstractmethod
+    def head_forward(self, head: Any, enc: Encoded, feeds: Mapping[str, Any]) -> HeadOutputs:
+        """Loss and prediction variables for this task (`feeds`: its label feeds by un-prefixed name)."""
+
+    def head_signature(self) -> Tuple[Any, ...]:
+        """Tasks sharing a head must agree on this (type and output sizes)."""
+        return (self.name,)
+
+    # -- evaluation and prediction -------------------------------------------------------------
+    @abc.abstractmethod
+    def evaluate(self, data: TaskData, outputs: Mapping[str, List[np.ndarray]]) -> Dict[str, float]:
+        """Metrics of a labelled split; must contain `main_metric`."""
+
+    @abc.abstractmethod
+    def predictions(self, data: TaskData, outputs: Mapping[str, List[np.ndarray]]) -> Any:
+        """Records for `--do_predict` (a list of dicts; a dict keyed by id for MRC)."""
+
+    def manifest(self) -> Dict[str, Any]:
+        """Extra facts for the exported model's manifest (label map, ...)."""
+        return {}
+
+
+_REGISTRY: Dict[str, Type[TaskType]] = {}
+
+
+def register_task_type(name: str) -> Callable[[Type[TaskType]], Type[TaskType]]:
+    """Class decorator: make a TaskType usable as `reader: <name>` in task YAMLs."""
+
+    def wrap(cls: Type[TaskType]) -> Type[TaskType]:
+        if not (isinstance(cls, type) and issubclass(cls, TaskType)):
+            raise TypeError(f"@register_task_type({name!r}) decorates {cls!r}, which is not a TaskType subclass")
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"task type {name!r} is already registered by {_REGISTRY[name].__module__}."
+                             f"{_REGISTRY[name].__qualname__}; choose another name")
+        if not cls.main_metric:
+            raise TypeError(f"task type {name!r} ({cls.__qualname__}) must set main_metric")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def get_task_type(name: str) -> Type[TaskType]:
+    """The registered class of `reader: name` (built-ins are imported on first use)."""
+    import ernie_mtl.tasks  # noqa: F401  (registers the built-in types)
+
+    if name not in _REGISTRY:
+        raise ConfigError([f"unknown reader {name!r}; known task types: {sorted(_REGISTRY)} (a custom type is "
+                           "registered with @register_task_type in a file listed under `plugins:`)"])
+    return _REGISTRY[name]
+
+
+def registered_task_types() -> Dict[str, Type[TaskType]]:
+    import ernie_mtl.tasks  # noqa: F401
+
+    return dict(_REGISTRY)
+
+
+# -- helpers shared by the built-in readers ------------------------------------------------------------
+def padded_length(lengths: Sequence[int], multiple: int = PAD_MULTIPLE) -> int:
+    """Batch sequence length: the longest sample rounded up to `multiple`."""
+    longest = max(lengths) if len(lengths) else 1
+    return -(-longest // multiple) * multiple
+
+
+def pad_backbone_inputs(input_ids: Sequence[Sequence[int]], segment_ids: Sequence[Sequence[int]], *,
+                        pad_id: int, seq_len: Optional[int] = None) -> Dict[str, np.ndarray]:
+    """BACKBONE_FEEDS for a batch of token-id lists: right-padded ids and segments, additive mask."""
+    seq_len = seq_len or padded_length([len(x) for x in input_ids])
+    batch = len(input_ids)
+    ids = np.full((batch, seq_len), pad_id, dtype=np.int64)
+    seg = np.zeros((batch, seq_len), dtype=np.int64)
+    mask = np.full((batch, 1, 1, seq_len), ATTENTION_PAD, dtype=np.float32)
+    for i, (tokens, segments) in enumerate(zip(input_ids, segment_ids)):
+        n = len(tokens)
+        ids[i, :n] = tokens
+        seg[i, :n] = segments
+        mask[i, 0, 0, :n] = 0.0
+    return {"input_ids": ids, "segment_ids": seg, "input_mask": mask}
+
+
+def read_tsv(path: str, required_columns: Sequence[str], *, optional_columns: Sequence[str] = ()
+             ) -> List[Tuple[int, Dict[str, str]]]:
+    """Rows of a PALM-style TSV file with a header row: [(line number, {column: value})].
+
+    The header names the columns (e.g. `label<TAB>text_a`); `required_columns` must all be there
+    (a pred file may lack `label`: pass it in `optional_columns`). A row with another number of
+    fields than the header is reported as `path:line`.
+    """
+    rows: List[Tuple[int, Dict[str, str]]] = []
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read it ({e.strerror})"]) from None
+    with f:
+        header_line = f.readline()
+        header = header_line.rstrip("\r\n").split("\t")
+        missing = [c for c in required_columns if c not in header]
+        allowed = set(required_columns) | set(optional_columns)
+        if not header_line or missing:
+            raise ConfigError([f"{path}:1: the header row must name the columns {list(required_columns)} "
+                               f"(tab-separated), found {header!r}; add a first line like "
+                               f"'{'<TAB>'.join(required_columns)}'"])
+        unknown = [c for c in header if c not in allowed]
+        if unknown:
+            raise ConfigError([f"{path}:1: unknown column(s) {unknown} in the header; expected "
+                               f"{list(required_columns) + list(optional_columns)}"])
+        for number, line in enumerate(f, start=2):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            if len(fields) != len(header):
+                raise ConfigError([f"{path}:{number}: {len(fields)} tab-separated fields but the header has "
+                                   f"{len(header)} ({'<TAB>'.join(header)})"])
+            rows.append((number, dict(zip(header, fields))))
+    return rows

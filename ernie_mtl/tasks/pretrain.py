@@ -1,0 +1,128 @@
+"""`pretrain`: ERNIE pretraining (masked LM + next-sentence / sentence-order) on a `.bin/.idx` corpus,
+as one task type among the others, so pretraining alone is a one-task config.
+
+Samples come from ernie_mtl.data.pretrain (ErniePretrainDataset: sample i is a pure function of
+the seed, the corpus split and i, masks included), the head is PaddleNLP's ErniePretrainingHeads /
+BertPretrainingHeads with the LM decoder tied to the word embedding (shared with `mlm`, see
+ernie_mtl/tasks/mlm.py), the loss ernie_mtl.model.pretraining_losses (MLM + pair loss).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+import numpy as np
+
+from ernie_mtl.config import ConfigError
+from ernie_mtl.data.masking import VocabInfo
+from ernie_mtl.data.pretrain import SPLIT_NAMES, build_pretrain_datasets, collate_pretrain, parse_split
+from ernie_mtl.model import FeedSpec
+from ernie_mtl.tasks.base import Encoded, HeadOutputs, Option, TaskData, TaskSpec, TaskType, register_task_type
+from ernie_mtl.tasks.mlm import (MASKING_OPTIONS, MLM_FEEDS, NSP_FEED, Sample, build_mlm_head, concat_outputs,
+                                 masked_slots_per_example, mlm_dummy_labels, mlm_metrics, mlm_outputs,
+                                 sample_config)
+
+# task split -> the corpus split it reads (ernie_mtl.data.pretrain.SPLIT_NAMES)
+CORPUS_SPLITS = {"train": SPLIT_NAMES[0], "dev": SPLIT_NAMES[1], "test": SPLIT_NAMES[2]}
+
+
+@register_task_type("pretrain")
+class PretrainTask(TaskType):
+    """`train_file` is a corpus prefix (`<prefix>.bin/.idx`); train/dev/test are its split ranges."""
+
+    options = {
+        **MASKING_OPTIONS,
+        "split": Option("949,50,1", "train,valid,test document ratio of the corpus (dev reads valid)"),
+        "short_seq_prob": Option(0.1, "probability of a shorter target length for a sample"),
+        "binary_head": Option(True, "train the sentence-pair head (pair_task loss) besides masked LM"),
+        "pair_task": Option("sop", "'sop' (sentence order: B follows A unless swapped) or 'nsp' (B random "
+                                   "half the time)"),
+    }
+    main_metric = "mlm_acc"
+    exportable = False  # predictions need masked positions, not only the backbone inputs
+    sized_by_run = True
+    full_dev_eval = False  # the valid split of a corpus is large: evaluate --eval_iters batches of it
+
+    def __init__(self, spec: TaskSpec, ctx):
+        super().__init__(spec, ctx)
+        o = spec.options
+        self.binary_head = bool(o["binary_head"])
+        self.cfg = sample_config(spec, ctx.seed, short_seq_prob=float(o["short_seq_prob"]),
+                                 binary_head=self.binary_head, pair_task=str(o["pair_task"]))
+        try:
+            parse_split(str(o["split"]))
+        except ValueError as e:
+            raise ConfigError([f"task {spec.name!r} (pretrain): {str(e).replace('--split', 'split', 1)}"]) from None
+        if not spec.train_file:
+            raise ConfigError([f"task {spec.name!r} (pretrain): train_file is not set; give the corpus prefix "
+                               "(the path of <prefix>.bin / <prefix>.idx without the extension)"])
+        self.vocab = VocabInfo.from_file(ctx.vocab_file)
+
+    # -- data ----------------------------------------------------------------------------------
+    def load(self, split: str) -> TaskData:
+        """The corpus split of `split` (dev = valid), from `<split>_file` or else `train_file`.
+
+        Size: `ctx.extra["num_samples"][split]` samples if the trainer set it (whole epochs of the
+        split, so possibly more), else one epoch of the split (its natural size).
+        """
+        if split not in CORPUS_SPLITS:
+            raise ConfigError([f"task {self.spec.name!r} (pretrain) has no {split} split: it reads train/dev/test "
+                               "from the corpus; use --do_predict with a text task type"])
+        prefix = self.spec.file(split) or self.spec.train_file
+        # one sample requested = the first epoch, the split's natural size
+        wanted = int(self.ctx.extra.get("num_samples", {}).get(split) or 1)
+        counts = [wanted if name == CORPUS_SPLITS[split] else 0 for name in SPLIT_NAMES]
+        try:
+            datasets = build_pretrain_datasets(prefix, split=str(self.spec.options["split"]), num_samples=counts,
+                                               cfg=self.cfg, vocab=self.vocab, is_builder=self.ctx.rank == 0,
+                                               barrier=self.ctx.barrier, log=self.ctx.log)
+        except (ValueError, OSError) as e:  # missing/corrupt corpus, vocab mismatch, empty split
+            raise ConfigError([f"task {self.spec.name!r} (pretrain), {split} split of {prefix}: {e}"]) from None
+        return TaskData(split, datasets[CORPUS_SPLITS[split]])
+
+    def collate(self, features: Sequence[Sample]) -> Dict[str, np.ndarray]:
+        batch = collate_pretrain(features, pad_id=self.vocab.pad_id)
+        if not self.binary_head:
+            del batch["next_sentence_labels"]
+        return batch
+
+    def label_feeds(self) -> Tuple[FeedSpec, ...]:
+        return MLM_FEEDS + ((NSP_FEED,) if self.binary_head else ())
+
+    def dummy_labels(self, batch_size: int, seq_len: int) -> Dict[str, np.ndarray]:
+        labels = mlm_dummy_labels()
+        if self.binary_head:  # a valid class: the pair loss is finite (and gated out)
+            labels["next_sentence_labels"] = np.zeros((batch_size, 1), dtype=np.int64)
+        return labels
+
+    # -- model ---------------------------------------------------------------------------------
+    def create_head(self, enc: Encoded) -> Any:
+        # the pair classifier exists even without binary_head, so the head converts to
+        # ErnieForPretraining's full `cls.*` key set (its weights then stay at their initial values)
+        return build_mlm_head(enc, self.ctx.model_type, with_pair_classifier=True)
+
+    def head_forward(self, head: Any, enc: Encoded, feeds: Mapping[str, Any]) -> HeadOutputs:
+        return mlm_outputs(head, enc, feeds, next_sentence=self.binary_head)
+
+    def head_signature(self) -> Tuple[Any, ...]:
+        return (self.name, self.vocab.size, 2)
+
+    # -- evaluation and prediction -------------------------------------------------------------
+    def evaluate(self, data: TaskData, outputs: Mapping[str, List[np.ndarray]]) -> Dict[str, float]:
+        metrics = mlm_metrics(outputs)
+        if self.binary_head:
+            pred, label = concat_outputs(outputs, "nsp_pred"), concat_outputs(outputs, "nsp_label")
+            metrics["nsp_acc"] = float((pred == label).mean()) if len(label) else 0.0
+        return metrics
+
+    def predictions(self, data: TaskData, outputs: Mapping[str, List[np.ndarray]]) -> List[Dict[str, Any]]:
+        """Per sample: masked positions, original and predicted ids; with binary_head the pair
+        label and prediction."""
+        pair = concat_outputs(outputs, "nsp_pred") if self.binary_head else None
+        records = []
+        for i, (sample, predicted) in enumerate(masked_slots_per_example(data, outputs)):
+            record = {"index": i, "masked_positions": sample[2].tolist(), "original_ids": sample[3].tolist(),
+                      "predicted_ids": predicted.tolist()}
+            if pair is not None:
+                record.update(pair_label=int(sample[4]), pair_pred=int(pair[i]))
+            records.append(record)
+        return records
