@@ -1,0 +1,669 @@
+"""PALM-compatible multi-task configuration: a global YAML plus one YAML per task -> TaskSpecs.
+
+The global YAML names the tasks (`task_instance: "a, b, c"`), their sampling weights, which are
+targets, which share a head, the MTL settings of `MultiTaskConfig`, run flags of args.py (also
+under their PALM names: `learning_rate`, `save_path`, ...) and task keys broadcast to every task
+(`max_seq_len`, `batch_size`, ...). Each task is described by `<task_dir>/<task>.yaml` (files,
+`reader`, `paradigm`, task keys, the task type's own options). docs/multitask_config.md lists every key.
+
+Precedence for a task's value, lowest first (PALM's documented order, plus per-task overrides):
+    defaults < task file < global file < command line (--key) < command line (--tasks.<task>.<key>)
+An override of a differing value from a task file (or of a global value by --tasks.<task>.<key>) is
+recorded in `MultiTaskSetup.reports`; PALM raised an exception instead.
+
+Everything is checked up front and every problem goes into one `ConfigError` naming the file and
+the key. Relative data paths in a task file resolve against that file's folder; when nothing is
+there but the path exists relative to the current directory (how PALM resolved them), that one is
+used and reported.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib.util
+import math
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+from ernie_mtl.config import ConfigError
+from ernie_mtl.schedule import SAMPLING_STRATEGIES
+from ernie_mtl.tasks.base import TaskSpec, get_task_type
+
+# PALM v0.3 name -> our run flag (args.py). `optimizer` is checked, not mapped (we have AdamW only).
+PALM_ALIASES: Dict[str, str] = {
+    "learning_rate": "max_lr", "warmup_proportion": "warmup_rate", "random_seed": "seed",
+    "print_every_n_steps": "logging_freq", "save_every_n_steps": "save_steps",
+    "save_ckpt_every_n_steps": "save_steps", "save_path": "output_dir", "backbone": "model_type",
+    "pretrain_model_path": "model_name_or_path", "vocab_path": "tokenizer_name_or_path",
+}
+# PALM keys with no equivalent here, and what to do instead.
+PALM_UNSUPPORTED: Dict[str, str] = {
+    "backbone_config_path": "the architecture comes from --model_name_or_path (a PaddleNLP directory with "
+                            "config.json, or a known name); remove it",
+    "use_gpu": "use device: gpu or device: cpu",
+    "save_infermodel_every_n_steps": "inference models are exported when a target reaches its quota and at "
+                                     "the end; remove it",
+}
+SPLIT_KEYS = ("train_file", "dev_file", "test_file", "pred_file")
+# Task keys -> kind. BROADCAST_KEYS may also be set globally (and on the command line) for every task.
+TASK_KEYS: Dict[str, str] = {
+    **{k: "path" for k in SPLIT_KEYS}, "reader": "str", "paradigm": "str", "max_seq_len": "posint",
+    "batch_size": "posint", "loss_weight": "nonneg", "num_epochs": "posfloat", "do_lower_case": "bool",
+    "for_cn": "bool",
+}
+BROADCAST_KEYS = ("max_seq_len", "batch_size", "loss_weight", "do_lower_case", "for_cn")
+# A reader's name in PALM task files -> ours; and the PALM paradigm names accepted with each reader.
+PALM_READERS = {"ner": "seq_label"}
+PALM_PARADIGMS = {"seq_label": ("seq_label", "ner")}
+# Option values with these name endings are paths (resolved like data files, must exist when set).
+PATH_OPTION_SUFFIXES = ("_file", "_path", "_config", "_dir", "label_map")
+_TASK_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+@dataclass(frozen=True)
+class MultiTaskConfig:
+    """The multi-task keys of the global YAML (one value per task where a tuple)."""
+
+    task_instance: Tuple[str, ...]
+    mix_ratio: Tuple[float, ...]
+    target_tag: Tuple[bool, ...]
+    task_reuse_tag: Optional[Tuple[int, ...]]
+    task_dir: str
+    sampling: str = "palm"
+    temperature: float = 1.0
+    examples_cap: Optional[int] = None
+    num_epochs: float = 1.0
+    use_task_id: bool = False
+    plugins: Tuple[str, ...] = ()
+    early_stopping_patience: int = 0
+    use_ema: bool = False
+    ema_decay: float = 0.9999
+    callbacks: Tuple[str, ...] = ()  # names registered with ernie_mtl.callbacks.register_callback
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-friendly copy (tuples become lists)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+# key -> (kind, default); task_instance has no default, the per-task lists are filled per task.
+MTL_KEYS: Dict[str, Tuple[str, Any]] = {
+    "task_instance": ("strlist", None), "mix_ratio": ("floatlist", None), "target_tag": ("intlist", None),
+    "task_reuse_tag": ("intlist", None), "task_dir": ("str", None), "sampling": ("str", "palm"),
+    "temperature": ("posfloat", 1.0), "examples_cap": ("optposint", None), "num_epochs": ("posfloat", 1.0),
+    "use_task_id": ("bool", False), "plugins": ("strlist", ()), "early_stopping_patience": ("nonnegint", 0),
+    "use_ema": ("bool", False), "ema_decay": ("unit", 0.9999), "callbacks": ("strlist", ()),
+}
+
+
+@dataclass
+class MultiTaskSetup:
+    """Result of `load_multitask_config`."""
+
+    tasks: Tuple[TaskSpec, ...]
+    mtl: MultiTaskConfig
+    run_flags: Dict[str, Any]  # args.py flag -> value as written (args.py types and validates it)
+    reports: List[str] = field(default_factory=list)  # overrides, aliases, fallbacks: log them
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return tuple(t.name for t in self.tasks)
+
+
+# -- value handling -------------------------------------------------------------------------------------
+def _as_list(value: Any) -> List[Any]:
+    """PALM lists: a YAML list, or a string "a, b c" split on commas and whitespace, or one scalar."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, str):
+        return value.replace(",", " ").split()
+    return [value]
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "y", "on"):
+        return True
+    if text in ("false", "0", "no", "n", "off"):
+        return False
+    raise ValueError("is not true or false")
+
+
+def _number(value: Any, integer: bool) -> Any:
+    if isinstance(value, bool):
+        raise ValueError
+    number = float(value)  # PALM wrote 3e-5, which YAML 1.1 reads as a string
+    if not math.isfinite(number):
+        raise ValueError
+    if integer:
+        if not number.is_integer():
+            raise ValueError
+        return int(number)
+    return number
+
+
+def _coerce(kind: str, value: Any) -> Any:
+    """Typed value of `kind`; ValueError with the expectation (the caller names file and key)."""
+    try:
+        if kind in ("str", "path"):
+            if value is None or isinstance(value, (list, dict)):
+                raise ValueError
+            return str(value)
+        if kind == "bool":
+            return _bool(value)
+        if kind in ("posint", "nonnegint", "optposint"):
+            if kind == "optposint" and (value is None or str(value).strip().lower() in ("none", "null", "")):
+                return None
+            number = _number(value, True)
+            if number < (0 if kind == "nonnegint" else 1):
+                raise ValueError
+            return number
+        if kind in ("posfloat", "nonneg", "unit"):
+            number = _number(value, False)
+            if (kind == "posfloat" and number <= 0) or (kind == "nonneg" and number < 0) or (
+                    kind == "unit" and not 0 < number < 1):
+                raise ValueError
+            return number
+        if kind == "strlist":
+            return tuple(str(v) for v in _as_list(value))
+        if kind == "floatlist":
+            items = tuple(_number(v, False) for v in _as_list(value))
+            if any(v < 0 for v in items):
+                raise ValueError
+            return items
+        if kind == "intlist":
+            return tuple(_number(v, True) for v in _as_list(value))
+        return value  # "any": an option without a typed default
+    except (ValueError, TypeError):
+        expected = {"str": "a string", "path": "a file path", "bool": "true or false", "posint": "an integer >= 1",
+                    "nonnegint": "an integer >= 0", "optposint": "an integer >= 1 (or none)",
+                    "posfloat": "a number > 0", "nonneg": "a number >= 0", "unit": "a number in (0, 1)",
+                    "strlist": "a list", "floatlist": "numbers >= 0 (a list or \"a, b, c\")",
+                    "intlist": "integers (a list or \"0, 1, 0\")"}[kind]
+        raise ValueError(f"{value!r} is not {expected}") from None
+
+
+def _option_kind(default: Any) -> str:
+    if isinstance(default, bool):
+        return "bool"
+    if isinstance(default, int):
+        return "int"
+    if isinstance(default, float):
+        return "float"
+    if isinstance(default, str):
+        return "str"
+    return "any"
+
+
+def _coerce_option(kind: str, value: Any) -> Any:
+    if kind == "float":
+        try:
+            return _number(value, False)
+        except (ValueError, TypeError):
+            raise ValueError(f"{value!r} is not a number") from None
+    if kind == "int":
+        try:
+            return _number(value, True)
+        except (ValueError, TypeError):
+            raise ValueError(f"{value!r} is not an integer") from None
+    return _coerce(kind, value)
+
+
+def _backbone_family(value: Any) -> Optional[str]:
+    """PALM's backbone name -> model_type: "ernie", "bert" (also "ernie-en-uncased-large" style names)."""
+    family = str(value).strip().lower().split("-")[0]
+    return family if family in ("ernie", "bert") else None
+
+
+def _yaml_value(text: Any) -> Any:
+    """A command-line string typed like a YAML value ("32" -> 32, "true" -> True, "a.tsv" -> "a.tsv")."""
+    if not isinstance(text, str):
+        return text
+    import yaml
+
+    try:
+        return yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+
+
+def _suggest(key: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(set(known)), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _read_yaml(path: str, what: str, problems: List[str]) -> Optional[Dict[str, Any]]:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        problems.append(f"{path}: cannot read the {what} ({e.strerror})")
+        return None
+    except yaml.YAMLError as e:
+        problems.append(f"{path}: the {what} is not valid YAML: {e}")
+        return None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        problems.append(f"{path}: the {what} must be a mapping of keys to values, got {type(data).__name__}")
+        return None
+    return {str(k).lstrip("-"): v for k, v in data.items()}
+
+
+def _exists(path: str) -> bool:
+    """A file, a directory, or a .bin/.idx corpus prefix (pretraining data)."""
+    return os.path.exists(path) or (os.path.isfile(path + ".bin") and os.path.isfile(path + ".idx"))
+
+
+def _resolve(value: str, base_dir: str) -> Tuple[str, Optional[str]]:
+    """(absolute path, fallback note). Relative: `base_dir` first, then the current directory."""
+    value = os.path.expanduser(value)
+    if os.path.isabs(value):
+        return os.path.normpath(value), None
+    first = os.path.normpath(os.path.join(base_dir, value))
+    if _exists(first):
+        return first, None
+    cwd = os.path.abspath(value)
+    if cwd != first and _exists(cwd):
+        return cwd, f"{value} is not in {base_dir}; using {cwd} (relative to the current directory, as PALM did)"
+    return first, None
+
+
+# -- entry points -----------------------------------------------------------------------------------------
+def is_multitask_yaml(path: str) -> bool:
+    """Whether `path` is a readable YAML mapping with `task_instance` (a multi-task global config)."""
+    problems: List[str] = []
+    data = _read_yaml(path, "config", problems) if os.path.isfile(path) else None
+    return bool(data) and "task_instance" in data
+
+
+def split_task_overrides(argv: Sequence[str]) -> Tuple[List[str], Dict[str, Dict[str, str]]]:
+    """Take `--tasks.<task>.<key>=value` / `--tasks.<task>.<key> value` out of `argv`.
+
+    Returns (the other arguments, {task: {key: value string}}) for `load_multitask_config(task_cli=...)`.
+    """
+    rest: List[str] = []
+    out: Dict[str, Dict[str, str]] = {}
+    tokens = list(argv)
+    k = 0
+    while k < len(tokens):
+        token = tokens[k]
+        if not token.startswith("--tasks."):
+            rest.append(token)
+            k += 1
+            continue
+        name, has_value, value = token[len("--tasks."):].partition("=")
+        task, _, key = name.partition(".")
+        if not task or not key:
+            raise ConfigError([f"{token}: per-task overrides are written --tasks.<task>.<key>=<value>"])
+        if not has_value:
+            if k + 1 >= len(tokens) or tokens[k + 1].startswith("--"):
+                raise ConfigError([f"{token} needs a value (--tasks.{task}.{key}=<value>)"])
+            value = tokens[k + 1]
+            k += 1
+        out.setdefault(task, {})[key] = value
+        k += 1
+    return rest, out
+
+
+def load_multitask_config(global_yaml: str, *, cli: Optional[Mapping[str, Any]] = None,
+                          task_cli: Optional[Mapping[str, Mapping[str, Any]]] = None, flag_names: Set[str],
+                          splits: Sequence[str] = ("train", "dev")) -> MultiTaskSetup:
+    """Read the global YAML and its task YAMLs into TaskSpecs, the MTL settings and run flags.
+
+    `cli`: command-line values {key: value} (global keys, task keys for every task, run flags and
+    PALM aliases; strings are typed like YAML values except run flags, which args.py types);
+    `task_cli`: {task: {key: value}} from `--tasks.<task>.<key>`; `flag_names`: the flags of
+    args.py (a global key among them is a run flag); `splits`: the data the run reads — `train`
+    requires every task's train_file, and each listed split's file must exist when set.
+    Raises one ConfigError listing every problem.
+    """
+    return _Loader(global_yaml, dict(cli or {}), {t: dict(v) for t, v in (task_cli or {}).items()},
+                   set(flag_names), tuple(splits)).load()
+
+
+class _Loader:
+    def __init__(self, global_yaml: str, cli: Dict[str, Any], task_cli: Dict[str, Dict[str, Any]],
+                 flag_names: Set[str], splits: Tuple[str, ...]):
+        self.path = os.path.abspath(global_yaml)
+        self.base = os.path.dirname(self.path)
+        self.cli = {str(k).lstrip("-"): v for k, v in cli.items()}
+        self.task_cli = task_cli
+        self.flags = flag_names
+        self.splits = splits
+        self.problems: List[str] = []
+        self.reports: List[str] = []
+        self.run_flags: Dict[str, Any] = {}
+        self.flag_source: Dict[str, str] = {}
+
+    def load(self) -> MultiTaskSetup:
+        data = _read_yaml(self.path, "global config", self.problems)
+        if data is None:
+            raise ConfigError(self.problems)
+        layers = [(f"global {self.path}", data), ("command line", self.cli)]
+        mtl_raw = {k: (v, src) for src, layer in layers for k, v in layer.items() if k in MTL_KEYS}
+        mtl = self._mtl(mtl_raw)
+        if mtl is None:
+            raise ConfigError(self.problems)
+        self._import_plugins(mtl.plugins)
+        task_files = [self._read_task(mtl, name) for name in mtl.task_instance]
+        types = [self._task_type(mtl, i, tf) for i, tf in enumerate(task_files)]
+        option_owners: Dict[str, List[int]] = {}
+        for i, cls in enumerate(types):
+            for key in (cls.options if cls else {}):
+                option_owners.setdefault(key, []).append(i)
+        broadcast: Dict[str, List[Tuple[str, Any]]] = {}  # key -> [(source label, value)], lowest first
+        for src, layer in layers:
+            for key, value in layer.items():
+                if key in MTL_KEYS:
+                    continue
+                on_cli = src == "command line"
+                where = f"command line --{key}" if on_cli else f"{self.path}: key {key!r}"
+                if key in BROADCAST_KEYS or key in option_owners:
+                    broadcast.setdefault(key, []).append(
+                        (f"command line --{key}", _yaml_value(value)) if on_cli else (f"global {self.path}", value))
+                elif not self._global_setting(key, value, where, src):
+                    self._unknown_global(key, where, option_owners)
+        for task, overrides in self.task_cli.items():
+            if task not in mtl.task_instance:
+                self.problems.append(f"--tasks.{task}.*: no task {task!r} in task_instance {list(mtl.task_instance)}")
+        specs = []
+        for i, name in enumerate(mtl.task_instance):
+            if task_files[i] is not None and types[i] is not None:
+                spec = self._spec(mtl, i, task_files[i], types[i], broadcast)
+                if spec is not None:
+                    specs.append(spec)
+        if not self.problems:
+            self._check_groups(mtl, specs)
+        if self.problems:
+            raise ConfigError(self.problems)
+        if mtl.early_stopping_patience:
+            for spec in specs:
+                if spec.is_target and spec.dev_file is None:
+                    self.reports.append(f"task {spec.name}: no dev_file, so early_stopping_patience does not apply "
+                                        "to it (it trains to its quota)")
+        return MultiTaskSetup(tasks=tuple(specs), mtl=mtl, run_flags=self.run_flags, reports=self.reports)
+
+    # -- global MTL keys ----------------------------------------------------------------------------------
+    def _mtl(self, raw: Dict[str, Tuple[Any, str]]) -> Optional[MultiTaskConfig]:
+        values: Dict[str, Any] = {}
+        for key, (value, src) in raw.items():
+            kind = MTL_KEYS[key][0]
+            if src == "command line" and kind not in ("strlist", "floatlist", "intlist", "str"):
+                value = _yaml_value(value)
+            try:
+                values[key] = _coerce(kind, value)
+            except ValueError as e:
+                where = f"{self.path}: key {key!r}" if src != "command line" else f"command line --{key}"
+                self.problems.append(f"{where}: {e}")
+        if "task_instance" not in raw:
+            self.problems.append(f"{self.path}: key 'task_instance' is required: the task names, e.g. "
+                                 "task_instance: \"sentiment, ner\" (one <task_dir>/<name>.yaml each)")
+            return None
+        names = values.get("task_instance")
+        if names is None:
+            return None
+        where = f"{self.path}: key 'task_instance'"
+        if not names:
+            self.problems.append(f"{where} lists no task")
+            return None
+        bad = [n for n in names if not _TASK_NAME.match(n)]
+        if bad:
+            self.problems.append(f"{where}: task names {bad} may only use letters, digits, '_' and '-'")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            self.problems.append(f"{where}: {dupes} listed more than once")
+        n = len(names)
+        for key in ("mix_ratio", "target_tag", "task_reuse_tag"):
+            if key in values and len(values[key]) != n:
+                self.problems.append(f"{self.path}: key {key!r} has {len(values[key])} values but task_instance has "
+                                     f"{n} tasks; give one value per task, in task_instance order")
+                values.pop(key)
+        if "target_tag" in values and any(t not in (0, 1) for t in values["target_tag"]):
+            self.problems.append(f"{self.path}: key 'target_tag' {list(values['target_tag'])}: each value must be "
+                                 "1 (target) or 0 (auxiliary)")
+        sampling = values.get("sampling", "palm")
+        if sampling not in SAMPLING_STRATEGIES:
+            self.problems.append(f"{self.path}: key 'sampling' {sampling!r} is not one of "
+                                 f"{list(SAMPLING_STRATEGIES)}")
+        if sampling != "palm" and "mix_ratio" in values and any(m != 1.0 for m in values["mix_ratio"]):
+            self.problems.append(f"{self.path}: key 'mix_ratio' is only used with sampling: palm (sampling "
+                                 f"{sampling!r} derives the mix from the data sizes); drop one of them")
+        if sampling != "temperature" and values.get("temperature", 1.0) != 1.0:
+            self.problems.append(f"{self.path}: key 'temperature' needs sampling: temperature")
+        if sampling == "palm" and values.get("examples_cap") is not None:
+            self.problems.append(f"{self.path}: key 'examples_cap' needs sampling: proportional or temperature")
+        task_dir = values.get("task_dir")
+        if task_dir is None:
+            task_dir = self.base
+        else:
+            task_dir, note = _resolve(task_dir, self.base)
+            if note:
+                self.reports.append(f"task_dir: {note}")
+            if not os.path.isdir(task_dir):
+                self.problems.append(f"{self.path}: key 'task_dir' {values['task_dir']!r}: no such directory "
+                                     f"({task_dir}); it is relative to the global YAML's folder")
+        plugins = []
+        for plugin in values.get("plugins", ()):
+            path, note = _resolve(plugin, self.base)
+            if note:
+                self.reports.append(f"plugins: {note}")
+            if not path.endswith(".py") or not os.path.isfile(path):
+                self.problems.append(f"{self.path}: key 'plugins': {plugin!r} ({path}) is not an existing .py file")
+            plugins.append(path)
+        if self.problems:
+            return None
+        defaults = {k: d for k, (_, d) in MTL_KEYS.items() if d is not None}
+        return MultiTaskConfig(**{**defaults, **values, "task_instance": names,
+                                  "mix_ratio": values.get("mix_ratio", (1.0,) * n),
+                                  "target_tag": tuple(bool(t) for t in values.get("target_tag", (1,) * n)),
+                                  "task_reuse_tag": values.get("task_reuse_tag"), "task_dir": task_dir,
+                                  "plugins": tuple(plugins)})
+
+    def _import_plugins(self, plugins: Sequence[str]) -> None:
+        for path in plugins:
+            module = "ernie_mtl_plugin_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+            if module in sys.modules:  # imported by an earlier load: its types are registered already
+                continue
+            spec = importlib.util.spec_from_file_location(module, path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[module] = mod
+            try:
+                spec.loader.exec_module(mod)
+            except Exception as e:  # noqa: BLE001  (any error in user code becomes a config problem)
+                del sys.modules[module]
+                self.problems.append(f"{self.path}: key 'plugins': importing {path} failed: "
+                                     f"{type(e).__name__}: {e}")
+
+    # -- keys that are run flags (global file, command line or, PALM-style, a task file) ----------------
+    def _global_setting(self, key: str, value: Any, where: str, src: str) -> bool:
+        """Handle `key` if it is a run flag, a PALM alias or `optimizer`; False if it is neither."""
+        if key == "optimizer":
+            if str(value).strip().lower() != "adam":
+                self.problems.append(f"{where}: optimizer {value!r} is not available; only adam (AdamW with "
+                                     "decoupled weight_decay) is; set optimizer: adam or remove it")
+            return True
+        if key not in PALM_ALIASES:
+            if key not in self.flags:
+                return False
+            self._set_flag(key, value, where, src)
+            return True
+        flag = PALM_ALIASES[key]
+        if flag == "model_type":
+            family = _backbone_family(value)
+            if family is None:
+                self.problems.append(f"{where}: backbone {value!r} is not supported; use ernie or bert")
+                return True
+            value = family
+        if flag not in self.flags:
+            self.problems.append(f"{where}: PALM's {key} maps to --{flag}, which this program does not have")
+            return True
+        if self._set_flag(flag, value, where, src):
+            self.reports.append(f"{where}: PALM's {key} sets --{flag} {value}")
+        return True
+
+    def _set_flag(self, flag: str, value: Any, where: str, src: str) -> bool:
+        """Record run flag `flag`; a second, different value from the same layer is an error."""
+        previous = self.flag_source.get(flag)
+        if previous is not None and previous[1] == src and str(self.run_flags[flag]) != str(value):
+            self.problems.append(f"{where}: sets --{flag} {value!r} but {previous[0]} already sets it to "
+                                 f"{self.run_flags[flag]!r}; keep one")
+            return False
+        self.run_flags[flag] = value
+        self.flag_source[flag] = (where, src)
+        return True
+
+    def _unknown_global(self, key: str, where: str, option_owners: Mapping[str, List[int]]) -> None:
+        if key in PALM_UNSUPPORTED:
+            self.problems.append(f"{where}: PALM's {key} is not supported: {PALM_UNSUPPORTED[key]}")
+        elif key in TASK_KEYS:
+            self.problems.append(f"{where}: {key} is a task key; put it in the task YAMLs (<task_dir>/<task>.yaml)")
+        else:
+            known = set(MTL_KEYS) | set(BROADCAST_KEYS) | set(option_owners) | set(PALM_ALIASES) | self.flags
+            self.problems.append(f"{where}: unknown key{_suggest(key, known)}; see docs/multitask_config.md")
+
+    # -- task files ---------------------------------------------------------------------------------------
+    def _read_task(self, mtl: MultiTaskConfig, name: str) -> Optional[Tuple[str, Dict[str, Any]]]:
+        path = os.path.join(mtl.task_dir, name + ".yaml")
+        if not os.path.isfile(path):
+            self.problems.append(f"{self.path}: task_instance names {name!r} but its task file {path} does not "
+                                 f"exist; create it or set task_dir (now {mtl.task_dir})")
+            return None
+        data = _read_yaml(path, "task config", self.problems)
+        return None if data is None else (path, data)
+
+    def _task_type(self, mtl: MultiTaskConfig, i: int, task_file):
+        if task_file is None:
+            return None
+        path, data = task_file
+        name = mtl.task_instance[i]
+        override = self.task_cli.get(name, {}).get("reader")
+        reader = override if override is not None else data.get("reader")
+        where = f"--tasks.{name}.reader" if override is not None else f"{path}: key 'reader'"
+        if reader is None:
+            self.problems.append(f"{path}: key 'reader' is required: the task type (cls, match, seq_label, mrc, "
+                                 "mlm, pretrain or a plugin's type)")
+            return None
+        reader = str(reader)
+        if reader in PALM_READERS:
+            self.reports.append(f"task {name}: reader {reader} (PALM) is {PALM_READERS[reader]}")
+            reader = PALM_READERS[reader]
+        try:
+            return get_task_type(reader)
+        except ConfigError as e:
+            self.problems.extend(f"{where}: {p}" for p in e.problems)
+            return None
+
+    def _spec(self, mtl: MultiTaskConfig, i: int, task_file, cls, broadcast) -> Optional[TaskSpec]:
+        path, data = task_file
+        name = mtl.task_instance[i]
+        folder = os.path.dirname(path)
+        before = len(self.problems)
+        kinds = dict(TASK_KEYS)
+        kinds.update({k: ("path" if k.endswith(PATH_OPTION_SUFFIXES) else _option_kind(o.default))
+                      for k, o in cls.options.items()})
+        layers: Dict[str, List[Tuple[str, Any, str]]] = {}  # key -> [(source label, typed value, base dir)]
+
+        def add(key: str, value: Any, label: str, where: str, base: str) -> None:
+            try:
+                typed = _coerce_option(kinds[key], value)
+            except ValueError as e:
+                self.problems.append(f"{where}: {e}")
+                return
+            layers.setdefault(key, []).append((label, typed, base))
+
+        for key, value in data.items():
+            if key in kinds:
+                add(key, value, path, f"{path}: key {key!r}", folder)
+            elif key in MTL_KEYS:
+                self.problems.append(f"{path}: key {key!r} is a global setting; move it to {self.path}")
+            elif not self._task_file_setting(name, path, key, value):
+                self.problems.append(f"{path}: unknown key {key!r}{_suggest(key, kinds)} for reader {cls.name!r}; "
+                                     f"task keys: {sorted(kinds)}")
+        for key, entries in broadcast.items():
+            if key in kinds:
+                for label, value in entries:
+                    add(key, value, label, f"{label}: key {key!r}", self.base)
+        for key, value in self.task_cli.get(name, {}).items():
+            where = f"command line --tasks.{name}.{key}"
+            if key not in kinds:
+                self.problems.append(f"{where}: {key!r} is not a key of task {name} (reader {cls.name})"
+                                     f"{_suggest(key, kinds)}")
+            else:
+                add(key, _yaml_value(value), where, where, os.getcwd())
+        values: Dict[str, Any] = {}
+        for key, entries in layers.items():
+            label, value, base = entries[-1]
+            for lower_label, lower_value, _ in entries[:-1]:
+                task_specific = lower_label == path or label.startswith("command line --tasks.")
+                if lower_value != value and task_specific:
+                    self.reports.append(f"task {name}: key {key}={lower_value} from {lower_label} overridden by "
+                                        f"{label} ({value})")
+            if kinds[key] == "path":
+                value = self._path(name, key, value, label, base)
+            values[key] = value
+        reader = cls.name
+        paradigm = values.pop("paradigm", None)
+        allowed = PALM_PARADIGMS.get(reader, (reader,))
+        if paradigm is not None and paradigm not in allowed:
+            self.problems.append(f"{path}: key 'paradigm' {paradigm!r} does not go with reader {reader!r}; use "
+                                 f"{' or '.join(repr(a) for a in allowed)} (or drop paradigm)")
+        if "train" in self.splits and values.get("train_file") is None:
+            self.problems.append(f"{path}: key 'train_file' is required: the task's training data")
+        for key, option in cls.options.items():
+            if key not in values:
+                if option.required:
+                    self.problems.append(f"{path}: key {key!r} is required by reader {reader!r}: {option.help}")
+                else:
+                    values[key] = option.default
+        if len(self.problems) > before:
+            return None
+        options = {k: values.pop(k) for k in cls.options}
+        values.pop("reader", None)
+        return TaskSpec(name=name, reader=reader, index=i, is_target=mtl.target_tag[i], mix_ratio=mtl.mix_ratio[i],
+                        reuse_tag=None if mtl.task_reuse_tag is None else mtl.task_reuse_tag[i], options=options,
+                        **values)
+
+    def _path(self, task: str, key: str, value: str, label: str, base: str) -> str:
+        resolved, note = _resolve(value, base)
+        if note:
+            self.reports.append(f"task {task}: {key}: {note}")
+        split = key[:-len("_file")] if key in SPLIT_KEYS else None
+        if (split is None or split in self.splits) and not _exists(resolved):
+            self.problems.append(f"{label}: key {key!r} {value!r}: file not found ({resolved}; relative paths are "
+                                 f"relative to the file's folder, then the current directory)")
+        return resolved
+
+    def _task_file_setting(self, task: str, path: str, key: str, value: Any) -> bool:
+        """A run flag in a task file (PALM's demos put vocab_path there): adopted unless the global file or
+        command line sets it (then reported); task files that disagree are an error."""
+        flag = PALM_ALIASES.get(key) or (key if key in self.flags or key == "optimizer" else None)
+        if flag is None:
+            return False
+        where = f"{path}: key {key!r}"
+        source = self.flag_source.get(flag)
+        if source is None or source[1] == "task files":
+            return self._global_setting(key, value, where, "task files")
+        kept = self.run_flags[flag]
+        mine = _backbone_family(value) if flag == "model_type" else value
+        if str(kept) != str(mine):
+            self.reports.append(f"task {task}: key {key}={value} from {path} overridden by {source[0]} ({kept}): "
+                                f"--{flag} is one setting for the whole run")
+        return True
+
+    def _check_groups(self, mtl: MultiTaskConfig, specs: Sequence[TaskSpec]) -> None:
+        hosts: Dict[int, TaskSpec] = {}
+        for spec in specs:
+            if spec.reuse_tag is None:
+                continue
+            host = hosts.setdefault(spec.reuse_tag, spec)
+            if host.reader != spec.reader:
+                self.problems.append(f"{self.path}: key 'task_reuse_tag': tasks {host.name} (reader {host.reader}) "
+                                     f"and {spec.name} (reader {spec.reader}) share tag {spec.reuse_tag}, but only "
+                                     "tasks of the same reader can share a head; give them different tags")
