@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import sys
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -74,6 +75,14 @@ class TrainConfig:
     device: str = _f("auto", 'Device: "gpu", "cpu", or "auto" (gpu when paddle is built with CUDA).')
     resume: str = _f("auto", '"auto": continue from the newest complete checkpoint in --output_dir if any; '
                              '"none": start fresh; or the path of a model_last / model_<step> folder.')
+    dry_run: bool = _f(False, "Print the plan (topology, batches, task schedule, strategy, parameters, memory per "
+                              "rank) and exit without training.")
+    do_predict: bool = _f(False, "Predict with an exported task model instead of training: needs --task and "
+                                 "--pred_file; reads output_dir/<task>/infer_model.")
+    task: Optional[str] = _f(None, "The task to predict with (--do_predict).")
+    pred_file: Optional[str] = _f(None, "The file to predict (--do_predict), in the task's reader format.")
+    predict_output: Optional[str] = _f(None, "Where --do_predict writes its JSON; default: "
+                                            "output_dir/<task>/predictions.json.")
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,11 @@ class RunConfig:
     optim: OptimConfig
     data: DataConfig
     train: TrainConfig
+    multitask: Any = field(default=None, compare=False)  # mtl_config.MultiTaskSetup in multi-task mode
+
+    @property
+    def is_multitask(self) -> bool:
+        return self.multitask is not None
 
     def to_dict(self) -> Dict[str, Dict[str, Any]]:
         """JSON-friendly `{slice: {field: value}}` (stored in checkpoints)."""
@@ -225,14 +239,38 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, world_size: Optional[i
     `world_size`: the number of processes the topology must fit (default: from the launcher's
     environment, 1 without a launcher).
     """
+    from ernie_mtl import mtl_config
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv, task_cli = mtl_config.split_task_overrides(argv)
+    except ConfigError as e:
+        raise ConfigError(e.problems) from None
     parser = build_parser()
     namespace, unknown = parser.parse_known_args(argv)
-    problems = _unknown_problems(unknown)
     given = vars(namespace)
     config_file = given.pop("config", None)
+    multitask = bool(config_file) and os.path.isfile(config_file) and mtl_config.is_multitask_yaml(config_file)
+    mtl_cli: Dict[str, Any] = {}
+    if multitask:  # PALM let every scalar global key be set on the command line: so do we
+        unknown = _take_mtl_keys(unknown, mtl_cli)
+    problems = _unknown_problems(unknown)
+    if task_cli and not multitask:
+        problems.append("--tasks.<task>.<key> overrides need a multi-task --config (a YAML with task_instance)")
     values: Dict[str, Any] = {}
     sources: Dict[str, str] = {}
-    if config_file:
+    setup = None
+    if multitask:
+        broadcast = {k: given[k] for k in mtl_config.BROADCAST_KEYS if k in given}
+        try:
+            setup = mtl_config.load_multitask_config(
+                config_file, cli={**mtl_cli, **broadcast}, task_cli=task_cli, flag_names=set(_FLAGS),
+                splits=("pred",) if _truthy(given.get("do_predict")) else ("train", "dev"))
+            for key, raw in setup.run_flags.items():
+                values[key], sources[key] = raw, f"from {config_file}"
+        except ConfigError as e:
+            problems += e.problems
+    elif config_file:
         for key, raw in _read_yaml(config_file, problems).items():
             values[key], sources[key] = raw, f"from {config_file}"
     for key, raw in given.items():
@@ -244,7 +282,9 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, world_size: Optional[i
         except ValueError as e:
             problems.append(str(e))
     # a value that could not be typed keeps its default, so the semantic checks still report the rest
-    cfg = RunConfig(**{name: cls(**typed[name]) for name, cls in SLICES.items()})
+    cfg = RunConfig(**{name: cls(**typed[name]) for name, cls in SLICES.items()}, multitask=setup)
+    if setup is None and multitask:  # the multi-task file itself is broken: its problems say why
+        raise ConfigError(problems)
     try:
         validate(_absolute_paths(cfg), world_size=world_size)
     except ConfigError as e:
@@ -252,6 +292,35 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, world_size: Optional[i
     if problems:
         raise ConfigError(problems)
     return _absolute_paths(cfg)
+
+
+def _truthy(raw: Any) -> bool:
+    try:
+        return raw is not None and str2bool(raw)
+    except (ValueError, argparse.ArgumentTypeError):
+        return False
+
+
+def _take_mtl_keys(unknown: Sequence[str], out: Dict[str, Any]) -> List[str]:
+    """Move `--<multi-task key> value` pairs (mix_ratio, sampling, num_epochs, batch_size, ...) from the
+    unknown arguments into `out`; returns the arguments still unknown."""
+    from ernie_mtl import mtl_config
+
+    keys = set(mtl_config.MTL_KEYS) | set(mtl_config.BROADCAST_KEYS) | set(mtl_config.PALM_ALIASES)
+    rest: List[str] = []
+    k = 0
+    while k < len(unknown):
+        token = unknown[k]
+        name, has_value, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        if name in keys and (has_value or (k + 1 < len(unknown) and not unknown[k + 1].startswith("--"))):
+            if not has_value:
+                value = unknown[k + 1]
+                k += 1
+            out[name] = value
+        else:
+            rest.append(token)
+        k += 1
+    return rest
 
 
 def _absolute_paths(cfg: RunConfig) -> RunConfig:
@@ -287,6 +356,11 @@ def validate(cfg: RunConfig, *, world_size: Optional[int] = None) -> RunConfig:
             problems.extend(e.problems)
             return None
 
+    if cfg.train.do_predict:  # prediction reads an exported model: nothing else of the run matters
+        problems += _predict_problems(cfg.train)
+        if problems:
+            raise ConfigError(problems)
+        return cfg
     collect(cfg.amp.validate)
     collect(cfg.optim.validate)
     before = len(problems)
@@ -296,11 +370,17 @@ def validate(cfg: RunConfig, *, world_size: Optional[int] = None) -> RunConfig:
             world_size = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
         collect(Topology.from_config, cfg.parallel, world_size)
     resolved = collect(cfg.model.resolve)  # validates the model slice too
-    problems += _data_problems(cfg.data, resolved.arch if resolved else None)
-    problems += cfg.sample_config().problems()  # the dataset's own checks, so they are written once
+    problems += _data_problems(cfg.data, resolved.arch if resolved else None, multitask=cfg.is_multitask)
+    if cfg.is_multitask:
+        problems += _multitask_problems(cfg, resolved.arch if resolved else None)
+    else:
+        problems += cfg.sample_config().problems()  # the dataset's own checks, so they are written once
     problems += _train_problems(cfg.train, cfg.optim)
     from ernie_mtl.trainer import resolve_device
 
+    if cfg.amp.use_amp and cfg.amp.amp_level == "O2" and cfg.parallel.use_sharding:
+        problems.append("--amp_level O2 with --sharding_degree > 1 cannot be built by fleet 2.6.2 (its sharding "
+                        "pass rejects O2's parameter casts); use --amp_level O1 with sharding, or O2 without")
     if cfg.amp.use_amp and cfg.amp.amp_dtype == "bfloat16" and resolve_device(cfg.train.device) == "cpu":
         problems.append("--use_amp with --amp_dtype bfloat16 cannot run on CPU (Paddle 2.6.2 lacks the bf16 CPU "
                         "kernels); use --device gpu, --amp_dtype float16, or drop --use_amp")
@@ -309,11 +389,42 @@ def validate(cfg: RunConfig, *, world_size: Optional[int] = None) -> RunConfig:
     return cfg
 
 
-def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]]) -> List[str]:
+def _predict_problems(train: TrainConfig) -> List[str]:
+    from ernie_mtl.export import MANIFEST, export_dir
+
+    problems = []
+    if not train.task:
+        problems.append("--do_predict needs --task: the name of a task exported under --output_dir")
+    elif not (export_dir(train.output_dir, train.task) / MANIFEST).is_file():
+        found = sorted(p.parent.name for p in Path(train.output_dir).glob(f"*/infer_model/{MANIFEST}"))
+        problems.append(f"--task {train.task}: no exported model {export_dir(train.output_dir, train.task)}; "
+                        f"tasks exported under --output_dir {train.output_dir}: {found or 'none'}")
+    if not train.pred_file:
+        problems.append("--do_predict needs --pred_file: the file to predict, in the task's reader format")
+    elif not os.path.isfile(train.pred_file):
+        problems.append(f"--pred_file {train.pred_file}: not found")
+    return problems
+
+
+def _multitask_problems(cfg: RunConfig, arch: Optional[Mapping[str, Any]]) -> List[str]:
+    problems = []
+    for spec in cfg.multitask.tasks:
+        if arch is not None and spec.max_seq_len > arch["max_position_embeddings"]:
+            problems.append(f"task {spec.name}: max_seq_len {spec.max_seq_len} exceeds the model's "
+                            f"max_position_embeddings {arch['max_position_embeddings']}")
+    if cfg.multitask.mtl.use_task_id and cfg.model.model_type != "ernie":
+        problems.append("use_task_id needs the ERNIE backbone (BERT has no task embedding); set backbone: ernie "
+                        "or use_task_id: false")
+    return problems
+
+
+def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, multitask: bool = False) -> List[str]:
     from ernie_mtl.data.pretrain import parse_split
 
     problems = []
-    if data.input_dir is None:
+    if multitask:  # no corpus flag: the tasks' files were checked by mtl_config
+        pass
+    elif data.input_dir is None:
         problems.append("--input_dir is required: the corpus prefix (path without .bin/.idx) written by "
                         "`python -m data_tools.create_pretraining_data`")
     else:
@@ -336,7 +447,7 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]]) -> List[
     except ValueError as e:
         problems.append(str(e))
     if arch is not None:
-        if data.max_seq_len > arch["max_position_embeddings"]:
+        if not multitask and data.max_seq_len > arch["max_position_embeddings"]:
             problems.append(f"--max_seq_len {data.max_seq_len} exceeds the model's max_position_embeddings "
                             f"{arch['max_position_embeddings']}; use --max_seq_len <= "
                             f"{arch['max_position_embeddings']}")

@@ -49,6 +49,8 @@ ARCHITECTURES: Dict[str, Dict[str, Any]] = {
     "ernie-1.0": _ERNIE_1_0_BASE,
     "ernie-small": dict(_ERNIE_1_0_BASE, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                         intermediate_size=1024),
+    "ernie-mini": dict(_ERNIE_1_0_BASE, hidden_size=128, num_hidden_layers=4, num_attention_heads=2,
+                       intermediate_size=512),
     "ernie-tiny-test": dict(_ERNIE_1_0_BASE, vocab_size=1000, hidden_size=32, num_hidden_layers=2,
                             num_attention_heads=2, intermediate_size=64, max_position_embeddings=128),
     "bert-base-chinese": dict(model_type="bert", vocab_size=21128, hidden_size=768, num_hidden_layers=12,

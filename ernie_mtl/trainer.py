@@ -189,7 +189,7 @@ class Trainer:
             rng={"numpy": _rng_to_json(np.random.get_state())},
             sampler={"consumed_samples": self.consumed_samples, "valid_consumed_samples": self._valid_consumed()},
             config=self.cfg.to_dict(), topology=self.topo.to_dict(), name_map=self.p.name_map,
-            extra={"resume_checks": self._resume_checks()})
+            extra={"resume_checks": self._resume_checks(), "arch": dict(self.p.arch)})
 
     # -- the loop ------------------------------------------------------------------------
     def train(self) -> None:

@@ -1,0 +1,199 @@
+"""Callbacks of the multi-task trainer (HF-style hooks), and the built-in ones that use them.
+
+A callback subclasses `Callback` and overrides any of `on_step_end`, `on_log`, `on_evaluate`,
+`on_save`, `on_train_end`. The trainer calls them on every rank in the same order (decisions that
+change training, such as early stopping, must be rank-independent: evaluation metrics are
+computed identically on every rank). A user's callback is registered by name in a plugin file:
+
+    from ernie_mtl.callbacks import Callback, register_callback
+
+    @register_callback("print_best")
+    class PrintBest(Callback):
+        def on_evaluate(self, trainer, task, metrics):
+            print(task, metrics)
+
+and enabled with `callbacks: [print_best]` in the global YAML.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Mapping, Optional, Type
+
+from ernie_mtl.config import ConfigError
+
+
+class Callback:
+    """Hooks; `trainer` is the running MultiTaskTrainer (read its `step`, `schedule`, `tasks`, ...)."""
+
+    def on_step_end(self, trainer, step: int, tasks: List[str]) -> None:
+        """After optimizer step `step`, whose micro-batches came from `tasks`."""
+
+    def on_log(self, trainer, step: int, logs: Mapping[str, float]) -> None:
+        """Every logging step: `logs` are scalars (train/<task>/loss, train/<task>/sampled, lr, perf/...)."""
+
+    def on_evaluate(self, trainer, task: str, metrics: Mapping[str, float]) -> None:
+        """After evaluating `task` on its dev file."""
+
+    def on_save(self, trainer, path: str) -> None:
+        """After a checkpoint or an exported model was written to `path`."""
+
+    def on_train_end(self, trainer) -> None:
+        """After the last step (before the final exports)."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        """State to keep in checkpoints (exact resume)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
+
+
+_CALLBACKS: Dict[str, Type[Callback]] = {}
+
+
+def register_callback(name: str) -> Callable[[Type[Callback]], Type[Callback]]:
+    def wrap(cls: Type[Callback]) -> Type[Callback]:
+        if not (isinstance(cls, type) and issubclass(cls, Callback)):
+            raise TypeError(f"@register_callback({name!r}) decorates {cls!r}, which is not a Callback subclass")
+        _CALLBACKS[name] = cls
+        return cls
+
+    return wrap
+
+
+def make_callbacks(names) -> List[Callback]:
+    out = []
+    for name in names:
+        if name not in _CALLBACKS:
+            raise ConfigError([f"callbacks: unknown callback {name!r}; registered: {sorted(_CALLBACKS)} "
+                               "(register one with @register_callback in a file listed under plugins:)"])
+        out.append(_CALLBACKS[name]())
+    return out
+
+
+class VisualDLLogger(Callback):
+    """Writes the scalars of every log and evaluation to VisualDL and train_metrics.jsonl (rank 0)."""
+
+    def __init__(self, writer):
+        self.writer = writer
+
+    def on_log(self, trainer, step, logs):
+        self.writer.scalars(step, logs)
+
+    def on_evaluate(self, trainer, task, metrics):
+        self.writer.scalars(trainer.step, {f"eval/{task}/{k}": v for k, v in metrics.items()})
+
+
+class EarlyStopping(Callback):
+    """Per target task: after `patience` evaluations without improvement of its main metric, the task
+    is finished (it leaves the sampler and is exported, as if it had reached its quota)."""
+
+    def __init__(self, patience: int, min_delta: float = 0.0):
+        self.patience = patience
+        self.min_delta = min_delta
+        self.best: Dict[str, float] = {}
+        self.bad: Dict[str, int] = {}
+
+    def on_evaluate(self, trainer, task, metrics):
+        t = trainer.task(task)
+        if not t.spec.is_target or trainer.schedule.is_finished(t.spec.index):
+            return
+        value = metrics[t.main_metric]
+        sign = 1.0 if t.higher_is_better else -1.0
+        if task not in self.best or sign * (value - self.best[task]) > self.min_delta:
+            self.best[task], self.bad[task] = value, 0
+            return
+        self.bad[task] = self.bad.get(task, 0) + 1
+        if self.bad[task] >= self.patience:
+            trainer.finish_task(task, reason=f"early stopping: {t.main_metric} has not improved on {self.best[task]:.4f} "
+                                             f"for {self.patience} evaluations")
+
+    def state_dict(self):
+        return {"best": self.best, "bad": self.bad}
+
+    def load_state_dict(self, state):
+        self.best = dict(state.get("best", {}))
+        self.bad = dict(state.get("bad", {}))
+
+
+class BestCheckpoint(Callback):
+    """Keeps `best_<task>` (a full checkpoint) for every target task by its main metric."""
+
+    def __init__(self):
+        self.best: Dict[str, float] = {}
+
+    def on_evaluate(self, trainer, task, metrics):
+        t = trainer.task(task)
+        if not t.spec.is_target:
+            return
+        value = metrics[t.main_metric]
+        sign = 1.0 if t.higher_is_better else -1.0
+        if task in self.best and sign * (value - self.best[task]) <= 0:
+            return
+        self.best[task] = value
+        trainer.save_checkpoint(f"best_{task}", note=f"best {t.main_metric} {value:.4f} of {task}")
+
+    def state_dict(self):
+        return {"best": self.best}
+
+    def load_state_dict(self, state):
+        self.best = dict(state.get("best", {}))
+
+
+class ExponentialMovingAverage:
+    """EMA of the parameters this rank holds (PALM's `use_ema`/`ema_decay`), kept on the host.
+
+    `update()` after every optimizer step: ema = decay * ema + (1 - decay) * param, with PALM/TF's
+    warm-up decay min(decay, (1 + n) / (10 + n)) so early averages are not dominated by the random
+    initialisation. `swapped_in()` is a context manager that puts the averages into the scope (for
+    evaluation and export) and restores the trained values afterwards."""
+
+    def __init__(self, scope, names: List[str], decay: float):
+        self.scope = scope
+        self.names = [n for n in names if scope.find_var(n) is not None and scope.find_var(n).get_tensor()._is_initialized()]
+        self.decay = decay
+        self.updates = 0
+        self.values: Dict[str, Any] = {}
+
+    def _get(self, name):
+        import numpy as np
+
+        return np.array(self.scope.find_var(name).get_tensor())
+
+    def update(self) -> None:
+        import numpy as np
+
+        decay = min(self.decay, (1.0 + self.updates) / (10.0 + self.updates))
+        for name in self.names:
+            value = self._get(name).astype(np.float32)
+            if name not in self.values:
+                self.values[name] = value
+            else:
+                self.values[name] *= decay
+                self.values[name] += (1.0 - decay) * value
+        self.updates += 1
+
+    def swapped_in(self):
+        import contextlib
+
+        import paddle
+
+        @contextlib.contextmanager
+        def swap():
+            saved = {n: self._get(n) for n in self.values}
+            place = paddle.framework._current_expected_place()
+            try:
+                for n, v in self.values.items():
+                    self.scope.find_var(n).get_tensor().set(v.astype(saved[n].dtype), place)
+                yield
+            finally:
+                for n, v in saved.items():
+                    self.scope.find_var(n).get_tensor().set(v, place)
+
+        return swap()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"updates": self.updates, "values": self.values}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.updates = int(state["updates"])
+        self.values = dict(state["values"])

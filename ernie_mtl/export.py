@@ -1,0 +1,156 @@
+"""Per-task inference models (export) and `--do_predict` through Paddle Inference.
+
+Layout of an exported task (`<output_dir>/<task>/infer_model/`)::
+
+    model.pdmodel, model.pdiparams   pruned inference program: backbone + this task's head
+    manifest.json                    feeds, fetches, task spec, label map, arch, name map, metrics
+    vocab.txt                        the tokenizer's vocabulary
+
+Prediction loads the model with `paddle.inference` (the deployment runtime, not the training
+executor), featurizes `--pred_file` with the task's own reader and writes the task's records
+(class + probabilities, tag sequences, or an MRC answer JSON keyed by question id).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ernie_mtl.config import ConfigError
+from ernie_mtl.tasks.base import TaskContext, TaskSpec, TaskType, get_task_type
+
+MANIFEST = "manifest.json"
+MODEL_PREFIX = "model"
+
+
+def export_dir(output_dir: str, task: str) -> Path:
+    return Path(output_dir) / task / "infer_model"
+
+
+def export_task_model(out_dir: Path, *, program, fwd, task: TaskType, exe, vocab_file: str, arch: Mapping[str, Any],
+                      model_type: str, use_task_id: bool, extra: Optional[Mapping[str, Any]] = None) -> Path:
+    """Save `task`'s pruned inference model from `program` (the plain forward; parameters read from
+    the current global scope) and its manifest, atomically (temp folder, then rename)."""
+    import paddle
+
+    name = task.spec.name
+    group = next(g.name for g in fwd.groups if name in g.tasks)
+    block = program.global_block()
+    feed_names = list(fwd.backbone_feed_names)
+    fetch_names = list(fwd.predictions[name])
+    feed_vars = [block.var(fwd.feed_vars[n].name) for n in feed_names]
+    fetch_vars = [block.var(fwd.predictions[name][n].name) for n in fetch_names]
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    paddle.static.save_inference_model(str(tmp / MODEL_PREFIX), feed_vars, fetch_vars, exe, program=program)
+    used = _persistables(tmp / f"{MODEL_PREFIX}.pdmodel")
+    manifest = {
+        "format": 1, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "task": name, "reader": task.name,
+        "spec": _spec_json(task.spec), "model_type": model_type, "arch": dict(arch), "use_task_id": use_task_id,
+        "task_index": task.spec.index,
+        "feeds": [{"name": n, "var": fwd.feed_vars[n].name, "shape": list(fwd.feed_vars[n].shape),
+                   "dtype": str(fwd.feed_vars[n].dtype).replace("paddle.", "")} for n in feed_names],
+        "fetches": [{"name": n, "var": fwd.predictions[name][n].name} for n in fetch_names],
+        "name_map": {k: v for k, v in fwd.name_map.items()
+                     if v in used and (not k.startswith("heads.") or k.startswith(f"heads.{group}."))},
+        "vocab": "vocab.txt", "max_seq_len": task.spec.max_seq_len, "do_lower_case": task.spec.do_lower_case,
+        **task.manifest(), **dict(extra or {})}
+    shutil.copyfile(vocab_file, tmp / "vocab.txt")
+    with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, ensure_ascii=False, default=str)
+    backup = out_dir.with_name(f".{out_dir.name}.old")
+    shutil.rmtree(backup, ignore_errors=True)
+    if out_dir.exists():
+        os.rename(out_dir, backup)
+    os.rename(tmp, out_dir)
+    shutil.rmtree(backup, ignore_errors=True)
+    return out_dir
+
+
+def _persistables(model_file: Path) -> set:
+    import paddle
+
+    program = paddle.static.Program.parse_from_string(model_file.read_bytes())
+    return {v.name for v in program.list_vars() if v.persistable}
+
+
+def _spec_json(spec: TaskSpec) -> Dict[str, Any]:
+    data = asdict(spec)
+    data["options"] = dict(spec.options)
+    return data
+
+
+def read_manifest(model_dir: os.PathLike) -> Dict[str, Any]:
+    path = Path(model_dir) / MANIFEST
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError:
+        raise ConfigError([f"{model_dir}: no {MANIFEST}; give a folder written by the trainer's export "
+                           "(<output_dir>/<task>/infer_model)"]) from None
+
+
+def load_task_from_manifest(manifest: Mapping[str, Any], model_dir: os.PathLike, *, pred_file: str,
+                            seed: int = 0) -> TaskType:
+    """The task type instance of an exported model, reading `pred_file` for prediction."""
+    spec_data = dict(manifest["spec"])
+    spec_data.update(train_file=None, dev_file=None, test_file=None, pred_file=os.path.abspath(pred_file))
+    spec = TaskSpec(**spec_data)
+    ctx = TaskContext(vocab_file=str(Path(model_dir) / manifest.get("vocab", "vocab.txt")), seed=seed,
+                      model_type=manifest.get("model_type", "ernie"))
+    return get_task_type(manifest["reader"])(spec, ctx)
+
+
+def predict(model_dir: os.PathLike, pred_file: str, output: os.PathLike, *, batch_size: Optional[int] = None,
+            use_gpu: bool = False, log=print) -> Path:
+    """Run an exported task model on `pred_file` with Paddle Inference; write the task's predictions
+    (JSON) to `output` atomically. Returns the output path."""
+    import paddle.inference as pi
+
+    model_dir = Path(model_dir)
+    manifest = read_manifest(model_dir)
+    if not os.path.isfile(pred_file):
+        raise ConfigError([f"--pred_file {pred_file}: not found"])
+    task = load_task_from_manifest(manifest, model_dir, pred_file=pred_file)
+    data = task.load("pred")
+    config = pi.Config(str(model_dir / f"{MODEL_PREFIX}.pdmodel"), str(model_dir / f"{MODEL_PREFIX}.pdiparams"))
+    if use_gpu:
+        config.enable_use_gpu(256, 0)
+    else:
+        config.disable_gpu()
+    config.disable_glog_info()
+    predictor = pi.create_predictor(config)
+    fetch_names = [f["name"] for f in manifest["fetches"]]
+    input_handles = {f["name"]: predictor.get_input_handle(f["var"]) for f in manifest["feeds"]}
+    output_handles = [predictor.get_output_handle(v) for v in predictor.get_output_names()]
+    batch_size = batch_size or task.spec.batch_size
+    outputs: Dict[str, List[np.ndarray]] = {n: [] for n in fetch_names}
+    from tqdm import tqdm
+
+    for start in tqdm(range(0, len(data), batch_size), desc=f"predict {task.spec.name}", unit="batch",
+                      dynamic_ncols=True, mininterval=1.0):
+        batch = task.collate([data.get(i) for i in range(start, min(start + batch_size, len(data)))])
+        if manifest.get("use_task_id"):
+            batch["task_type_ids"] = np.full_like(batch["input_ids"], manifest["task_index"])
+        for n, handle in input_handles.items():
+            handle.copy_from_cpu(np.ascontiguousarray(batch[n]))
+        predictor.run()
+        for n, handle in zip(fetch_names, output_handles):
+            outputs[n].append(handle.copy_to_cpu())
+    records = task.predictions(data, outputs)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(records, f, ensure_ascii=False, indent=1)
+    os.replace(tmp, output)
+    log(f"wrote {len(data)} predictions of task {task.spec.name} to {output}")
+    return output

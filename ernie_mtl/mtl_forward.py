@@ -1,0 +1,188 @@
+"""The multi-task forward: one shared backbone, one head per reuse group, gated task losses.
+
+Mechanism (why every head runs on every micro-batch). A micro-batch belongs to one task. All
+heads run on the backbone output of every micro-batch (other tasks' label feeds get finite
+placeholders, `TaskType.dummy_labels`), and the total loss is `sum_i gate_i * w_i * loss_i`
+with `gate` the one-hot of the micro-batch's task (fed) and `w_i` the task's `loss_weight`.
+So every rank runs exactly the same ops every step (no control flow: gradient all-reduce,
+gradient merge and sharding see one static program), micro-batches of different tasks can be
+accumulated into one update, and a head whose task is absent gets a gradient of exactly 0.
+(Adam would still move it through stale moments and weight decay; the trainer restores such
+heads after the update: see `HeadGroup` and ernie_mtl/mtl_trainer.py.) The cost is the heads'
+forward/backward on foreign batches, small next to the backbone.
+
+Parameter names. Built under a fresh `unique_name.guard()` in a fixed order (backbone, then
+heads in `task_instance` order of their group's first task), the same configuration always gets
+the same static names, so the training program, the plain forward used for export and the
+converter agree. `name_map` maps structured names to static names: `ernie.<...>` / `bert.<...>`
+for the backbone (PaddleNLP's ErnieForPretraining keys) and `heads.<group>.<...>` for a head,
+`<group>` being the name of the first task of its reuse group.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ernie_mtl.model import FeedSpec
+from ernie_mtl.tasks.base import BACKBONE_FEEDS, Encoded, HeadOutputs, TaskType
+
+TASK_GATE = "task_gate"
+TASK_TYPE_IDS = "task_type_ids"
+_FAMILIES = {"ernie": ("ErnieConfig", "ErnieModel"), "bert": ("BertConfig", "BertModel")}
+
+
+def feed_name(task: str, name: str) -> str:
+    """Program name of a task's own feed."""
+    return f"{task}.{name}"
+
+
+@dataclass
+class HeadGroup:
+    """Tasks that share one head, and the head's parameters (static names)."""
+
+    name: str  # the first task of the group
+    tasks: List[str]
+    params: List[str]
+
+
+@dataclass
+class Forward:
+    """The variables of a built multi-task forward."""
+
+    feeds: Tuple[FeedSpec, ...]
+    feed_vars: Dict[str, Any]
+    loss: Any  # gated, weighted sum of task losses
+    task_losses: Dict[str, Any]
+    predictions: Dict[str, Dict[str, Any]]  # task -> prediction name -> variable
+    name_map: Dict[str, str]
+    groups: List[HeadGroup]
+    recompute_checkpoints: List[str]
+    backbone_feed_names: List[str]  # what an exported inference model takes
+
+
+def group_of(tasks: Sequence[TaskType]) -> Dict[str, str]:
+    """task name -> name of its head group (first task with the same reuse tag; itself if untagged)."""
+    hosts: Dict[Any, str] = {}
+    out = {}
+    for t in tasks:
+        tag = t.spec.reuse_tag
+        if tag is None:
+            out[t.spec.name] = t.spec.name
+        else:
+            out[t.spec.name] = hosts.setdefault(tag, t.spec.name)
+    return out
+
+
+def build_backbone(model_type: str, arch: Mapping[str, Any], *, use_task_id: bool = False, num_tasks: int = 1):
+    """paddlenlp ErnieModel / BertModel for `arch` (a resolved architecture dict)."""
+    import paddlenlp.transformers as T
+
+    if model_type not in _FAMILIES:
+        raise ValueError(f"model_type {model_type!r} is not one of {sorted(_FAMILIES)}")
+    cfg_name, model_name = _FAMILIES[model_type]
+    kwargs = {k: v for k, v in arch.items() if k != "model_type"}
+    if use_task_id:
+        if model_type != "ernie":
+            raise ValueError("use_task_id needs the ERNIE backbone (BERT has no task embedding)")
+        kwargs.update(use_task_id=True, task_type_vocab_size=max(num_tasks, int(kwargs.get("task_type_vocab_size", 3))))
+    config = getattr(T, cfg_name)(**kwargs)
+    return getattr(T, model_name)(config), config
+
+
+def build_multitask_forward(model_type: str, arch: Mapping[str, Any], tasks: Sequence[TaskType], *,
+                            use_task_id: bool = False) -> Forward:
+    """Build the forward into the current `program_guard` (call it under a fresh `unique_name.guard()`)."""
+    import paddle
+
+    specs: List[FeedSpec] = list(BACKBONE_FEEDS)
+    if use_task_id:
+        specs.append(FeedSpec(TASK_TYPE_IDS, (-1, -1), "int64", "task id of every token (task embedding)"))
+    specs.append(FeedSpec(TASK_GATE, (len(tasks),), "float32", "one-hot of the micro-batch's task"))
+    own: Dict[str, Dict[str, FeedSpec]] = {}
+    for t in tasks:
+        own[t.spec.name] = {s.name: s for s in t.label_feeds()}
+        specs += [FeedSpec(feed_name(t.spec.name, s.name), s.shape, s.dtype, s.doc) for s in t.label_feeds()]
+    feed_vars = {s.name: paddle.static.data(s.name, list(s.shape), s.dtype) for s in specs}
+
+    backbone, config = build_backbone(model_type, arch, use_task_id=use_task_id, num_tasks=len(tasks))
+    layers = backbone.encoder.layers
+    captured: Dict[int, str] = {}
+    hooks = [layer.register_forward_post_hook(lambda layer, inputs, output, i=i: captured.__setitem__(i, output.name))
+             for i, layer in enumerate(layers)]
+    try:
+        kwargs = dict(token_type_ids=feed_vars["segment_ids"], attention_mask=feed_vars["input_mask"])
+        if use_task_id:
+            kwargs["task_type_ids"] = feed_vars[TASK_TYPE_IDS]
+        sequence_output, pooled_output = backbone(feed_vars["input_ids"], **kwargs)[:2]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    enc = Encoded(sequence_output=sequence_output, pooled_output=pooled_output, backbone=backbone, config=config,
+                  feeds={s.name: feed_vars[s.name] for s in BACKBONE_FEEDS})
+    prefix = "ernie" if model_type == "ernie" else "bert"
+    name_map = {f"{prefix}.{k}": v.name for k, v in backbone.state_dict().items()}
+
+    groups_by_task = group_of(tasks)
+    heads: Dict[str, Any] = {}
+    signatures: Dict[str, Tuple] = {}
+    groups: Dict[str, HeadGroup] = {}
+    task_losses: Dict[str, Any] = {}
+    predictions: Dict[str, Dict[str, Any]] = {}
+    gate = feed_vars[TASK_GATE]
+    total = None
+    for i, t in enumerate(tasks):
+        group = groups_by_task[t.spec.name]
+        if group not in heads:
+            heads[group] = t.create_head(enc)
+            signatures[group] = t.head_signature()
+            backbone_params = set(name_map.values())
+            params = []
+            for k, v in heads[group].state_dict().items():
+                name_map[f"heads.{group}.{k}"] = v.name
+                if v.name not in backbone_params and v.name not in params:  # a tied embedding is the backbone's
+                    params.append(v.name)
+            groups[group] = HeadGroup(group, [], params)
+        elif t.head_signature() != signatures[group]:
+            raise ValueError(f"tasks {group!r} and {t.spec.name!r} share a head (task_reuse_tag {t.spec.reuse_tag}) "
+                             f"but their heads differ: {signatures[group]} vs {t.head_signature()}; give them "
+                             "different task_reuse_tag values")
+        groups[group].tasks.append(t.spec.name)
+        task_feeds = {n: feed_vars[feed_name(t.spec.name, n)] for n in own[t.spec.name]}
+        out: HeadOutputs = t.head_forward(heads[group], enc, task_feeds)
+        loss = out.loss if out.loss.dtype == paddle.float32 else paddle.cast(out.loss, "float32")
+        task_losses[t.spec.name] = loss
+        predictions[t.spec.name] = dict(out.predictions)
+        term = gate[i] * float(t.spec.loss_weight) * loss
+        total = term if total is None else total + term
+    if len(captured) != len(layers):
+        raise RuntimeError(f"captured {len(captured)} layer outputs for {len(layers)} encoder layers")
+    backbone_feed_names = [s.name for s in BACKBONE_FEEDS] + ([TASK_TYPE_IDS] if use_task_id else [])
+    return Forward(feeds=tuple(specs), feed_vars=feed_vars, loss=paddle.reshape(total, [1]), task_losses=task_losses,
+                   predictions=predictions, name_map=name_map, groups=list(groups.values()),
+                   recompute_checkpoints=[captured[i] for i in range(len(layers))],
+                   backbone_feed_names=backbone_feed_names)
+
+
+def make_feed(tasks: Sequence[TaskType], task_index: int, batch: Mapping[str, np.ndarray], *,
+              use_task_id: bool = False) -> Dict[str, np.ndarray]:
+    """The full feed of one micro-batch of `tasks[task_index]` (`batch` = that task's `collate` output):
+    backbone inputs, the gate, its own labels, and placeholders for every other task's labels."""
+    ids = batch["input_ids"]
+    b, s = ids.shape
+    feed: Dict[str, np.ndarray] = {k: batch[k] for k in ("input_ids", "segment_ids", "input_mask")}
+    if use_task_id:
+        feed[TASK_TYPE_IDS] = np.full((b, s), task_index, dtype=np.int64)
+    gate = np.zeros(len(tasks), dtype=np.float32)
+    gate[task_index] = 1.0
+    feed[TASK_GATE] = gate
+    for i, t in enumerate(tasks):
+        names = [f.name for f in t.label_feeds()]
+        source = batch if i == task_index else t.dummy_labels(b, s)
+        for n in names:
+            if n not in source:
+                what = "collate()" if i == task_index else "dummy_labels()"
+                raise KeyError(f"task {t.spec.name!r} ({t.name}): {what} did not produce feed {n!r}")
+            feed[feed_name(t.spec.name, n)] = source[n]
+    return feed
