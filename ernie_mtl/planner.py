@@ -1,0 +1,317 @@
+"""Run planner: parameter count, per-rank memory and a readable plan, by arithmetic only.
+
+Nothing here builds a program or touches a device; `run_multitask_static.py --dry_run` prints
+`format_plan(...)` and exits. Every figure is per rank, in bytes.
+
+What fleet's static sharding keeps on a rank (read in Paddle 2.6.2,
+`python/paddle/distributed/fleet/meta_optimizers/sharding_optimizer.py` and `sharding/shard.py`)
+------------------------------------------------------------------------------------------------
+- `Shard._split_params` gives every parameter one owner in the sharding group: parameters are
+  taken in program order and the owner index advances once the running size passes
+  `total * (owner + 1) / sharding_degree` (a greedy split by bytes, so a rank can hold up to one
+  parameter more than the even share). `shard_sizes` replays it on `parameter_sizes` (checked
+  against built programs in the tests); the memory rows use the most loaded rank.
+- `_prune_startup_program` removes every parameter and optimizer variable (`_moment1_0`,
+  `_moment2_0`, `_beta1_pow_acc_0`, `_beta2_pow_acc_0`) the rank does not own, and
+  `_recreate_not_persist_param_as_var` turns the others into non-persistable variables: a rank
+  stores only its own parameters and their Adam state (ZeRO-like, for parameters too).
+- `_split_program` cuts forward+backward into segments of about `segment_broadcast_MB` of
+  parameters; at the start of each segment the owners `c_broadcast` the parameters it uses into
+  temporary `@BroadCast` variables (re-broadcast in every segment that uses them, so they are
+  freed after the segment): a transient buffer of about one segment (modelled as
+  `segment_broadcast_MB`; a segment closes once it reaches the threshold, so it can exceed it
+  by one parameter).
+- Gradients are `c_reduce_sum`-ed to the owner segment by segment; non-owned gradients are
+  temporaries freed after their reduce, so the owner's share stays until the update.
+- Accumulation under sharding (`gradient_merge_acc_step`) creates persistable `@GradiantMerge`
+  buffers only for the owned gradients (`create_persistable_gradients_and_insert_merge_ops`
+  asserts that).
+- Under AMP O2 an optimizer with `multi_precision=True` (what O2 training needs; PaddleNLP's ERNIE
+  sets it) creates fp32 master weights named `<param>_fp32_master_0`. That
+  suffix is not in `Shard._var_device_id`'s list, so the variable counts as "every rank's" and is
+  kept by `_prune_startup_program` on every rank: master weights are modelled unpartitioned.
+- Without sharding (plain data parallelism) every rank holds everything; `strategy.gradient_merge`
+  adds a persistable `@GRAD@MERGED` buffer per gradient.
+
+AMP: O1 keeps float32 parameters and gradients and casts white-listed ops' weights to 16 bits in
+the forward (temporaries alive until their backward use: modelled as 2 bytes per owned parameter);
+O2 stores 16-bit parameters and gradients plus float32 master weights. AdamW's moments are float32
+in both (`AdamW._add_moments_pows` promotes 16-bit accumulators), plus two float32 beta-power
+scalars per parameter tensor.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from ernie_mtl.config import AmpConfig, ParallelConfig
+from ernie_mtl.parallel import Topology, build_strategy
+
+FP32 = 4
+LOW = 2  # float16 / bfloat16
+MiB = 1 << 20
+GiB = 1 << 30
+SEGMENT_BROADCAST_MB = 32  # fleet's default sharding_configs["segment_broadcast_MB"], as build_strategy sets it
+
+# memory_estimate keys in table order, with their labels
+MEMORY_ROWS = (
+    ("parameters", "parameters"),
+    ("gradients", "gradients"),
+    ("optimizer_state", "optimizer state (AdamW)"),
+    ("master_weights", "fp32 master weights (O2)"),
+    ("gradient_merge", "gradient-merge buffers"),
+    ("amp_weight_copies", "16-bit weight copies (O1)"),
+    ("sharding_broadcast", "sharding broadcast buffer"),
+    ("activations", "activations (ESTIMATE)"),
+)
+
+
+def parameter_sizes(arch: Mapping[str, Any], *, pretraining_heads: bool = True) -> List[int]:
+    """Element count of every parameter tensor of paddlenlp's ErnieModel / BertModel (and, with
+    `pretraining_heads`, ErnieForPretraining's heads) in creation order, which is the order fleet's
+    sharding assigns owners in (`shard_sizes`). The tied MLM decoder weight is the word embedding.
+
+    Embeddings: word, position, token type (if `type_vocab_size` > 0; BERT always builds it), task
+    type (ERNIE with `use_task_id`), layer norm. Per layer: q/k/v/out projections with biases, the
+    two feed-forward linears, two layer norms. Pooler. Heads: MLM transform + layer norm, decoder
+    bias, the 2-way sentence-pair linear (ErnieForPretraining always builds it).
+    """
+    h, i, vocab = int(arch["hidden_size"]), int(arch["intermediate_size"]), int(arch["vocab_size"])
+    type_vocab = int(arch.get("type_vocab_size", 2))
+    tables = [vocab, int(arch["max_position_embeddings"])]
+    if type_vocab > 0 or arch.get("model_type") == "bert":
+        tables.append(type_vocab)
+    if arch.get("model_type", "ernie") == "ernie" and arch.get("use_task_id", False):
+        tables.append(int(arch.get("task_type_vocab_size", 3)))
+    sizes = [n * h for n in tables] + [h, h]
+    layer = [h * h, h] * 4 + [h * i, i, i * h, h] + [h, h] * 2
+    sizes += layer * int(arch["num_hidden_layers"]) + [h * h, h]
+    if pretraining_heads:
+        sizes += [h * h, h, h, h, vocab, 2 * h, 2]
+    return sizes
+
+
+def count_parameters(arch: Mapping[str, Any], *, pretraining_heads: bool = True,
+                     task_heads: Optional[Mapping[str, int]] = None) -> Dict[str, int]:
+    """Parameter counts of paddlenlp's ErnieModel / BertModel built from `arch` (paddlenlp config keys).
+
+    Keys: `embeddings`, `encoder`, `pooler`, `backbone` (their sum), `pretraining_heads` (MLM
+    transform + layer norm + decoder bias, the decoder weight being tied to the word embeddings,
+    and the sentence-pair linear), `task_head/<name>` for each caller-supplied head count, `total`,
+    and `tensors` (parameter tensors of backbone and pretraining heads; task heads not included).
+    The parts are those of `parameter_sizes`.
+    """
+    sizes = parameter_sizes(arch, pretraining_heads=pretraining_heads)
+    n_embed = len(sizes) - 16 * int(arch["num_hidden_layers"]) - 2 - (7 if pretraining_heads else 0)
+    n_backbone = n_embed + 16 * int(arch["num_hidden_layers"]) + 2
+    counts = {"embeddings": sum(sizes[:n_embed]), "encoder": sum(sizes[n_embed:n_backbone - 2]),
+              "pooler": sum(sizes[n_backbone - 2:n_backbone])}
+    counts["backbone"] = sum(sizes[:n_backbone])
+    if pretraining_heads:
+        counts["pretraining_heads"] = sum(sizes[n_backbone:])
+    for name, n in (task_heads or {}).items():
+        counts[f"task_head/{name}"] = int(n)
+    counts["total"] = sum(sizes) + sum(int(n) for n in (task_heads or {}).values())
+    counts["tensors"] = len(sizes)
+    return counts
+
+
+def shard_sizes(sizes: Sequence[int], sharding_degree: int) -> List[int]:
+    """Elements each sharding rank owns, by fleet's greedy split (`Shard._split_params`, Paddle 2.6.2):
+    parameters in order, the owner advancing once the running total passes its even share."""
+    total = sum(sizes)
+    owned = [0] * sharding_degree
+    rank, running = 0, 0
+    for n in sizes:
+        if running > total * (rank + 1) / sharding_degree:
+            rank += 1
+        owned[rank] += n
+        running += n
+    return owned
+
+
+def activation_estimate(arch: Mapping[str, Any], *, micro_batch_size: int, seq_len: int, amp: AmpConfig,
+                        recompute: bool, masked_tokens_per_seq: int) -> int:
+    """ROUGH ESTIMATE of the activation bytes one micro-batch keeps for the backward pass.
+
+    Per encoder layer (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models", generalised from 2-byte activations to `e` bytes with 1-byte dropout masks):
+    `s*b*h*(16e + 2) + a*s^2*b*(2e + 1)` (e = 2 under AMP, 4 otherwise; s sequence, b micro batch,
+    h hidden, a heads). Plus the embeddings (`s*b*h*(2e + 1)`) and the MLM head on the masked tokens
+    (`m*h*3e` for transform/activation/norm and `m*V*8` for float32 logits and softmax, m = b x
+    masked tokens per sequence). With recompute (every layer output a checkpoint, plus the embedding
+    output) the layers keep `(L + 1)*s*b*h*e` and one layer's full activations while it is recomputed.
+    Ignores allocator fragmentation, workspace and framework temporaries.
+    """
+    h, a = int(arch["hidden_size"]), int(arch["num_attention_heads"])
+    n_layers, vocab = int(arch["num_hidden_layers"]), int(arch["vocab_size"])
+    b, s = micro_batch_size, seq_len
+    e = LOW if amp.use_amp else FP32
+    per_layer = s * b * h * (16 * e + 2) + a * s * s * b * (2 * e + 1)
+    layers = (n_layers + 1) * s * b * h * e + per_layer if recompute else n_layers * per_layer
+    m = b * masked_tokens_per_seq
+    return s * b * h * (2 * e + 1) + layers + m * h * 3 * e + m * vocab * 2 * FP32
+
+
+def memory_estimate(num_params: int, *, topology: Topology, amp: AmpConfig, num_tensors: int = 0,
+                    owned_params: Optional[int] = None, activation_bytes: int = 0,
+                    segment_broadcast_mb: float = SEGMENT_BROADCAST_MB) -> Dict[str, int]:
+    """Bytes per rank for each item of `MEMORY_ROWS`, plus `persistent` (what stays allocated
+    between steps) and `total` (the rough peak: everything at once).
+
+    `owned_params`: parameter elements of the most loaded sharding rank (`max(shard_sizes(...))`);
+    default: an even share `ceil(num_params / sharding_degree)`. The sharding model is in the module
+    docstring (owner-only parameters, gradients, Adam state and merge buffers; master weights on
+    every rank; one broadcast segment of transient parameters).
+    """
+    shards = topology.sharding_degree
+    owned = num_params if shards == 1 else owned_params if owned_params is not None else -(-num_params // shards)
+    pure = amp.use_amp and amp.amp_level == "O2"
+    width = LOW if pure else FP32  # parameters and their gradients
+    out = {
+        "parameters": owned * width,
+        "gradients": owned * width,
+        # two float32 moments per element, two float32 beta powers per tensor
+        "optimizer_state": owned * 2 * FP32 + -(-num_tensors // shards) * 2 * FP32,
+        "master_weights": num_params * FP32 if pure else 0,
+        "gradient_merge": owned * width if topology.accumulate_steps > 1 else 0,
+        "amp_weight_copies": owned * LOW if amp.use_amp and not pure else 0,
+        "sharding_broadcast": int(segment_broadcast_mb * MiB) if shards > 1 else 0,
+        "activations": int(activation_bytes),
+    }
+    out["persistent"] = (out["parameters"] + out["optimizer_state"] + out["master_weights"]
+                         + out["gradient_merge"])
+    out["total"] = sum(out[key] for key, _ in MEMORY_ROWS)
+    return out
+
+
+def describe_strategy(strategy: Any, amp: AmpConfig) -> List[str]:
+    """One line per relevant field of a fleet `DistributedStrategy` (as `build_strategy` made it)."""
+    lines = []
+    if strategy.amp:
+        c = strategy.amp_configs
+        lines.append(f"amp: float16 {'O2 (use_pure_fp16)' if c['use_pure_fp16'] else 'O1'}, "
+                     f"init_loss_scaling {c['init_loss_scaling']:g}, dynamic loss scaling "
+                     f"{c['use_dynamic_loss_scaling']}")
+    elif amp.use_amp:
+        lines.append(f"amp: {amp.amp_dtype} {amp.amp_level} through paddle.static.amp.decorate (fleet 2.6.2 "
+                     "has no bf16 switch; not in the strategy)")
+    else:
+        lines.append("amp: off (float32)")
+    if strategy.recompute:
+        lines.append(f"recompute: on, {len(strategy.recompute_configs['checkpoints'])} checkpoints")
+    else:
+        lines.append("recompute: off")
+    if strategy.sharding:
+        c = strategy.sharding_configs
+        lines.append(f"sharding: degree {c['sharding_degree']}, hybrid dp {c['hybrid_dp']} (dp {c['dp_degree']}), "
+                     f"gradient_merge_acc_step {c['gradient_merge_acc_step']}, segment_broadcast_MB "
+                     f"{c['segment_broadcast_MB']:g}")
+    else:
+        lines.append("sharding: off")
+    if strategy.gradient_merge:
+        c = strategy.gradient_merge_configs
+        lines.append(f"gradient_merge: k_steps {c['k_steps']}, avg {c['avg']}")
+    else:
+        lines.append("gradient_merge: off" + (" (accumulation via sharding)" if strategy.sharding
+                                              and strategy.sharding_configs["gradient_merge_acc_step"] > 1 else ""))
+    lines.append(f"fuse_all_reduce_ops: {strategy.fuse_all_reduce_ops}, fuse_grad_size_in_MB: "
+                 f"{strategy.fuse_grad_size_in_MB}")
+    return lines
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / MiB:12.1f} MiB {nbytes / GiB:9.3f} GiB"
+
+
+def format_plan(*, topology: Topology, strategy: Any, amp: AmpConfig, param_counts: Mapping[str, int],
+                memory: Mapping[str, int], schedule_summary: str = "") -> str:
+    """The dry-run report: topology and batch arithmetic, strategy, parameter count, memory table
+    and (if given) the task-schedule summary."""
+    t = topology
+    lines = [
+        "== topology ==",
+        f"world size {t.world_size} = dp {t.dp_degree} x sharding {t.sharding_degree}",
+        f"global batch {t.global_batch_size} = micro batch {t.micro_batch_size} x data-parallel world "
+        f"{t.data_world_size} x accumulate steps {t.accumulate_steps}",
+        f"per rank: {t.micro_batch_size} samples per executor run, {t.micro_batch_size * t.accumulate_steps} "
+        "per optimizer step",
+        "== strategy ==",
+        *describe_strategy(strategy, amp),
+        "== parameters ==",
+        *(f"{k:<28}{v:>16,}" for k, v in param_counts.items() if k not in ("total", "tensors")),
+        f"{'total':<28}{param_counts['total']:>16,} ({param_counts['tensors']} tensors)",
+        "== memory per rank ==",
+        *(f"{label:<30}{_size(memory[key])}" for key, label in MEMORY_ROWS if memory[key]),
+        f"{'persistent (between steps)':<30}{_size(memory['persistent'])}",
+        f"{'total (rough peak)':<30}{_size(memory['total'])}",
+        "activations are a rough estimate per micro-batch (see ernie_mtl.planner.activation_estimate); the "
+        "other rows follow fleet's static sharding as documented in ernie_mtl.planner",
+    ]
+    if schedule_summary:
+        lines += ["== task schedule ==", schedule_summary.rstrip("\n")]
+    return "\n".join(lines)
+
+
+def plan(arch: Mapping[str, Any], parallel: ParallelConfig, amp: AmpConfig, *, world_size: int, seq_len: int,
+         masked_tokens_per_seq: int, task_heads: Optional[Mapping[str, int]] = None,
+         pretraining_heads: bool = True, schedule_summary: str = "") -> str:
+    """`format_plan` for a configuration, composing the functions above (validates through Topology)."""
+    topo = Topology.from_config(parallel, world_size)
+    # The real checkpoints are variables of the built forward; the plan only reports how many there
+    # are (the embedding output and every layer's output, as build_pretrain_programs passes them).
+    checkpoints: Sequence[str] = ()
+    if parallel.use_recompute:
+        checkpoints = [f"encoder_layer_{k}_input" for k in range(int(arch["num_hidden_layers"]) + 1)]
+    strategy = build_strategy(topo, parallel, amp, recompute_checkpoints=checkpoints)
+    counts = count_parameters(arch, pretraining_heads=pretraining_heads, task_heads=task_heads)
+    # task heads are built after the backbone; each is taken as one block in the owner split
+    sizes = parameter_sizes(arch, pretraining_heads=pretraining_heads) + [int(n) for n in (task_heads or {}).values()]
+    act = activation_estimate(arch, micro_batch_size=topo.micro_batch_size, seq_len=seq_len, amp=amp,
+                              recompute=parallel.use_recompute, masked_tokens_per_seq=masked_tokens_per_seq)
+    memory = memory_estimate(counts["total"], topology=topo, amp=amp, num_tensors=counts["tensors"],
+                             owned_params=max(shard_sizes(sizes, topo.sharding_degree)), activation_bytes=act,
+                             segment_broadcast_mb=strategy.sharding_configs["segment_broadcast_MB"])
+    return format_plan(topology=topo, strategy=strategy, amp=amp, param_counts=counts, memory=memory,
+                       schedule_summary=schedule_summary)
+
+
+def dry_run(cfg) -> str:
+    """`run_multitask_static.py --dry_run`: the plan of a validated `args.RunConfig`, without training.
+
+    World size: PADDLE_TRAINERS_NUM (set by the launcher, or by hand to plan a cluster job from a
+    laptop). Multi-task runs also read the task files (example counts drive sampling and quotas) and
+    build the forward once on CPU to count every head's parameters exactly."""
+    import os
+
+    world_size = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    resolved = cfg.model.resolve()
+    arch = dict(resolved.arch)
+    if not cfg.is_multitask:
+        return plan(arch, cfg.parallel, cfg.amp, world_size=world_size, seq_len=cfg.data.max_seq_len,
+                    masked_tokens_per_seq=cfg.data.max_predictions_per_seq, pretraining_heads=True)
+    from ernie_mtl.distributed import ProcessInfo
+    from ernie_mtl.mtl_trainer import prepare
+
+    topo = Topology.from_config(cfg.parallel, world_size)
+    info = ProcessInfo(rank=0, world_size=world_size, local_rank=0)
+    mtl_plan = prepare(cfg, cfg.multitask, info=info, topo=topo, barrier=lambda *a, **k: None, log=lambda m: None)
+    heads = _head_parameter_counts(cfg, arch, mtl_plan.tasks)
+    longest = max(t.spec.max_seq_len for t in mtl_plan.tasks)
+    summary = (f"task schedule (planned {mtl_plan.planned.total_steps} optimizer steps = LR horizon):\n"
+               + mtl_plan.schedule.summary())
+    return plan(arch, cfg.parallel, cfg.amp, world_size=world_size, seq_len=longest,
+                masked_tokens_per_seq=20, task_heads=heads, pretraining_heads=False, schedule_summary=summary)
+
+
+def _head_parameter_counts(cfg, arch: Mapping[str, Any], tasks) -> Dict[str, int]:
+    """Parameters of every head group, from the forward built once in static mode (exact)."""
+    import numpy as np
+    import paddle
+
+    from ernie_mtl.mtl_model import build_forward_program
+
+    paddle.enable_static()
+    program, fwd = build_forward_program(cfg.model.model_type, {k: v for k, v in arch.items() if k != "model_type"},
+                                         tasks, use_task_id=cfg.multitask.mtl.use_task_id)
+    block = program.global_block()
+    return {f"head {g.name}": int(sum(int(np.prod(block.var(p).shape)) for p in g.params)) for g in fwd.groups}

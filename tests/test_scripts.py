@@ -1,0 +1,168 @@
+"""Launch scripts: the exact command each prints in DRY_RUN mode, input checks (message, exit status 2,
+nothing launched), syntax, and one real two-process CPU run through scripts/run_cpu.sh."""
+import zlib  # noqa: F401  (before paddle)
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = {name: ROOT / "scripts" / f"{name}.sh" for name in ("run", "run_single_node", "run_cpu")}
+ENTRY = str(ROOT / "run_multitask_static.py")
+LAUNCH = "python3 -m paddle.distributed.launch"
+
+
+def run(name, env=None, *args, timeout=30, cwd=None):
+    """The script with a clean environment (no IPS/GPUS/... inherited from the caller's shell)."""
+    full_env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **(env or {})}
+    return subprocess.run(["bash", str(SCRIPTS[name]), *args], env=full_env, capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+@pytest.fixture
+def config(tmp_path):
+    """A YAML config naming an (empty, but present) corpus prefix."""
+    corpus = tmp_path / "data" / "corpus"
+    corpus.parent.mkdir()
+    for ext in (".bin", ".idx"):
+        (tmp_path / "data" / f"corpus{ext}").write_bytes(b"")
+    path = tmp_path / "run.yaml"
+    path.write_text(f"model_name_or_path: ernie-tiny-test\ninput_dir: \"{corpus}\"   # the corpus prefix\n")
+    return path
+
+
+def dry(name, env, *args):
+    proc = run(name, {"DRY_RUN": "1", "PYTHON": "python3", **env}, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    return proc.stdout
+
+
+def test_multi_node_command(config):
+    out = dry("run", {"IPS": "10.0.0.1,10.0.0.2", "GPUS": "0,1,2,3", "CONFIG": str(config), "OUTPUT_DIR": "/shared/run1",
+                      "LOG_DIR": "/shared/logs"}, "--max_steps", "100", "--use_amp")
+    assert out == (f"+ {LAUNCH} --ips 10.0.0.1,10.0.0.2 --gpus 0,1,2,3 --log_dir /shared/logs {ENTRY} "
+                   f"--config {config} --output_dir /shared/run1 --device gpu --max_steps 100 --use_amp\n")
+
+
+def test_options_win_over_environment_and_defaults(config, tmp_path):
+    corpus = tmp_path / "data" / "corpus"
+    out = dry("run", {"IPS": "10.0.0.9", "GPUS": "7", "CONFIG": "/nonexistent.yaml", "HOST": "10.0.0.2",
+                      "START_PORT": "7000"},
+              "--ips=10.0.0.1,10.0.0.2", "--gpus", "0,1", "--config", str(config), "--input_dir", str(corpus),
+              "--", "--output_dir", "x y")
+    # LOG_DIR defaults to OUTPUT_DIR/launch_log; after `--` every argument is a training flag
+    assert out == (f"+ {LAUNCH} --ips 10.0.0.1,10.0.0.2 --gpus 0,1 --host 10.0.0.2 --start_port 7000 "
+                   f"--log_dir output/launch_log {ENTRY} --config {config} --output_dir output --input_dir {corpus} --device gpu "
+                   "--output_dir 'x y'\n")
+
+
+def test_single_node_command(config):
+    out = dry("run_single_node", {"GPUS": "0,1", "CONFIG": str(config)}, "--output_dir", "out/a")
+    assert out == (f"+ {LAUNCH} --gpus 0,1 --log_dir out/a/launch_log {ENTRY} --config {config} "
+                   "--output_dir out/a --device gpu\n")
+
+
+def test_cpu_command_never_passes_devices(config):
+    out = dry("run_cpu", {"CONFIG": str(config), "GPUS": "0,1"}, "--nproc_per_node", "4", "--max_steps", "2")
+    assert out == (f"+ {LAUNCH} --nproc_per_node 4 --log_dir output/launch_log {ENTRY} --config {config} "
+                   "--output_dir output --device cpu --max_steps 2\n")
+    assert dry("run_cpu", {"CONFIG": str(config)}).startswith(f"+ {LAUNCH} --nproc_per_node 2 ")
+
+
+def test_default_interpreter(config):
+    proc = run("run_cpu", {"DRY_RUN": "1", "CONFIG": str(config)})
+    venv = ROOT / ".venv" / "bin" / "python"
+    expected = str(venv) if os.access(venv, os.X_OK) else "python3"
+    assert proc.stdout.startswith(f"+ {expected} -m paddle.distributed.launch ")
+
+
+@pytest.mark.parametrize("name,env,args,message", [
+    ("run", {"GPUS": "0"}, [], "run.sh: error: IPS is unset or empty: set IPS=ip1,ip2,..."),
+    ("run", {"IPS": "", "GPUS": "0"}, [], "run.sh: error: IPS is unset or empty"),
+    ("run", {"IPS": "10.0.0.1,,10.0.0.2", "GPUS": "0"}, [], "IPS='10.0.0.1,,10.0.0.2' is malformed"),
+    ("run", {"IPS": "10.0.0.1, 10.0.0.2", "GPUS": "0"}, [], "IPS='10.0.0.1, 10.0.0.2' is malformed"),
+    ("run", {"IPS": "10.0.0.1,10.0.0.1", "GPUS": "0"}, [], "lists a node twice"),
+    ("run", {"IPS": "127.0.0.1,10.0.0.2", "GPUS": "0"}, [], "127.0.0.1/localhost cannot be used with several nodes"),
+    ("run", {"IPS": "10.0.0.1,10.0.0.2", "GPUS": "0", "HOST": "10.0.0.3"}, [],
+     "HOST='10.0.0.3' is not one of IPS='10.0.0.1,10.0.0.2'"),
+    ("run", {"IPS": "10.0.0.1", "GPUS": "0", "START_PORT": "70000"}, [], "START_PORT='70000' must be a port number"),
+    ("run", {"IPS": "10.0.0.1"}, [], "run.sh: error: GPUS is unset or empty"),
+    ("run", {"IPS": "10.0.0.1", "GPUS": "0;1"}, [], "GPUS='0;1' is malformed: give comma-separated GPU ids"),
+    ("run_single_node", {"GPUS": "gpu0"}, [], "run_single_node.sh: error: GPUS='gpu0' is malformed"),
+    ("run_single_node", {"GPUS": "0,1,"}, [], "GPUS='0,1,' is malformed"),
+    ("run_single_node", {"GPUS": "1,1"}, [], "GPUS='1,1' lists a GPU twice"),
+    ("run_single_node", {"GPUS": "0"}, ["--gpus"], "--gpus needs a value"),
+    ("run_cpu", {"NPROC": "two"}, [], "run_cpu.sh: error: NPROC='two' must be a positive integer"),
+    ("run_cpu", {"CONFIG": ""}, [], "run_cpu.sh: error: CONFIG is unset or empty"),
+    ("run_cpu", {"CONFIG": "/nonexistent/run.yaml"}, [], "CONFIG='/nonexistent/run.yaml': no such file"),
+])
+def test_bad_input_is_refused(config, name, env, args, message):
+    env = {"CONFIG": str(config), "PYTHON": "python3", **env}
+    proc = run(name, env, *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert proc.stdout == ""  # no command printed, nothing launched
+
+
+def test_missing_corpus_is_refused(tmp_path, config):
+    no_input = tmp_path / "no_input.yaml"
+    no_input.write_text("max_steps: 3\n")
+    proc = run("run_cpu", {"CONFIG": str(no_input)})
+    assert proc.returncode == 2 and "has no input_dir line; set INPUT_DIR (or --input_dir)" in proc.stderr
+    proc = run("run_cpu", {"CONFIG": str(config), "INPUT_DIR": str(tmp_path / "missing")})
+    assert proc.returncode == 2
+    assert f"corpus '{tmp_path}/missing' is missing {tmp_path}/missing.bin" in proc.stderr
+    (tmp_path / "data" / "corpus.idx").unlink()
+    proc = run("run_single_node", {"CONFIG": str(config), "GPUS": "0"})
+    assert proc.returncode == 2 and f"is missing {tmp_path}/data/corpus.idx" in proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_syntax_and_help(name):
+    assert subprocess.run(["bash", "-n", str(SCRIPTS[name])], capture_output=True).returncode == 0
+    proc = run(name, {}, "--help")
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("Launch run_multitask_static.py ")
+    assert f"bash scripts/{name}.sh" in proc.stdout
+
+
+@pytest.mark.slow
+def test_real_two_process_cpu_run(tmp_path):
+    """scripts/run_cpu.sh really trains: 2 gloo processes, tiny ERNIE, 2 steps, a checkpoint at the end."""
+    from data_tools import prepare_demo_data
+
+    data = tmp_path / "demo"
+    assert prepare_demo_data.main(["--output_dir", str(data), "--max_documents", "200", "--vocab_size", "2000",
+                                   "--workers", "1"]) == 0
+    vocab_size = sum(1 for _ in open(data / "vocab.txt", encoding="utf-8"))
+    config = tmp_path / "tiny.yaml"
+    config.write_text(
+        f"device: cpu\ninput_dir: {data / 'corpus'}\ntokenizer_name_or_path: {data / 'vocab.txt'}\n"
+        f"model_name_or_path: ernie-tiny-test\nvocab_size: {vocab_size}\nmax_seq_len: 64\nsplit: '90,5,5'\n"
+        "micro_batch_size: 2\nmax_steps: 2\neval_freq: 2\neval_iters: 1\nlogging_freq: 1\ncheckpoint_steps: 2\n"
+        "save_steps: 2\nnum_workers: 0\nwarmup_rate: 0.0\n")
+    out = tmp_path / "out"
+    proc = run("run_cpu", {"CONFIG": str(config), "OUTPUT_DIR": str(out), "PYTHONPATH": str(ROOT)}, "--seed", "7",
+               timeout=180, cwd=tmp_path)  # the launcher's gloo store writes http.log into the working directory
+    logs = "".join(p.read_text(errors="replace")[-2000:] for p in sorted((out / "launch_log").glob("workerlog.*")))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs
+    assert proc.stdout.startswith("+ ") and "--nproc_per_node 2" in proc.stdout.splitlines()[0]
+    assert sorted(p.name for p in (out / "launch_log").glob("workerlog.*")) == ["workerlog.0", "workerlog.1"]
+    assert (out / "model_last" / "train_state.json").is_file()
+
+
+def test_sh_invocation_and_multitask_config_without_corpus(tmp_path):
+    """`sh scripts/run.sh` (dash) re-runs itself under bash; a multi-task config (task_instance:)
+    names its data in task files, so no corpus is required."""
+    cfg = tmp_path / "global.yaml"
+    cfg.write_text('task_instance: "a, b"\n')
+    env = {"PATH": os.environ["PATH"], "HOME": "/tmp", "DRY_RUN": "1", "PYTHON": "python3", "IPS": "10.0.0.1,10.0.0.2",
+           "GPUS": "0,1", "CONFIG": str(cfg), "OUTPUT_DIR": "/shared/run"}
+    proc = subprocess.run(["sh", str(SCRIPTS["run"]), "--max_steps", "5"], env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (f"+ {LAUNCH} --ips 10.0.0.1,10.0.0.2 --gpus 0,1 --log_dir /shared/run/launch_log {ENTRY} "
+                           f"--config {cfg} --output_dir /shared/run --device gpu --max_steps 5\n")
