@@ -6,11 +6,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed-stamp
-DEMO_DIR ?= demo_data
 # pip's own chatter about unreachable extra indexes is noise, not progress
 PIP_FLAGS ?= --disable-pip-version-check
 
-.PHONY: install demo test bench clean
+.PHONY: install demo demo-pretrain test bench clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt data_tools/helpers.cpp
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,10 +19,18 @@ $(STAMP): pyproject.toml setup.py constraints.txt data_tools/helpers.cpp
 
 install: $(STAMP)
 
+# The multi-task demo (scripts/demo/multitask.yaml: its task files point into demo_data/), then a
+# prediction with one exported target through Paddle Inference.
 demo: $(STAMP)
-	$(PY) -m data_tools.prepare_demo_data --output_dir $(DEMO_DIR)
-	$(PY) run_multitask_static.py --config scripts/demo_pretrain.yaml \
-	    --input_dir $(DEMO_DIR)/corpus --tokenizer_name_or_path $(DEMO_DIR)/vocab.txt
+	$(PY) -m data_tools.prepare_demo_data --output_dir demo_data
+	$(PY) run_multitask_static.py --config scripts/demo/multitask.yaml --resume none
+	$(PY) run_multitask_static.py --do_predict --task sentiment --output_dir output/demo_multitask \
+	    --pred_file demo_data/tasks/sentiment/test.tsv
+
+# The flag-mode pretraining demo (PaddleNLP ERNIE 1.0 flags, one corpus)
+demo-pretrain: $(STAMP)
+	$(PY) -m data_tools.prepare_demo_data --output_dir demo_data
+	$(PY) run_multitask_static.py --config scripts/demo_pretrain.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -34,4 +41,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_dataset.py
 
 clean:
-	rm -rf build *.egg-info data_tools/_helpers*.so $(DEMO_DIR) output/demo_pretrain
+	rm -rf build *.egg-info data_tools/_helpers*.so demo_data output/demo_pretrain output/demo_multitask

@@ -282,3 +282,28 @@ def test_dry_run_prints_the_plan_and_trains_nothing(data, tmp_path):
     assert rows["sentiment"][1:4] == ["target", "0.4000", "60"] and rows["corpus"][1:4] == ["aux", "0.2000", "-"]
     assert "task_head/head sentiment" in text and "optimizer state (AdamW)" in text
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_early_stopping_and_ema(data, tmp_path):
+    """early_stopping_patience finishes a target before its quota (it leaves the sampler and is
+    exported); use_ema evaluates and exports averaged weights and keeps them in checkpoints."""
+    out = tmp_path / "run"
+    cfg = global_yaml(data, "g8.yaml", save_path=str(out), num_epochs=12, eval_freq=10, early_stopping_patience=2,
+                      use_ema=True, ema_decay=0.9)
+    proc = ok(run(["--config", cfg], cwd=tmp_path))
+    log = proc.stderr + proc.stdout
+    final = json.loads((out / "model_last" / "train_state.json").read_text())
+    counts = dict(zip(["sentiment", "wordseg", "corpus"], final["sampler"]["counts"]))
+    stopped = [t for t in ("sentiment", "wordseg") if f"task {t} finished at step" in log]
+    assert stopped and "early stopping:" in log
+    for task in stopped:
+        assert counts[task] < 240  # the quota: 12 epochs x 160 / 8
+        assert (out / task / "infer_model" / "manifest.json").is_file()
+    assert set(final["sampler"]["finished_early"]) >= {["sentiment", "wordseg"].index(t) for t in stopped}
+    with np.load(out / "model_last" / "state" / "rank_0.ema.npz") as ema:
+        names = set(final["name_map"].values())
+        assert int(ema["__updates__"]) == final["step"] and names <= set(ema.files)
+        params = state(out / "model_last/state/rank_0")
+        word = final["name_map"]["ernie.embeddings.word_embeddings.weight"]
+        assert not np.array_equal(ema[word], params[word])  # an average, not the last weights
