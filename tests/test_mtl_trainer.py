@@ -307,3 +307,43 @@ def test_early_stopping_and_ema(data, tmp_path):
         params = state(out / "model_last/state/rank_0")
         word = final["name_map"]["ernie.embeddings.word_embeddings.weight"]
         assert not np.array_equal(ema[word], params[word])  # an average, not the last weights
+
+
+@pytest.mark.slow
+def test_sharded_two_process_run_exports_merged_targets(data, tmp_path):
+    """Sharding 2: each rank holds half the parameters; the export merges them, and the exported
+    sentiment model predicts what the merged checkpoint computes (both ranks' files together)."""
+    out = tmp_path / "run"
+    cfg = global_yaml(data, "g9.yaml", save_path=str(out), num_epochs=1, use_sharding=True, sharding_degree=2,
+                      eval_freq=1000)
+    ok(run(["--config", cfg], cwd=tmp_path, launch_procs=2))
+    final = json.loads((out / "model_last" / "train_state.json").read_text())
+    assert final["per_rank_state"] and final["topology"]["sharding_degree"] == 2
+    held = [set(state(out / f"model_last/state/rank_{r}")) for r in (0, 1)]
+    params = set(final["name_map"].values())
+    assert not params <= held[0] and params <= held[0] | held[1]  # split across the ranks
+    manifest = json.loads((out / "sentiment" / "infer_model" / "manifest.json").read_text())
+    assert manifest["task"] == "sentiment" and (out / "wordseg" / "infer_model" / "model.pdiparams").is_file()
+    ok(run(["--do_predict", "--task", "sentiment", "--pred_file", data / "pred.tsv", "--output_dir", out],
+           cwd=tmp_path))
+    preds = json.loads((out / "sentiment" / "predictions.json").read_text())
+    assert len(preds) == 2 and all(abs(sum(p["probs"]) - 1) < 1e-5 for p in preds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keys", [{"backbone": "bert", "model_name_or_path": "bert-tiny-test"},
+                                  {"use_task_id": True, "learning_rate": "1e-2"}], ids=["bert", "task_id"])
+def test_bert_backbone_and_task_ids(data, tmp_path, keys):
+    out = tmp_path / "run"
+    cfg = global_yaml(data, "g10.yaml", save_path=str(out), num_epochs=10, eval_freq=1000, **keys)
+    ok(run(["--config", cfg], cwd=tmp_path))
+    rows = jsonl(out / "train_metrics.jsonl")
+    assert last(rows, "eval/sentiment/acc") >= 0.9 and last(rows, "eval/wordseg/f1") > 0.8
+    final = json.loads((out / "model_last" / "train_state.json").read_text())
+    prefix = "bert." if keys.get("backbone") == "bert" else "ernie."
+    assert all(k.startswith((prefix, "heads.")) for k in final["name_map"])
+    if keys.get("use_task_id"):
+        assert "ernie.embeddings.task_type_embeddings.weight" in final["name_map"]
+    ok(run(["--do_predict", "--task", "sentiment", "--pred_file", data / "pred.tsv", "--output_dir", out],
+           cwd=tmp_path))
+    assert [p["label"] for p in json.loads((out / "sentiment" / "predictions.json").read_text())] == [1, 0]
