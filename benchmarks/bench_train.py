@@ -105,7 +105,7 @@ def main():
     p.add_argument("--mode", default=None, help=argparse.SUPPRESS)
     p.add_argument("--model", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
-    plan = {"small": dict(b=16, steps=10, warmup=3), "base": dict(b=8, steps=3, warmup=1)}
+    plan = {"small": dict(b=16, steps=20, warmup=3), "base": dict(b=8, steps=6, warmup=1)}
     if args.mode:
         fn = run_static if args.mode == "static" else run_dygraph
         sec, arch = fn(args.model, plan[args.model]["b"], args.seq, plan[args.model]["steps"], plan[args.model]["warmup"])
