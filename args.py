@@ -261,13 +261,16 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, world_size: Optional[i
     sources: Dict[str, str] = {}
     setup = None
     if multitask:
-        broadcast = {k: given[k] for k in mtl_config.BROADCAST_KEYS if k in given}
-        try:
+        try:  # every command-line value: flags that are also task keys (max_seq_len, masked_lm_prob, ...) reach the tasks
             setup = mtl_config.load_multitask_config(
-                config_file, cli={**mtl_cli, **broadcast}, task_cli=task_cli, flag_names=set(_FLAGS),
+                config_file, cli={**mtl_cli, **given}, task_cli=task_cli, flag_names=set(_FLAGS),
                 splits=("pred",) if _truthy(given.get("do_predict")) else ("train", "dev"))
             for key, raw in setup.run_flags.items():
                 values[key], sources[key] = raw, f"from {config_file}"
+            if _truthy(given.get("do_predict")) and "pred_file" not in given and given.get("task"):
+                spec = next((t for t in setup.tasks if t.name == given["task"]), None)
+                if spec is not None and spec.pred_file:  # the task file's pred_file (PALM)
+                    given["pred_file"] = spec.pred_file
         except ConfigError as e:
             problems += e.problems
     elif config_file:
@@ -312,11 +315,14 @@ def _take_mtl_keys(unknown: Sequence[str], out: Dict[str, Any]) -> List[str]:
     while k < len(unknown):
         token = unknown[k]
         name, has_value, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        bare_bool = name in keys and mtl_config.MTL_KEYS.get(name, ("",))[0] == "bool"
         if name in keys and (has_value or (k + 1 < len(unknown) and not unknown[k + 1].startswith("--"))):
             if not has_value:
                 value = unknown[k + 1]
                 k += 1
             out[name] = value
+        elif bare_bool and not has_value:  # --use_ema alone means true, as for the flags
+            out[name] = "true"
         else:
             rest.append(token)
         k += 1

@@ -56,7 +56,9 @@ def _predict(cfg) -> int:
 
     t = cfg.train
     output = t.predict_output or os.path.join(t.output_dir, t.task, "predictions.json")
-    predict(export_dir(t.output_dir, t.task), t.pred_file, output, use_gpu=cfg.train.device == "gpu")
+    from ernie_mtl.trainer import resolve_device
+
+    predict(export_dir(t.output_dir, t.task), t.pred_file, output, use_gpu=resolve_device(t.device) == "gpu")
     return 0
 
 

@@ -101,12 +101,31 @@ def read_manifest(model_dir: os.PathLike) -> Dict[str, Any]:
 def load_task_from_manifest(manifest: Mapping[str, Any], model_dir: os.PathLike, *, pred_file: str,
                             seed: int = 0) -> TaskType:
     """The task type instance of an exported model, reading `pred_file` for prediction."""
+    _import_plugins(manifest.get("plugins", ()))
     spec_data = dict(manifest["spec"])
     spec_data.update(train_file=None, dev_file=None, test_file=None, pred_file=os.path.abspath(pred_file))
     spec = TaskSpec(**spec_data)
     ctx = TaskContext(vocab_file=str(Path(model_dir) / manifest.get("vocab", "vocab.txt")), seed=seed,
                       model_type=manifest.get("model_type", "ernie"))
     return get_task_type(manifest["reader"])(spec, ctx)
+
+
+def _import_plugins(paths: Sequence[str]) -> None:
+    """The plugin files the training run imported (a custom task type must be registered to predict)."""
+    import hashlib
+    import importlib.util
+    import sys
+
+    for path in paths:
+        module = "ernie_mtl_plugin_" + hashlib.sha1(path.encode()).hexdigest()[:12]  # as mtl_config names it
+        if module in sys.modules:
+            continue
+        if not os.path.isfile(path):
+            raise ConfigError([f"the exported model needs plugin {path} (its task type), which no longer exists"])
+        spec = importlib.util.spec_from_file_location(module, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[module] = mod
+        spec.loader.exec_module(mod)
 
 
 def predict(model_dir: os.PathLike, pred_file: str, output: os.PathLike, *, batch_size: Optional[int] = None,
@@ -121,6 +140,8 @@ def predict(model_dir: os.PathLike, pred_file: str, output: os.PathLike, *, batc
         raise ConfigError([f"--pred_file {pred_file}: not found"])
     task = load_task_from_manifest(manifest, model_dir, pred_file=pred_file)
     data = task.load("pred")
+    if len(data) == 0:
+        raise ConfigError([f"--pred_file {pred_file}: no examples to predict (only a header?)"])
     config = pi.Config(str(model_dir / f"{MODEL_PREFIX}.pdmodel"), str(model_dir / f"{MODEL_PREFIX}.pdiparams"))
     if use_gpu:
         config.enable_use_gpu(256, 0)

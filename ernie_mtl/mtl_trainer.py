@@ -32,6 +32,7 @@ import numpy as np
 from ernie_mtl.callbacks import (BestCheckpoint, Callback, EarlyStopping, ExponentialMovingAverage, VisualDLLogger,
                                  make_callbacks)
 from ernie_mtl.checkpoint import Checkpointer, TrainState
+from ernie_mtl.config import ConfigError
 from ernie_mtl.logging_utils import MetricWriter, get_logger
 from ernie_mtl.trainer import DUMP_DIR_ENV, KILL_AT_STEP_ENV, resolve_device
 
@@ -104,6 +105,11 @@ def prepare(cfg, setup, *, info, topo, barrier, log) -> Plan:
         log(f"reading task {t.spec.name} ({t.name}): train {t.spec.train_file}")
         train[t.spec.name] = t.load("train")
     dev = {t.spec.name: t.load("dev") for t in tasks if t.spec.dev_file}
+    empty = [f"task {name}: {split} file {getattr(t.spec, split + '_file')} has no examples; give a file with rows "
+             f"after the header, or remove the key" for split, data in (("train", train), ("dev", dev))
+             for t in tasks for name in [t.spec.name] if name in data and len(data[name]) == 0]
+    if empty:
+        raise ConfigError(empty)
     dw = topo.data_world_size
     sizes = [t.num_train_examples(train[t.spec.name]) for t in tasks]
     probabilities = sampling_probabilities(m.sampling, mix_ratio=[t.spec.mix_ratio for t in tasks], num_examples=sizes,
@@ -228,17 +234,10 @@ class MultiTaskTrainer:
                                           "values": {k: z[k] for k in z.files if k != "__updates__"}})
 
     def _resume_checks(self) -> Dict[str, Any]:
-        from data_tools.indexed_dataset import file_identity
-
-        def ident(path):
-            if path is None:
-                return None
-            return file_identity(path) if os.path.exists(path + ".bin") else [os.path.getsize(path),
-                                                                               os.stat(path).st_mtime_ns]
-
+        if not hasattr(self, "_data_identity"):  # hashed once: checkpoints are written often
+            self._data_identity = {t.spec.name: _content_identity(t.spec.train_file) for t in self.tasks}
         return {"seed": self.cfg.train.seed, "tasks": [_spec_key(t.spec) for t in self.tasks],
-                "data": {t.spec.name: ident(t.spec.train_file) for t in self.tasks},
-                "total_steps": self.plan.planned.total_steps}
+                "data": self._data_identity, "total_steps": self.plan.planned.total_steps}
 
     def _train_state(self) -> TrainState:
         return TrainState(
@@ -248,7 +247,7 @@ class MultiTaskTrainer:
             config={**self.cfg.to_dict(), "mtl": self.setup.mtl.to_dict()}, topology=self.topo.to_dict(),
             name_map=self.p.name_map,
             extra={"resume_checks": self._resume_checks(), "arch": dict(self.p.arch), "exported": self.exported,
-                   "callbacks": [cb.state_dict() for cb in self.callbacks],
+                   "callbacks": {type(cb).__name__: cb.state_dict() for cb in self.callbacks},
                    "tasks": [{"name": t.spec.name, "reader": t.name, "group": self.group_of[t.spec.name],
                               "is_target": t.spec.is_target, "spec": _spec_key(t.spec), "manifest": t.manifest()}
                              for t in self.tasks]})
@@ -263,8 +262,10 @@ class MultiTaskTrainer:
         self.p.lr_scheduler.set_state_dict(state.lr_scheduler)
         self.schedule.load_state_dict(state.sampler)
         self.exported = dict(state.extra.get("exported", {}))
-        for cb, cb_state in zip(self.callbacks, state.extra.get("callbacks", [])):
-            cb.load_state_dict(cb_state)
+        saved = state.extra.get("callbacks", {})  # by class name: enabling a callback later still resumes
+        for cb in self.callbacks:
+            if type(cb).__name__ in saved:
+                cb.load_state_dict(saved[type(cb).__name__])
         self._print(f"resumed from {ref.path} at step {self.step} (micro-batches per task: "
                     f"{dict(zip(self.schedule.names, self.schedule.counts))})")
 
@@ -450,6 +451,8 @@ class MultiTaskTrainer:
         with self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext():
             if self.topo.sharding_degree > 1:
                 self._export_sharded(task, out)
+            elif self.is_rank0 and self.p.amp_level == "O2":  # the scope holds float16 parameters
+                self._export_from(self._float32_scope(self._scope_values()), task, out)
             elif self.is_rank0:
                 self._export_from(self.scope, task, out)
         self.barrier("export")
@@ -466,7 +469,8 @@ class MultiTaskTrainer:
             export_task_model(out, program=self.p.forward, fwd=self.p.export_fwd, task=task, exe=self.exe,
                               vocab_file=str(self.cfg.data.vocab_file), arch=self.p.arch,
                               model_type=self.cfg.model.model_type, use_task_id=self.setup.mtl.use_task_id,
-                              extra={"step": self.step, "exported_by": "ernie_mtl"})
+                              extra={"step": self.step, "exported_by": "ernie_mtl",
+                                     "plugins": list(self.setup.mtl.plugins)})
 
     def _export_sharded(self, task, out: Path) -> None:
         """Sharded ranks hold only their parameters: each writes its state, rank 0 merges them into a
@@ -483,19 +487,52 @@ class MultiTaskTrainer:
             merged: Dict[str, np.ndarray] = {}
             for r in range(self.info.world_size):
                 merged.update(paddle.load(str(tmp / f"rank_{r}.pdparams"), return_numpy=True))
-            scope = paddle.static.Scope()
-            with paddle.static.scope_guard(scope):
-                for name in set(self.p.name_map.values()):
-                    scope.var(name).get_tensor().set(merged[name], self.exe.place)
-            self._export_from(scope, task, out)
+            self._export_from(self._float32_scope(merged), task, out)
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def _scope_values(self) -> Dict[str, np.ndarray]:
+        names = {v.name for v in self.p.main.list_vars() if v.persistable}
+        return {n: np.array(self.scope.find_var(n).get_tensor()) for n in names
+                if self.scope.find_var(n) is not None and self.scope.find_var(n).get_tensor()._is_initialized()}
+
+    def _float32_scope(self, values: Mapping[str, np.ndarray]):
+        """A scope with every parameter of the (float32) export program: the EMA when enabled, else AMP
+        O2's fp32 master copy where there is one, else the value cast to float32."""
+        import paddle
+
+        scope = paddle.static.Scope()
+        averaged = self.ema.values if self.ema is not None else {}  # float32 already
+        for name in set(self.p.name_map.values()):
+            value = averaged.get(name, values.get(name + "_fp32_master_0", values[name]))
+            scope.var(name).get_tensor().set(np.asarray(value, dtype=np.float32), self.exe.place)
+        return scope
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
         self.writer.close()
+
+
+def _content_identity(path: Optional[str]) -> Optional[List[Any]]:
+    """Size and SHA-1 of a task's training data (a corpus: of its .idx, plus the .bin size): copying or
+    touching the files keeps the identity, editing them does not."""
+    if path is None:
+        return None
+    if os.path.exists(path + ".idx"):
+        return [os.path.getsize(path + ".bin"), _sha1(path + ".idx")]
+    return [os.path.getsize(path), _sha1(path)]
+
+
+def _sha1(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _spec_key(spec) -> Dict[str, Any]:

@@ -195,6 +195,10 @@ def test_three_tasks_learn_export_and_predict(data, tmp_path):
     assert [p["labels"] for p in seg] == [["B", "E", "S", "S"], ["S", "B", "E"]]
     bad = run(["--do_predict", "--task", "corpus", "--pred_file", data / "pred.tsv", "--output_dir", out], cwd=tmp_path)
     assert bad.returncode == 2 and "no exported model" in bad.stderr
+    (tmp_path / "empty.tsv").write_text("text_a\n", encoding="utf-8")
+    bad = run(["--do_predict", "--task", "sentiment", "--pred_file", tmp_path / "empty.tsv", "--output_dir", out],
+              cwd=tmp_path)
+    assert bad.returncode == 2 and "no examples to predict" in bad.stderr
 
 
 @pytest.mark.slow
@@ -233,6 +237,7 @@ def test_sigkill_then_resume_equals_uninterrupted(data, tmp_path):
     cfg = global_yaml(data, "g4.yaml", save_path=str(tmp_path / "resumed"), **common)
     killed = run(["--config", cfg], cwd=tmp_path, env={"ERNIE_MTL_TEST_KILL_AT_STEP": "8"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    os.utime(data / "cls_train.tsv")  # a copy or a touch keeps the content: resume must still go on
     ok(run(["--config", cfg], cwd=tmp_path))
     a = json.loads((tmp_path / "straight/model_last/train_state.json").read_text())
     b = json.loads((tmp_path / "resumed/model_last/train_state.json").read_text())
@@ -347,3 +352,18 @@ def test_bert_backbone_and_task_ids(data, tmp_path, keys):
     ok(run(["--do_predict", "--task", "sentiment", "--pred_file", data / "pred.tsv", "--output_dir", out],
            cwd=tmp_path))
     assert [p["label"] for p in json.loads((out / "sentiment" / "predictions.json").read_text())] == [1, 0]
+
+
+def test_command_line_reaches_tasks_and_bad_inputs_are_clear(data, tmp_path):
+    """Flags that are also task keys reach the tasks (command line > global file); bare booleans of the
+    multi-task keys; an empty dev file and an empty pred file are clear errors, not tracebacks."""
+    from args import parse_config
+
+    cfg = global_yaml(data, "g11.yaml", save_path=str(tmp_path / "o"), masked_lm_prob=0.3)
+    parsed = parse_config(["--config", str(cfg), "--masked_lm_prob", "0.5", "--use_ema", "--max_seq_len", "48"])
+    corpus = next(t for t in parsed.multitask.tasks if t.name == "corpus")
+    assert corpus.options["masked_lm_prob"] == 0.5 and parsed.multitask.mtl.use_ema
+    assert {t.max_seq_len for t in parsed.multitask.tasks} == {48}
+    (data / "empty_dev.tsv").write_text("label\ttext_a\n", encoding="utf-8")
+    proc = run(["--config", cfg, "--tasks.sentiment.dev_file=empty_dev.tsv"], cwd=data)
+    assert proc.returncode == 2 and "task sentiment: dev file" in proc.stderr and "has no examples" in proc.stderr
