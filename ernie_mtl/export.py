@@ -54,7 +54,7 @@ def export_task_model(out_dir: Path, *, program, fwd, task: TaskType, exe, vocab
     used = _persistables(tmp / f"{MODEL_PREFIX}.pdmodel")
     manifest = {
         "format": 1, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "task": name, "reader": task.name,
-        "spec": _spec_json(task.spec), "model_type": model_type, "arch": dict(arch), "use_task_id": use_task_id,
+        "spec": spec_json(task.spec), "model_type": model_type, "arch": dict(arch), "use_task_id": use_task_id,
         "task_index": task.spec.index,
         "feeds": [{"name": n, "var": fwd.feed_vars[n].name, "shape": list(fwd.feed_vars[n].shape),
                    "dtype": str(fwd.feed_vars[n].dtype).replace("paddle.", "")} for n in feed_names],
@@ -82,7 +82,8 @@ def _persistables(model_file: Path) -> set:
     return {v.name for v in program.list_vars() if v.persistable}
 
 
-def _spec_json(spec: TaskSpec) -> Dict[str, Any]:
+def spec_json(spec: TaskSpec) -> Dict[str, Any]:
+    """A TaskSpec as JSON-friendly data (stored in manifests and checkpoints)."""
     data = asdict(spec)
     data["options"] = dict(spec.options)
     return data

@@ -33,6 +33,7 @@ from ernie_mtl.callbacks import (BestCheckpoint, Callback, EarlyStopping, Expone
                                  make_callbacks)
 from ernie_mtl.checkpoint import Checkpointer, TrainState
 from ernie_mtl.config import ConfigError
+from ernie_mtl.export import spec_json
 from ernie_mtl.logging_utils import MetricWriter, get_logger
 from ernie_mtl.trainer import DUMP_DIR_ENV, KILL_AT_STEP_ENV, resolve_device
 
@@ -122,9 +123,12 @@ def prepare(cfg, setup, *, info, topo, barrier, log) -> Plan:
                             accumulate_steps=topo.accumulate_steps, max_steps=cfg.optim.max_steps,
                             names=[t.spec.name for t in tasks],
                             steps_per_epoch=[steps_per_epoch(n, t.spec.batch_size, dw) for n, t in zip(sizes, tasks)])
-    streams = [TaskStream(len(train[t.spec.name]), seed=cfg.train.seed, task_index=t.spec.index,
+    def stream(t):
+        return TaskStream(len(train[t.spec.name]), seed=cfg.train.seed, task_index=t.spec.index,
                           examples_per_micro=t.spec.batch_size * dw, micro_batch_size=t.spec.batch_size,
-                          data_rank=topo.data_rank(info.rank)) for t in tasks]
+                          data_rank=topo.data_rank(info.rank))
+
+    streams = [stream(t) for t in tasks]
     planned = schedule.plan()
     for i, t in enumerate(tasks):  # generated samples (pretraining): exactly as many as the run will read,
         if t.sized_by_run:  # so no sample (and no mask) repeats
@@ -132,9 +136,7 @@ def prepare(cfg, setup, *, info, topo, barrier, log) -> Plan:
             if need > len(train[t.spec.name]):
                 ctx.extra.setdefault("num_samples", {})["train"] = need
                 train[t.spec.name] = t.load("train")
-                streams[i] = TaskStream(len(train[t.spec.name]), seed=cfg.train.seed, task_index=t.spec.index,
-                                        examples_per_micro=t.spec.batch_size * dw,
-                                        micro_batch_size=t.spec.batch_size, data_rank=topo.data_rank(info.rank))
+                streams[i] = stream(t)
                 ctx.extra["num_samples"].pop("train")
     return Plan(tasks, train, dev, streams, schedule, planned, probabilities, quotas)
 
@@ -236,7 +238,7 @@ class MultiTaskTrainer:
     def _resume_checks(self) -> Dict[str, Any]:
         if not hasattr(self, "_data_identity"):  # hashed once: checkpoints are written often
             self._data_identity = {t.spec.name: _content_identity(t.spec.train_file) for t in self.tasks}
-        return {"seed": self.cfg.train.seed, "tasks": [_spec_key(t.spec) for t in self.tasks],
+        return {"seed": self.cfg.train.seed, "tasks": [spec_json(t.spec) for t in self.tasks],
                 "data": self._data_identity, "total_steps": self.plan.planned.total_steps}
 
     def _train_state(self) -> TrainState:
@@ -249,7 +251,7 @@ class MultiTaskTrainer:
             extra={"resume_checks": self._resume_checks(), "arch": dict(self.p.arch), "exported": self.exported,
                    "callbacks": {type(cb).__name__: cb.state_dict() for cb in self.callbacks},
                    "tasks": [{"name": t.spec.name, "reader": t.name, "group": self.group_of[t.spec.name],
-                              "is_target": t.spec.is_target, "spec": _spec_key(t.spec), "manifest": t.manifest()}
+                              "is_target": t.spec.is_target, "spec": spec_json(t.spec), "manifest": t.manifest()}
                              for t in self.tasks]})
 
     def resume(self) -> None:
@@ -533,9 +535,3 @@ def _sha1(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _spec_key(spec) -> Dict[str, Any]:
-    data = asdict(spec)
-    data["options"] = dict(spec.options)
-    return data
