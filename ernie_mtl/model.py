@@ -283,13 +283,19 @@ def _drop_untied_duplicates(main: paddle.static.Program, startup: paddle.static.
     read = {name for op in main.global_block().ops for name in op.input_arg_names}
     orphans = [p.name for p in main.global_block().all_parameters() if p.name not in used | read]
     for name in orphans:
-        for block in (main.global_block(), startup.global_block()):
-            for idx in reversed(range(len(block.ops))):
-                if name in block.ops[idx].output_arg_names:
-                    block._remove_op(idx, sync=False)
-            if block.has_var(name):
-                block._remove_var(name, sync=False)
-            block._sync_with_cpp()
+        remove_variable(name, (main, startup))
+
+
+def remove_variable(name: str, programs) -> None:
+    """Remove variable `name` and the ops that write it from the global blocks of `programs`."""
+    for program in programs:
+        block = program.global_block()
+        for idx in reversed(range(len(block.ops))):
+            if name in block.ops[idx].output_arg_names:
+                block._remove_op(idx, sync=False)
+        if block.has_var(name):
+            block._remove_var(name, sync=False)
+        block._sync_with_cpp()
 
 
 def _forward_only(main: paddle.static.Program, loss) -> paddle.static.Program:

@@ -34,8 +34,8 @@ from ernie_mtl.callbacks import (BestCheckpoint, Callback, EarlyStopping, Expone
 from ernie_mtl.checkpoint import Checkpointer, TrainState
 from ernie_mtl.config import ConfigError
 from ernie_mtl.export import spec_json
-from ernie_mtl.logging_utils import MetricWriter, get_logger
-from ernie_mtl.trainer import DUMP_DIR_ENV, KILL_AT_STEP_ENV, resolve_device
+from ernie_mtl.logging_utils import MetricWriter
+from ernie_mtl.trainer import DUMP_DIR_ENV, KILL_AT_STEP_ENV
 
 EMA_SUFFIX = ".ema.npz"
 
@@ -44,25 +44,14 @@ def run_multitask(cfg, setup) -> int:
     """Train the tasks of `setup` (mtl_config.MultiTaskSetup) as configured by `cfg` (args.RunConfig)."""
     import paddle
 
-    from ernie_mtl.compat import is_cpu_build, strip_gpu_sync_ops
-    from ernie_mtl.distributed import ProcessInfo, StoreBarrier, init_distributed
-    from ernie_mtl.parallel import Topology, init_fleet, required_flags
+    from ernie_mtl.distributed import StoreBarrier
+    from ernie_mtl.trainer import make_executor, start_process
 
-    info = ProcessInfo.from_env()
-    log = get_logger(info.rank)
-    init_distributed(info)
-    topo = Topology.from_config(cfg.parallel, info.world_size)
-    paddle.set_flags(required_flags(topo))
-    init_fleet(topo)
+    info, log, topo = start_process(cfg)
     barrier = StoreBarrier(info)
     plan = prepare(cfg, setup, info=info, topo=topo, barrier=barrier, log=log.info)
     programs = build_programs(cfg, setup, topo, plan)
-    if is_cpu_build():
-        strip_gpu_sync_ops(programs.main, programs.startup, programs.test)
-    device = resolve_device(cfg.train.device)
-    place = paddle.CPUPlace() if device == "cpu" else paddle.CUDAPlace(info.local_rank)
-    exe = paddle.static.Executor(place)
-    programs.initialize(exe)
+    exe = make_executor(cfg, info, programs, log)
     trainer = MultiTaskTrainer(cfg, setup, info=info, topo=topo, plan=plan, programs=programs, exe=exe,
                                barrier=barrier, log=log)
     try:

@@ -55,26 +55,11 @@ def run(cfg) -> int:
     """Train as configured by a validated `args.RunConfig`; returns the exit status."""
     import paddle
 
-    from ernie_mtl.compat import is_cpu_build, strip_gpu_sync_ops
-    from ernie_mtl.distributed import ProcessInfo, StoreBarrier, init_distributed
-    from ernie_mtl.parallel import Topology, init_fleet, required_flags
+    from ernie_mtl.distributed import StoreBarrier
 
-    info = ProcessInfo.from_env()
-    log = get_logger(info.rank)
-    init_distributed(info)
-    topo = Topology.from_config(cfg.parallel, info.world_size)
-    paddle.set_flags(required_flags(topo))
-    init_fleet(topo)
+    info, log, topo = start_process(cfg)
     programs = build_programs(cfg, topo)
-    if is_cpu_build():
-        strip_gpu_sync_ops(programs.main, programs.startup, programs.test)
-    device = resolve_device(cfg.train.device)
-    if cfg.amp.use_amp and device == "cpu":
-        log.warning("--use_amp on CPU: a CPU build inserts no float16 casts, so this run computes in float32 "
-                    "(with loss scaling); AMP takes effect on GPUs")
-    place = paddle.CPUPlace() if device == "cpu" else paddle.CUDAPlace(info.local_rank)
-    exe = paddle.static.Executor(place)
-    programs.initialize(exe)
+    exe = make_executor(cfg, info, programs, log)
     barrier = StoreBarrier(info)
     datasets, pad_id = build_datasets(cfg, info, barrier, log)
     checkpointer = Checkpointer(
@@ -94,6 +79,42 @@ def run(cfg) -> int:
     log.info(f"checkpoints: {cfg.train.output_dir}/model_last and model_<step>; "
              f"VisualDL: visualdl --logdir {cfg.train.output_dir}/visualdl")
     return 0
+
+
+def start_process(cfg):
+    """(info, logger, topology): who this process is, static mode (+ gloo on CPU), the topology,
+    the flags it needs and fleet, in that order (every entry point that trains starts so)."""
+    import paddle
+
+    from ernie_mtl.distributed import ProcessInfo, init_distributed
+    from ernie_mtl.parallel import Topology, init_fleet, required_flags
+
+    info = ProcessInfo.from_env()
+    log = get_logger(info.rank)
+    init_distributed(info)
+    topo = Topology.from_config(cfg.parallel, info.world_size)
+    paddle.set_flags(required_flags(topo))
+    init_fleet(topo)
+    return info, log, topo
+
+
+def make_executor(cfg, info, programs, log):
+    """The executor for --device, with `programs` made runnable here (CPU: GPU sync ops stripped)
+    and initialised (startup, pretrained weights, AMP O2 cast)."""
+    import paddle
+
+    from ernie_mtl.compat import is_cpu_build, strip_gpu_sync_ops
+
+    if is_cpu_build():
+        strip_gpu_sync_ops(programs.main, programs.startup, programs.test)
+    device = resolve_device(cfg.train.device)
+    if cfg.amp.use_amp and device == "cpu":
+        log.warning("--use_amp on CPU: a CPU build inserts no float16 casts, so this run computes in float32 "
+                    "(with loss scaling); AMP takes effect on GPUs")
+    place = paddle.CPUPlace() if device == "cpu" else paddle.CUDAPlace(info.local_rank)
+    exe = paddle.static.Executor(place)
+    programs.initialize(exe)
+    return exe
 
 
 def resolve_device(device: str) -> str:

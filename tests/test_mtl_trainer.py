@@ -8,7 +8,6 @@ import zlib  # noqa: F401  (before paddle)
 import glob
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from data_tools import create_pretraining_data
+from test_trainer import ok, state  # the pretraining trainer's run helpers
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = str(ROOT / "run_multitask_static.py")
@@ -136,25 +136,12 @@ def run(argv, *, cwd, env=None, launch_procs=0, timeout=400):
                           text=True, timeout=timeout)
 
 
-def ok(proc):
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc
-
-
 def jsonl(path):
     return [json.loads(line) for line in open(path, encoding="utf-8")]
 
 
 def last(rows, tag):
     return [r[tag] for r in rows if tag in r][-1]
-
-
-def state(prefix):
-    out = {}
-    for ext in (".pdparams", ".pdopt"):
-        with open(f"{prefix}{ext}", "rb") as f:
-            out.update({k: np.asarray(v) for k, v in pickle.load(f).items() if not k.startswith("StructuredToParameter")})
-    return out
 
 
 @pytest.mark.slow

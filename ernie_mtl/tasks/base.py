@@ -279,6 +279,28 @@ def pad_backbone_inputs(input_ids: Sequence[Sequence[int]], segment_ids: Sequenc
     return {"input_ids": ids, "segment_ids": seg, "input_mask": mask}
 
 
+def read_label_map(path: str, task: str, *, item: str, id_word: str, example: str) -> Dict[str, int]:
+    """A label map file: a JSON object {label: id} with distinct ids 0..n-1 (errors name the task,
+    file and line; `item`/`id_word`/`example` word them for the task type: "tag", "id", '{"B": 0}')."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            mapping = json.load(f)
+    except OSError as e:
+        raise ConfigError([f"task {task!r}: label_map {path}: cannot read it ({e.strerror}); give the path of a "
+                           f"JSON file {{{item}: id}}"]) from None
+    except json.JSONDecodeError as e:
+        raise ConfigError([f"{path}:{e.lineno}: label_map is not valid JSON ({e.msg}); write an object like "
+                           f"{example}"]) from None
+    if (not isinstance(mapping, dict) or not mapping
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in mapping.values())
+            or sorted(mapping.values()) != list(range(len(mapping)))):
+        raise ConfigError([f"{path}: label_map must be a JSON object mapping each {item} to a distinct {id_word} "
+                           f"0..n-1, got {json.dumps(mapping, ensure_ascii=False)[:200]}; write e.g. {example}"])
+    return mapping
+
+
 def read_tsv(path: str, required_columns: Sequence[str], *, optional_columns: Sequence[str] = ()
              ) -> List[Tuple[int, Dict[str, str]]]:
     """Rows of a PALM-style TSV file with a header row: [(line number, {column: value})].

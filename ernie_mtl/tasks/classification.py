@@ -14,15 +14,14 @@ pairing at all.
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ernie_mtl.config import ConfigError
 from ernie_mtl.model import FeedSpec
-from ernie_mtl.tasks.base import (Encoded, HeadOutputs, Option, TaskData, TaskType, pad_backbone_inputs, read_tsv,
-                                  register_task_type)
+from ernie_mtl.tasks.base import (Encoded, HeadOutputs, Option, TaskData, TaskType, pad_backbone_inputs,
+                                  read_label_map, read_tsv, register_task_type)
 
 NO_LABEL = -1  # label id of a row from a pred file without a label column
 
@@ -65,7 +64,8 @@ class _PooledTask(TaskType):
         self.label_map: Optional[Dict[str, int]] = None
         n_classes = self._option("n_classes")
         if self._option("label_map") is not None:
-            self.label_map = self._load_label_map(self._option("label_map"))
+            self.label_map = read_label_map(self._option("label_map"), spec.name, item="label", id_word="class id",
+                                            example='{"negative": 0, "positive": 1}')
             if n_classes is not None and int(n_classes) != len(self.label_map):
                 raise ConfigError([f"task {spec.name!r}: n_classes: {n_classes} disagrees with the "
                                    f"{len(self.label_map)} labels of label_map {self._option('label_map')}; "
@@ -83,21 +83,6 @@ class _PooledTask(TaskType):
     def _option(self, key: str) -> Any:
         return self.spec.options.get(key, self.options[key].default)
 
-    def _load_label_map(self, path: str) -> Dict[str, int]:
-        try:
-            with open(path, encoding="utf-8") as f:
-                mapping = json.load(f)
-        except OSError as e:
-            raise ConfigError([f"task {self.spec.name!r}: label_map: cannot read {path} ({e.strerror}); give the "
-                               "path of a JSON file {label: id}"]) from None
-        except json.JSONDecodeError as e:
-            raise ConfigError([f"{path}:{e.lineno}: label_map is not valid JSON ({e.msg}); write an object like "
-                               '{"negative": 0, "positive": 1}']) from None
-        ok = isinstance(mapping, dict) and all(isinstance(v, int) and not isinstance(v, bool) for v in mapping.values())
-        if not ok or sorted(mapping.values()) != list(range(len(mapping))):
-            raise ConfigError([f"{path}: label_map must be a JSON object mapping each label to a distinct class id "
-                               f"0..n-1, found {mapping!r}; write e.g. {{\"negative\": 0, \"positive\": 1}}"])
-        return mapping
 
     def _label_id(self, path: str, line: int, value: str) -> int:
         """The class id of a label as written in a file (checked against the label map or 0..n-1)."""

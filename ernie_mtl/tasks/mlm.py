@@ -17,7 +17,7 @@ import numpy as np
 from ernie_mtl.config import ConfigError
 from ernie_mtl.data.masking import VocabInfo, mask_whole_word_ngrams
 from ernie_mtl.data.pretrain import PretrainSampleConfig, collate_pretrain
-from ernie_mtl.model import FEED_SPECS, IGNORE_LABEL, FeedSpec, pretraining_losses
+from ernie_mtl.model import FEED_SPECS, IGNORE_LABEL, FeedSpec, pretraining_losses, remove_variable
 from ernie_mtl.tasks.base import (Encoded, HeadOutputs, Option, TaskData, TaskSpec, TaskType, read_tsv,
                                   register_task_type)
 
@@ -78,14 +78,7 @@ def tie_decoder_to_embedding(lm_head: Any, enc: Encoded) -> None:
         return
     name = orphan.name  # read once: removing the variable frees the object's description
     del orphan
-    for program in (paddle.static.default_main_program(), paddle.static.default_startup_program()):
-        block = program.global_block()
-        for i in reversed(range(len(block.ops))):
-            if name in block.ops[i].output_arg_names:
-                block._remove_op(i, sync=False)
-        if block.has_var(name):
-            block._remove_var(name, sync=False)
-        block._sync_with_cpp()
+    remove_variable(name, (paddle.static.default_main_program(), paddle.static.default_startup_program()))
 
 
 def build_mlm_head(enc: Encoded, model_type: str, *, with_pair_classifier: bool = False) -> Any:

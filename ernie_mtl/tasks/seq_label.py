@@ -21,7 +21,6 @@ its CRF head with argmax).
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -31,7 +30,7 @@ import numpy as np
 from ernie_mtl.config import ConfigError
 from ernie_mtl.model import FeedSpec
 from ernie_mtl.tasks.base import (Encoded, HeadOutputs, Option, TaskData, TaskType, pad_backbone_inputs,
-                                  read_tsv, register_task_type)
+                                  read_label_map, read_tsv, register_task_type)
 
 SEP = "\x02"
 # Chunk schemes understood by seqeval (strict mode) plus BMES, evaluated as IOBES with M read as I.
@@ -213,29 +212,14 @@ class SeqLabelTask(TaskType):
         if problems:
             raise ConfigError(problems)
         self.label_map_path = os.path.abspath(path)
-        self.label_map = self._read_label_map(self.label_map_path)
+        self.label_map = read_label_map(self.label_map_path, spec.name, item="tag", id_word="id",
+                                        example='{"B": 0, "M": 1, "E": 2, "S": 3}')
         self.id_to_tag = sorted(self.label_map, key=self.label_map.get)
         self.scheme = self._resolve_scheme(scheme)
         self.use_crf, self.dropout = use_crf, float(dropout)
         self.fallback_tag = next((t for t in ("O", "S") if t in self.label_map), self.id_to_tag[0])
 
     # -- configuration -------------------------------------------------------------------------
-    def _read_label_map(self, path: str) -> Dict[str, int]:
-        try:
-            with open(path, encoding="utf-8") as f:
-                mapping = json.load(f)
-        except OSError as e:
-            raise ConfigError([f"task {self.spec.name!r}: label_map {path}: cannot read it ({e.strerror}); give the "
-                               "path of a JSON file {tag: id}"]) from None
-        except json.JSONDecodeError as e:
-            raise ConfigError([f"{path}:{e.lineno}: label_map is not valid JSON ({e.msg}); write an object like "
-                               '{"B": 0, "M": 1, "E": 2, "S": 3}']) from None
-        if (not isinstance(mapping, dict) or not mapping
-                or not all(isinstance(v, int) and not isinstance(v, bool) for v in mapping.values())
-                or sorted(mapping.values()) != list(range(len(mapping)))):
-            raise ConfigError([f"{path}: label_map must be a JSON object mapping each tag to a distinct id "
-                               f"0..n-1, got {json.dumps(mapping, ensure_ascii=False)[:200]}; renumber the ids"])
-        return mapping
 
     def _resolve_scheme(self, scheme: str) -> str:
         bad = []
