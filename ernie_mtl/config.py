@@ -15,18 +15,20 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from data_tools.cli_utils import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError):
     """Bad user configuration. Each problem names the flag, the bad value and the fix."""
 
     def __init__(self, problems: Sequence[str]):
-        self.problems = list(problems)
-        if len(self.problems) == 1:
-            message = self.problems[0]
+        problems = [problems] if isinstance(problems, str) else list(problems)
+        if len(problems) == 1:
+            message = problems[0]
         else:
-            message = f"{len(self.problems)} configuration problems:\n" + "\n".join(
-                f"  - {p}" for p in self.problems)
-        super().__init__(message)
+            message = f"{len(problems)} configuration problems:\n" + "\n".join(f"  - {p}" for p in problems)
+        ValueError.__init__(self, message)
+        self.problems = problems
 
 
 def _f(default: Any, help: str) -> Any:
