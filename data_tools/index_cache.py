@@ -12,9 +12,12 @@ Protocol, in the order that keeps every rank safe:
    *everything* that changes the arrays: data-file identity (sizes, mtimes, header hash),
    split, sequence length, probabilities, seed, sample count, pair head and helper version.
    A changed input therefore gets a new folder; a stale cache can never be picked up.
-2. The builder rank (global rank 0, or local rank 0 when nodes share no filesystem) builds
-   into a temporary folder beside the final one, fsyncs, then renames it into place
-   (atomic on POSIX). An advisory lock serialises concurrent *jobs* sharing the cache.
+2. The builder rank (`is_index_builder`: global rank 0 with `--share_folder true`, the default;
+   local rank 0 of every node with `--share_folder false`, for nodes that share no filesystem)
+   builds into a temporary folder beside the final one, fsyncs, then renames it into place
+   (atomic on POSIX). An advisory lock serialises concurrent *jobs* sharing the cache, and a
+   complete folder is never replaced, so builders that race anyway (per-node builders on a
+   filesystem that is shared after all) leave one intact copy.
 3. Every rank then meets at the barrier. The builder enters the barrier even when building
    failed, so the other ranks never hang; they find no folder and raise an error pointing at
    the builder's log.
@@ -54,7 +57,9 @@ def cache_folder(cache_dir: os.PathLike, name: str, description: Mapping) -> Pat
 
 
 def is_index_builder(global_rank: int, local_rank: int, shared_filesystem: bool) -> bool:
-    """Which rank builds index caches: global rank 0 on a shared filesystem, else each node's local rank 0."""
+    """Which rank builds index caches (PaddleNLP's `share_folder`): global rank 0 when the cache
+    directory is on a filesystem every node shares, else each node's local rank 0 (its own copy).
+    Every rank still calls `load_or_build` and so meets every barrier."""
     return global_rank == 0 if shared_filesystem else local_rank == 0
 
 
@@ -87,9 +92,10 @@ def load_or_build(
     if not _is_complete(folder):
         raise IndexCacheError(
             f"index cache {folder} does not exist after the builder rank finished. Either the builder "
-            "failed (see its log) or this node does not share the cache directory with it: put the cache "
-            "on a shared filesystem, or let each node build its own (local rank 0 builds when the "
-            "filesystem is not shared), or prebuild it with `python -m data_tools.prebuild_index`.")
+            "failed (see its log: global rank 0, or local rank 0 of this node with --share_folder false) "
+            "or this node does not share the cache directory with global rank 0: put the cache on a "
+            "shared filesystem, or let each node build its own copy (--share_folder false: local rank 0 "
+            "of every node builds), or prebuild it on every node with `python -m data_tools.prebuild_index`.")
     return _load(folder)
 
 
@@ -120,14 +126,36 @@ def _build(folder: Path, description: Mapping, build_fn, log) -> None:
                 json.dump(record, f, indent=2, sort_keys=True, default=_json_default)
                 f.flush()
                 os.fsync(f.fileno())
-            if folder.exists():  # an incomplete leftover (no description.json): replace it
-                shutil.rmtree(folder)
-            os.rename(tmp, folder)
+            _publish(tmp, folder)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         sizes = ", ".join(f"{k} {tuple(v['shape'])}" for k, v in meta.items())
         log(f"built index cache {folder} in {record['built_seconds']:.2f}s ({sizes})")
+
+
+def _publish(tmp: Path, folder: Path) -> None:
+    """Rename the finished `tmp` into place. A complete folder already there is never touched: it
+    was built by another builder whose lock did not exclude us (each node's builder on a
+    filesystem that is shared after all, where flock may not reach across nodes), and other
+    ranks may be reading it; ours is then dropped (same key, same content)."""
+    if folder.exists():
+        if _is_complete(folder):
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        # an incomplete leftover (a crash before description.json): move it aside, then replace it
+        stale = Path(tempfile.mkdtemp(prefix=f".{folder.name}.stale-", dir=folder.parent))
+        try:
+            os.rename(folder, stale / "old")
+        except FileNotFoundError:
+            pass  # another builder removed it first
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        os.rename(tmp, folder)
+    except OSError:
+        if not _is_complete(folder):  # not "someone else published first": a real failure
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _load(folder: Path) -> Dict[str, np.ndarray]:

@@ -1,11 +1,15 @@
 """The index cache: hash keys, atomic build-once, the builder/barrier protocol, validation."""
+import glob
+import json
 import multiprocessing as mp
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from data_tools import index_cache
 from data_tools.index_cache import (IndexCacheError, cache_folder, cache_key, is_index_builder,
                                     load_or_build)
 
@@ -104,3 +108,92 @@ def test_concurrent_jobs_build_once(tmp_path):
         p.join(30)
         assert p.exitcode == 0
     assert len(list(counter.iterdir())) == 1
+
+
+class FileBarrier:
+    """A barrier between processes of one machine through files in a shared folder (tests only): call
+    k of rank r creates `<k>.<r>`, then waits until all `world` ranks have made call k."""
+
+    def __init__(self, folder, rank, world, timeout_s=60.0):
+        self.folder, self.rank, self.world, self.timeout_s = str(folder), rank, world, timeout_s
+        self.calls = 0
+        os.makedirs(self.folder, exist_ok=True)
+
+    def __call__(self, what="barrier"):
+        self.calls += 1
+        open(os.path.join(self.folder, f"{self.calls}.{self.rank}"), "w").close()
+        deadline = time.monotonic() + self.timeout_s
+        while len(glob.glob(os.path.join(self.folder, f"{self.calls}.*"))) < self.world:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {self.rank}: {what} #{self.calls} not reached by every rank")
+            time.sleep(0.005)
+
+
+def _node_rank(rank, local_rank, share_folder, root, fail):
+    """Rank `rank` of 2 nodes x 2 processes; each node has its own cache folder (no shared filesystem)."""
+    cache = os.path.join(root, f"node{rank // 2}")
+
+    def build():
+        open(os.path.join(root, f"built-by-{rank}"), "w").close()
+        if fail:
+            raise RuntimeError("disk full while building")
+        time.sleep(0.2)  # give the other ranks time to reach the barrier first
+        return _arrays()
+
+    try:
+        arrays = load_or_build(cache, "c", DESC, build, is_builder=is_index_builder(rank, local_rank, share_folder),
+                               barrier=FileBarrier(os.path.join(root, "barrier"), rank, 4), log=lambda m: None)
+        result = {"mapping": arrays["mapping"].tolist()}
+    except (IndexCacheError, RuntimeError) as e:
+        result = {"error": f"{type(e).__name__}: {e}"}
+    Path(root, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _two_nodes(tmp_path, share_folder, fail=False):
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_node_rank, args=(r, r % 2, share_folder, str(tmp_path), fail)) for r in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0  # nobody hung, nobody crashed
+    built = sorted(int(x.name.rsplit("-", 1)[1]) for x in tmp_path.glob("built-by-*"))
+    return built, [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+
+
+def test_per_node_caches_local_rank_0_of_each_node_builds(tmp_path):
+    built, results = _two_nodes(tmp_path, share_folder=False)
+    assert built == [0, 2]  # local rank 0 of node 0 (rank 0) and of node 1 (rank 2)
+    assert all(r == {"mapping": _arrays()["mapping"].tolist()} for r in results)
+    for node in (0, 1):
+        assert (cache_folder(tmp_path / f"node{node}", "c", DESC) / "description.json").is_file()
+
+
+def test_shared_folder_mode_on_unshared_nodes_fails_clearly_without_hanging(tmp_path):
+    built, results = _two_nodes(tmp_path, share_folder=True)
+    assert built == [0]
+    assert "mapping" in results[0] and "mapping" in results[1]
+    for r in results[2:]:
+        assert r["error"].startswith("IndexCacheError") and "--share_folder false" in r["error"]
+
+
+def test_failed_builders_still_release_their_nodes(tmp_path):
+    built, results = _two_nodes(tmp_path, share_folder=False, fail=True)
+    assert built == [0, 2]
+    for rank, r in enumerate(results):
+        if rank % 2 == 0:  # the builders report their own failure
+            assert r["error"] == "RuntimeError: disk full while building"
+        else:  # the others are released by the barrier and point at the builder's log
+            assert "does not exist after the builder rank finished" in r["error"] and "see its log" in r["error"]
+
+
+def test_a_complete_cache_is_never_replaced_by_a_racing_builder(tmp_path):
+    load_or_build(tmp_path, "c", DESC, _arrays, log=lambda m: None)
+    folder = cache_folder(tmp_path, "c", DESC)
+    before = {p.name: p.stat().st_ino for p in folder.iterdir()}
+    racer = tmp_path / ".c.tmp-racer"  # what a second builder without the lock would publish
+    racer.mkdir()
+    np.save(racer / "mapping.npy", np.zeros(3))
+    index_cache._publish(racer, folder)
+    assert {p.name: p.stat().st_ino for p in folder.iterdir()} == before
+    assert not racer.exists()

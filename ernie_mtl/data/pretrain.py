@@ -97,7 +97,8 @@ class ErniePretrainDataset:
     """Samples of one split. `dataset[i]` -> (input_ids, segment_ids, masked_positions, masked_labels, pair_label)."""
 
     def __init__(self, corpus: MMapIndexedDataset, mapping: np.ndarray, split_name: str,
-                 doc_range: Tuple[int, int], cfg: PretrainSampleConfig, vocab: VocabInfo):
+                 doc_range: Tuple[int, int], cfg: PretrainSampleConfig, vocab: VocabInfo,
+                 stream: Optional[int] = None):
         self.corpus = corpus
         self.mapping = mapping
         self.split_name = split_name
@@ -105,6 +106,9 @@ class ErniePretrainDataset:
         self.cfg = cfg
         self.vocab = vocab
         self._split_id = _SPLIT_IDS[split_name]
+        # The sample generator's key: (seed, split, i), plus the corpus's position in a mixture
+        # (ernie_mtl.data.mixture), so that sample i of two corpora draw independent masks and labels.
+        self.stream = None if stream is None else int(stream)
         self._doc_bounds = np.asarray(corpus.doc_idx[doc_range[0]:doc_range[1] + 1])
 
     def __len__(self) -> int:
@@ -114,7 +118,8 @@ class ErniePretrainDataset:
         if not 0 <= i < len(self.mapping):
             raise IndexError(f"sample {i} out of range for the {self.split_name} split ({len(self)} samples)")
         cfg, vocab = self.cfg, self.vocab
-        rng = np.random.default_rng([cfg.seed, self._split_id, int(i)])
+        key = [cfg.seed, self._split_id, int(i)] + ([] if self.stream is None else [self.stream])
+        rng = np.random.default_rng(key)
         start, end, target = (int(v) for v in self.mapping[i])
         sentences = [self.corpus[s] for s in range(start, end)]
         if cfg.binary_head:
@@ -206,11 +211,15 @@ def build_pretrain_datasets(
     is_builder: bool = True,
     barrier: Optional[Callable[[], None]] = None,
     log: Callable[[str], None] = print,
+    sample_stream: Optional[int] = None,
 ) -> Dict[str, Optional[ErniePretrainDataset]]:
     """Datasets for train/valid/test. `num_samples[k]` = samples the run needs from split k (0 = skip it).
 
     Index arrays are cached under `cache_dir` (default: `<corpus dir>/index-cache`); see
     data_tools/index_cache.py for the build-on-one-rank protocol. Every rank must call this.
+    `sample_stream`: the corpus's position in a mixture (ernie_mtl.data.mixture), added to every
+    sample's random key; None (one corpus) keeps the key (seed, split, i). The index arrays do
+    not depend on it.
     """
     cfg.validate()
     corpus = MMapIndexedDataset(corpus_prefix)
@@ -248,7 +257,7 @@ def build_pretrain_datasets(
                              "yields no samples: its documents are empty")
         if len(mapping) > 20 * wanted and wanted >= 1000:
             log(f"note: {name} split built {len(mapping)} samples for {wanted} requested (whole epochs)")
-        datasets[name] = ErniePretrainDataset(corpus, mapping, name, doc_range, cfg, vocab)
+        datasets[name] = ErniePretrainDataset(corpus, mapping, name, doc_range, cfg, vocab, stream=sample_stream)
     return datasets
 
 
