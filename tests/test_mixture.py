@@ -84,6 +84,11 @@ def test_every_form_parses_to_the_same_corpus_list(data, tmp_path, monkeypatch):
     assert parse_mixture([[5.0, p["clue"]], [7, p["news"]], [12.0, p["wudao"]]]).corpora == text.corpora
     single = parse_mixture(p["news"])
     assert [(c.weight, c.prefix) for c in single] == [(1.0, p["news"])]
+    spaced = tmp_path / "my corpora"
+    spaced.mkdir()
+    for ext in (".bin", ".idx"):
+        shutil.copy(p["clue"] + ext, str(spaced / "clue") + ext)
+    assert parse_mixture(f"{spaced}/clue").prefixes == [f"{spaced}/clue"]  # a path with a space, as before
     # relative to the YAML file's folder (base_dir), as task files resolve their paths
     monkeypatch.chdir(tmp_path)
     assert parse_mixture("2 news 1 clue", base_dir=str(root)).prefixes == [p["news"], p["clue"]]

@@ -139,6 +139,10 @@ def parse_mixture(spec: Union[str, Sequence, os.PathLike], *, what: str = "--inp
     """
     problems: List[str] = []
     notes: List[str] = []
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if isinstance(spec, str) and len(spec.split()) > 1 and _anything_at(_locate(spec.strip(), base_dir)):
+        spec = [spec.strip()]  # one path with spaces in it, as a single prefix always was
     tokens = _tokens(spec, what, problems)
     entries: List[Tuple[int, float, str]] = []  # (item number, weight, resolved prefix)
     if tokens is None:
@@ -174,8 +178,6 @@ def _show(spec) -> str:
 
 def _tokens(spec, what: str, problems: List[str]) -> Optional[List[Union[str, float]]]:
     """The items of the spec: strings and (YAML) numbers, pairs flattened."""
-    if isinstance(spec, os.PathLike):
-        spec = os.fspath(spec)
     if isinstance(spec, str):
         tokens: List[Union[str, float]] = spec.split()
     elif isinstance(spec, (list, tuple)):
@@ -352,7 +354,7 @@ def _check_vocabs(entries, what: str, vocab_file: Optional[str], problems: List[
         problems.append(f"{what}: the corpora were tokenized with different vocabularies ({listed}); token ids "
                         "only mean something with their vocab: re-tokenize them with one vocab.txt")
         return
-    if vocab_file and recorded:
+    if vocab_file and recorded and os.path.isfile(vocab_file):  # a missing vocab is the caller's error to report
         run_sha = hashlib.sha1(Path(vocab_file).read_bytes()).hexdigest()
         for item, prefix, vf, sha in recorded:
             if sha != run_sha:
