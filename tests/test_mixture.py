@@ -82,7 +82,9 @@ def test_every_form_parses_to_the_same_corpus_list(data, tmp_path, monkeypatch):
     assert text.shares == [5 / 24, 7 / 24, 12 / 24]
     assert parse_mixture([5.0, p["clue"], 7, p["news"], 12.0, p["wudao"]]).corpora == text.corpora  # YAML flat list
     assert parse_mixture([[5.0, p["clue"]], [7, p["news"]], [12.0, p["wudao"]]]).corpora == text.corpora
+    assert parse_mixture(text.spec()).corpora == text.corpora  # the canonical form reads back the same
     single = parse_mixture(p["news"])
+    assert single.spec() == p["news"] and parse_mixture(single.spec()).corpora == single.corpora
     assert [(c.weight, c.prefix) for c in single] == [(1.0, p["news"])]
     spaced = tmp_path / "my corpora"
     spaced.mkdir()
@@ -108,6 +110,7 @@ def test_a_folder_means_every_complete_corpus_weighted_by_tokens(data, tmp_path)
     assert mix.weights == [float(t) for t in tokens]
     assert mix.weights == [os.path.getsize(p[n] + ".bin") / 2 for n in ("clue", "news", "wudao")]  # uint16
     assert any("half.bin" in n for n in mix.notes)
+    assert parse_mixture(mix.spec()).corpora == mix.corpora
 
 
 def test_bad_input_names_each_item_value_and_fix(data, tmp_path):

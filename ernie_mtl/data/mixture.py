@@ -121,6 +121,13 @@ class Mixture:
         """Samples requested from each corpus for a blend of `total`: ceil(total * share * 1.005)."""
         return [int(math.ceil(total * share * OVERSAMPLE)) for share in self.shares]
 
+    def spec(self) -> Union[str, List[list]]:
+        """Canonical form that parse_mixture reads back to the same mixture, for configs and records:
+        the absolute prefix of a lone corpus, else [[weight, absolute prefix], ...] (a folder expanded)."""
+        if len(self.corpora) == 1:
+            return self.corpora[0].prefix
+        return [[c.weight, c.prefix] for c in self.corpora]
+
     def identity(self) -> List[dict]:
         """Corpus list with weights and file identities: for resume checks and run records."""
         return [{"prefix": c.prefix, "weight": c.weight, "data": file_identity(c.prefix)} for c in self.corpora]
