@@ -273,7 +273,7 @@ def _prefix_problem(prefix: str, shown: str) -> Optional[str]:
 
 
 def _single(token, what: str, base_dir: Optional[str], problems: List[str], notes: List[str]):
-    if _is_number(token) and not _is_prefix(_locate(str(token), base_dir)):
+    if _is_number(token) and not _anything_at(_locate(str(token), base_dir)):
         problems.append(f"{what} {token!r} is a weight without a corpus: give a corpus prefix, a folder, or "
                         "weight/prefix pairs ('5.0 data/clue 7.0 data/news')")
         return []
@@ -506,12 +506,13 @@ class BlendedDataset:
     `sample_index[k]`. Same `len` / `[k]` contract as ErniePretrainDataset."""
 
     def __init__(self, datasets: Sequence, dataset_index: np.ndarray, sample_index: np.ndarray, *,
-                 split_name: str, names: Sequence[str]):
+                 split_name: str, names: Sequence[str], counts: Optional[np.ndarray] = None):
         self.datasets = list(datasets)
         self.dataset_index = dataset_index
         self.sample_index = sample_index
         self.split_name = split_name
         self.names = list(names)
+        self._total = None if counts is None else np.asarray(counts, dtype=np.int64)  # of the whole split
         self._counted = (0, np.zeros(len(self.datasets), dtype=np.int64))
 
     def __len__(self) -> int:
@@ -529,6 +530,8 @@ class BlendedDataset:
     def corpus_counts(self, n: Optional[int] = None) -> np.ndarray:
         """Samples of each corpus among the first `n` (default: all); incremental for growing `n`."""
         n = len(self) if n is None else max(0, min(int(n), len(self)))
+        if n == len(self) and self._total is not None:
+            return self._total.copy()
         done, counts = self._counted
         if n < done:
             done, counts = 0, np.zeros(len(self.datasets), dtype=np.int64)
@@ -678,5 +681,5 @@ def _assemble(plan: MixturePlan, vocab, cache_dir: Optional[str], *, build: bool
             raise ValueError(f"the blended {name} split does not fit its corpora ({'; '.join(short) or 'wrong size'}); "
                              "this is a bug: report it with the run's flags")
         datasets[name] = BlendedDataset(parts, arrays["dataset_index"], arrays["sample_index"], split_name=name,
-                                        names=names)
+                                        names=names, counts=arrays["corpus_counts"])
     return MixtureDatasets(plan, datasets)
