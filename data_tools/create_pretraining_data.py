@@ -12,7 +12,9 @@ when complete. Malformed lines (undecodable, bad JSON, missing key, non-string t
 skipped and reported as file:line; the run fails, leaving nothing new under the output names,
 when they exceed --max_malformed. Memory does not grow with the corpus (streamed input, a
 bounded number of chunks in flight, streamed output); the output order is the input order for
-any --workers.
+any --workers. Errors (bad flags, a vocab without the special tokens, an input without text,
+too many malformed lines, a full disk, ...) print one message and exit with status 2
+(ERNIE_MTL_DEBUG=1 adds the traceback); no temporary file is left behind.
 """
 from __future__ import annotations
 
@@ -29,15 +31,17 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from data_tools.cli_utils import str2bool
+from data_tools.cli_utils import UserError, run_cli, str2bool
 from data_tools.indexed_dataset import IndexedDatasetBuilder, best_dtype, mkstemp_public
+
+PROG = "data_tools.create_pretraining_data"
 
 JSON_SUFFIXES = (".jsonl", ".json")
 _LIST_MALFORMED = 20  # malformed lines listed in the summary
 _ALL_BAD_PROBE = 1000  # stop early when this many leading records are all malformed
 
 
-class InputError(ValueError):
+class InputError(UserError):
     """Bad command-line input (the message names the flag or file and the fix)."""
 
 
@@ -97,7 +101,10 @@ def _json_documents(path: str, key: str) -> Iterator[Document]:
             except json.JSONDecodeError as exc:
                 yield Document(path, lineno, None, len(raw), f"invalid JSON ({exc.msg} at column {exc.colno})")
                 continue
-            if not isinstance(obj, dict):
+            if isinstance(obj, dict) and isinstance(obj.get(key), str) and not _encodable(obj[key]):
+                yield Document(path, lineno, None, len(raw), "not valid Unicode (a lone surrogate escape such as "
+                               "\\ud800 in the JSON string)")
+            elif not isinstance(obj, dict):
                 yield Document(path, lineno, None, len(raw), f"expected a JSON object, got {type(obj).__name__}")
             elif key not in obj:
                 yield Document(path, lineno, None, len(raw),
@@ -107,6 +114,14 @@ def _json_documents(path: str, key: str) -> Iterator[Document]:
                                f"{key!r} is {type(obj[key]).__name__}, expected a string")
             else:
                 yield Document(path, lineno, obj[key], len(raw))
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _text_documents(path: str) -> Iterator[Document]:
@@ -169,18 +184,8 @@ def _init_worker(encoder_kwargs: dict, dtype: str) -> None:
 
 def _encode_chunk(texts: List[str]):
     """Documents -> (tokens, sentence sizes, sentences per non-empty document, empty documents)."""
-    parts, sizes, doc_sentences = [], [], []
-    empty = 0
-    for text in texts:
-        sentences = _ENCODER.encode(text)
-        if not sentences:
-            empty += 1
-            continue
-        parts += sentences
-        sizes += [len(s) for s in sentences]
-        doc_sentences.append(len(sentences))
-    tokens = np.concatenate(parts).astype(_DTYPE) if parts else np.zeros(0, _DTYPE)
-    return tokens, np.array(sizes, dtype=np.int32), np.array(doc_sentences, dtype=np.int32), empty
+    tokens, sizes, doc_sentences, empty = _ENCODER.encode_batch(texts)
+    return tokens.astype(_DTYPE), sizes.astype(np.int32), doc_sentences.astype(np.int32), empty
 
 
 def _ordered_results(chunks: Iterator[Tuple[List[str], int, int]], workers: int, init_args: tuple):
@@ -211,7 +216,7 @@ def _ordered_results(chunks: Iterator[Tuple[List[str], int, int]], workers: int,
             yield job.get(), b, d
 
 
-class _MalformedLimit(Exception):
+class _MalformedLimit(UserError):
     pass
 
 
@@ -270,16 +275,36 @@ def _sha1(path: str) -> str:
     return h.hexdigest()
 
 
-def _write_json_atomic(path: str, obj: dict) -> None:
+def write_json_temp(path: str, obj: dict) -> str:
+    """Write `obj` to a temporary file beside `path` (fsynced) and return its name; the caller
+    renames it into place. Nothing is left behind when writing or closing fails."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = mkstemp_public(directory, os.path.basename(path) + ".")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=2, ensure_ascii=False)
             f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+    return tmp
+
+
+def remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _write_json_atomic(path: str, obj: dict) -> None:
+    tmp = write_json_temp(path, obj)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        os.remove(tmp)
+        remove_quietly(tmp)
         raise
 
 
@@ -311,10 +336,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _validate(args) -> Tuple[List[str], Tuple[str, float]]:
+def check_vocab(path: str, flag: str = "--vocab_file") -> dict:
+    """Load a vocab.txt for the data tools: token -> id. A vocab that the training would refuse
+    (a duplicate token, no special tokens) is refused here, before any work is done."""
+    from data_tools.tokenization import SPECIAL_TOKENS, load_vocab
+
+    try:
+        vocab = load_vocab(path)
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{flag} {path}: not a UTF-8 text file ({exc.reason} at byte {exc.start}); "
+                        "give a vocab.txt with one token per line") from None
+    except ValueError as exc:
+        raise UserError(f"{flag} {path}: {exc}") from None
+    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    if missing:
+        raise UserError(f"{flag} {path}: lacks the special token(s) {' '.join(missing)}, which ERNIE "
+                        f"pretraining needs ({' '.join(SPECIAL_TOKENS)}); build the vocab with "
+                        "`python -m data_tools.build_vocab`, or add them to the file")
+    return vocab
+
+
+def _validate(args) -> Tuple[List[str], Tuple[str, float], dict]:
     problems = []
     files: List[str] = []
     limit = ("count", 0.0)
+    vocab: dict = {}
     try:
         files = list_input_files(args.input)
     except InputError as exc:
@@ -323,9 +369,16 @@ def _validate(args) -> Tuple[List[str], Tuple[str, float]]:
         limit = parse_max_malformed(args.max_malformed)
     except InputError as exc:
         problems.append(str(exc))
-    if not os.path.isfile(args.vocab_file):
+    if os.path.isdir(args.vocab_file):
+        problems.append(f"--vocab_file {args.vocab_file}: is a directory; give the vocab.txt file")
+    elif not os.path.isfile(args.vocab_file):
         problems.append(f"--vocab_file {args.vocab_file}: file not found (build one with "
                         "`python -m data_tools.build_vocab`)")
+    else:
+        try:
+            vocab = check_vocab(args.vocab_file)
+        except UserError as exc:
+            problems.append(str(exc))
     if args.workers < 1:
         problems.append(f"--workers {args.workers}: must be >= 1")
     if args.chunk_docs < 1:
@@ -341,21 +394,20 @@ def _validate(args) -> Tuple[List[str], Tuple[str, float]]:
         problems.append(f"--output_prefix {args.output_prefix}: would overwrite the input {clash[0]}")
     if problems:
         raise InputError("invalid arguments:\n  " + "\n  ".join(problems))
-    return files, limit
+    return files, limit, vocab
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the preprocessing; returns the process exit code (0 ok, 1 failed, 2 bad arguments)."""
+    """Run the preprocessing; returns the exit status: 0 done, 2 a problem the user can fix (the
+    message says which), 1 a bug (with its traceback)."""
+    return run_cli(PROG, lambda: _main(argv))
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        files, limit = _validate(args)
-    except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    from data_tools.tokenization import load_vocab
+    files, limit, vocab = _validate(args)
     from tqdm import tqdm
 
-    vocab = load_vocab(args.vocab_file)
     dtype = best_dtype(max(vocab.values()) + 1)
     encoder_kwargs = dict(vocab_file=args.vocab_file, do_lower_case=args.do_lower_case,
                           split_sentences=args.split_sentences, whole_word=args.cn_whole_word_segment,
@@ -363,18 +415,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     reader = _Reader(files, args.json_key, limit, args.chunk_docs)
     total_bytes = sum(os.path.getsize(f) for f in files)
     tqdm.monitor_interval = 0  # no monitor thread: worker processes are forked while the bar runs
-    sentences = empty = docs_done = bytes_done = 0
+    sentences = tokens = documents = empty = docs_done = bytes_done = 0
     t0 = time.perf_counter()
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", disable=None,
                file=sys.stderr, mininterval=1.0)
     next_log = args.log_interval
+    json_path = args.output_prefix + ".json"
+    json_tmp = None
     try:
         with IndexedDatasetBuilder(args.output_prefix, dtype) as builder:
-            for (tokens, sizes, doc_sents, n_empty), nbytes, ndocs in _ordered_results(
+            for (chunk_tokens, sizes, doc_sents, n_empty), nbytes, ndocs in _ordered_results(
                     reader.chunks(), args.workers, (encoder_kwargs, dtype.name)):
                 if len(doc_sents):
-                    builder.add_documents(tokens, sizes, doc_sents)
+                    builder.add_documents(chunk_tokens, sizes, doc_sents)
                 sentences += len(sizes)
+                tokens += len(chunk_tokens)
+                documents += len(doc_sents)
                 empty += n_empty
                 docs_done += ndocs
                 bytes_done += nbytes
@@ -386,18 +442,51 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           f"{bytes_done / elapsed / 1e6:.2f} MB/s", file=sys.stderr, flush=True)
                     next_log = docs_done + args.log_interval
             reader.check_fraction()
+            if documents == 0:
+                raise UserError(_nothing_to_write(args, reader, empty, total_bytes))
+            sidecar = _sidecar(args, files, vocab, dtype, total_bytes, documents, sentences, tokens, empty,
+                               reader.malformed_count)
+            json_tmp = write_json_temp(json_path, sidecar)  # before the data goes live: no data without it
             stats = builder.finalize()
-    except _MalformedLimit as exc:
+            os.replace(json_tmp, json_path)
+            json_tmp = None
+    except UserError as exc:
         bar.close()  # before the report, so the two do not interleave
         _print_malformed(reader)
-        print(f"error: {exc}; nothing was written under {args.output_prefix}.*", file=sys.stderr)
-        return 1
+        if isinstance(exc, _MalformedLimit):
+            raise _MalformedLimit(f"{exc}; nothing was written under {args.output_prefix}.*") from None
+        raise
     finally:
         bar.close()
+        if json_tmp is not None:
+            remove_quietly(json_tmp)
     seconds = time.perf_counter() - t0
-    sidecar = {
+    _print_malformed(reader)
+    mb = total_bytes / 1e6
+    print(f"documents {stats['documents']:,} | sentences {stats['sequences']:,} | tokens {stats['tokens']:,} "
+          f"({stats['dtype']}) | empty documents skipped {empty:,} | malformed lines {reader.malformed_count:,}\n"
+          f"input {mb:.2f} MB in {seconds:.1f}s = {mb / max(seconds, 1e-9):.2f} MB/s with {args.workers} worker(s)\n"
+          f"wrote {stats['bin_path']} ({stats['bin_bytes']:,} B), {stats['idx_path']} ({stats['idx_bytes']:,} B), "
+          f"{json_path}")
+    return 0
+
+
+def _nothing_to_write(args, reader: _Reader, empty: int, total_bytes: int) -> str:
+    where = " ".join(args.input)
+    if reader.records == 0:
+        return (f"--input {where}: no documents ({total_bytes:,} bytes: the input is empty or holds only "
+                "blank lines); nothing was written")
+    if reader.malformed_count == reader.records:
+        return (f"--input {where}: all {reader.records:,} records are malformed (see the list above); "
+                "nothing was written")
+    return (f"--input {where}: none of the {reader.records:,} records has text that gives a token "
+            f"({empty:,} empty documents, {reader.malformed_count:,} malformed lines); nothing was written")
+
+
+def _sidecar(args, files, vocab, dtype, total_bytes, documents, sentences, tokens, empty, malformed) -> dict:
+    return {
         "format": "Megatron-LM MMIDIDX v1 (.bin tokens + .idx index)",
-        "dtype": stats["dtype"],
+        "dtype": dtype.name,
         "vocab_file": os.path.abspath(args.vocab_file),
         "vocab_sha1": _sha1(args.vocab_file),
         "vocab_file_bytes": os.path.getsize(args.vocab_file),
@@ -410,21 +499,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "json_key": args.json_key,
         "inputs": [os.path.abspath(f) for f in files],
         "input_bytes": total_bytes,
-        "documents": stats["documents"],
-        "sentences": stats["sequences"],
-        "tokens": stats["tokens"],
+        "documents": documents,
+        "sentences": sentences,
+        "tokens": tokens,
         "empty_documents_skipped": empty,
-        "malformed_lines": reader.malformed_count,
+        "malformed_lines": malformed,
     }
-    _write_json_atomic(args.output_prefix + ".json", sidecar)
-    _print_malformed(reader)
-    mb = total_bytes / 1e6
-    print(f"documents {stats['documents']:,} | sentences {stats['sequences']:,} | tokens {stats['tokens']:,} "
-          f"({stats['dtype']}) | empty documents skipped {empty:,} | malformed lines {reader.malformed_count:,}\n"
-          f"input {mb:.2f} MB in {seconds:.1f}s = {mb / max(seconds, 1e-9):.2f} MB/s with {args.workers} worker(s)\n"
-          f"wrote {stats['bin_path']} ({stats['bin_bytes']:,} B), {stats['idx_path']} ({stats['idx_bytes']:,} B), "
-          f"{args.output_prefix}.json")
-    return 0
 
 
 def _print_malformed(reader: _Reader) -> None:

