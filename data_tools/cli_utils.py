@@ -84,6 +84,16 @@ def describe_os_error(e: OSError) -> str:
     return f"{name}: {reason}" + (f"; {fix}" if fix else "")
 
 
+def write_error(e: OSError, target: str, outcome: str = "nothing was written") -> UserError:
+    """The one-message form of an I/O fault met while writing `target` (an output, or a set of
+    them): `write()` errors name no file, and temporary names mean nothing to the user.
+    'cannot write data/corpus.bin: No space left on device; free disk space or write somewhere
+    else; nothing was written'."""
+    reason = e.strerror or str(e)
+    fix = _IO_FIXES.get(e.errno)
+    return UserError(f"cannot write {target}: {reason}" + (f"; {fix}" if fix else "") + (f"; {outcome}" if outcome else ""))
+
+
 def is_user_fault(e: BaseException) -> bool:
     """UserError, or an OSError a user can act on (disk full, permissions, missing/wrong paths)."""
     return isinstance(e, UserError) or (isinstance(e, OSError) and e.errno in IO_ERRNOS)

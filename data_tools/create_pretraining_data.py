@@ -31,7 +31,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from data_tools.cli_utils import UserError, run_cli, str2bool
+from data_tools.cli_utils import IO_ERRNOS, UserError, run_cli, str2bool, write_error
 from data_tools.indexed_dataset import IndexedDatasetBuilder, best_dtype, mkstemp_public
 
 PROG = "data_tools.create_pretraining_data"
@@ -336,6 +336,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def output_parent_problem(path: str, flag: str) -> Optional[str]:
+    """A problem with the folder `path` would be written in (created if missing), or None: the
+    nearest existing ancestor must be a folder."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{flag} {path}: {parent} is a file, not a folder; choose a path inside a folder"
+    return None
+
+
+def is_output_fault(e: OSError, prefix: str) -> bool:
+    """An I/O fault of writing the outputs of `prefix` (write() errors carry no file name; the
+    temporary files are named after the prefix)."""
+    if e.errno not in IO_ERRNOS:
+        return False
+    if e.filename is None:
+        return True
+    name = os.path.abspath(e.filename)
+    out = os.path.abspath(prefix)
+    return os.path.dirname(name) == os.path.dirname(out) and os.path.basename(name).startswith(os.path.basename(out))
+
+
 def check_vocab(path: str, flag: str = "--vocab_file") -> dict:
     """Load a vocab.txt for the data tools: token -> id. A vocab that the training would refuse
     (a duplicate token, no special tokens) is refused here, before any work is done."""
@@ -388,6 +411,10 @@ def _validate(args) -> Tuple[List[str], Tuple[str, float], dict]:
     if os.path.isdir(args.output_prefix):
         problems.append(f"--output_prefix {args.output_prefix}: is a directory; give a file prefix such as "
                         f"{os.path.join(args.output_prefix, 'corpus')}")
+    else:
+        parent = output_parent_problem(args.output_prefix, "--output_prefix")
+        if parent:
+            problems.append(parent)
     outputs = {os.path.abspath(args.output_prefix + s) for s in (".bin", ".idx", ".json")}
     clash = [f for f in files if os.path.abspath(f) in outputs]
     if clash:
@@ -456,6 +483,12 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         if isinstance(exc, _MalformedLimit):
             raise _MalformedLimit(f"{exc}; nothing was written under {args.output_prefix}.*") from None
         raise
+    except OSError as exc:
+        if not is_output_fault(exc, args.output_prefix):
+            raise
+        bar.close()
+        raise write_error(exc, f"{args.output_prefix}.bin/.idx/.json",
+                          "nothing was written (temporary files removed)") from exc
     finally:
         bar.close()
         if json_tmp is not None:
