@@ -11,12 +11,13 @@ A *sequence* is one sentence; a document is a run of consecutive sentences (`doc
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import struct
 import tempfile
 from array import array
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -237,6 +238,40 @@ class MMapIndexedDataset:
                 f"{self.dtype.name})")
 
 
+_NO_COPY_FILE_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
+
+
+def _copy_file(src: str, dst_fd: int, progress: Optional[Callable[[int], None]] = None,
+               block: int = 64 << 20) -> None:
+    """Append the bytes of file `src` at the current offset of `dst_fd`: in the kernel with
+    copy_file_range where the filesystems allow it, else through a buffer."""
+    with open(src, "rb", buffering=0) as f:  # unbuffered: reads continue where the kernel copy stopped
+        left = os.fstat(f.fileno()).st_size
+        fast = hasattr(os, "copy_file_range")
+        while left > 0:
+            if fast:
+                try:
+                    n = os.copy_file_range(f.fileno(), dst_fd, min(block, left))
+                except OSError as exc:
+                    if exc.errno not in _NO_COPY_FILE_RANGE:
+                        raise
+                    fast = False
+                    continue
+                if n == 0:
+                    raise IndexedDatasetError(f"{src}: file shrank while being copied")
+            else:
+                chunk = f.read(min(8 << 20, left))
+                if not chunk:
+                    raise IndexedDatasetError(f"{src}: file shrank while being copied")
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(dst_fd, view):]
+                n = len(chunk)
+            left -= n
+            if progress is not None:
+                progress(n)
+
+
 class IndexedDatasetBuilder:
     """Streaming writer of a `.bin/.idx` pair.
 
@@ -341,6 +376,35 @@ class IndexedDatasetBuilder:
         self._n_docs += docs.size
         self._n_tokens += arr.size
 
+    def append_dataset(self, other: "MMapIndexedDataset",
+                       progress: Optional[Callable[[int], None]] = None) -> None:
+        """Append every sentence and document of `other` (same dtype) unchanged: its `.bin` bytes
+        are copied without decoding (`os.copy_file_range` where the system has it), its sizes and
+        document ends are streamed in chunks, shifted by what this builder already holds. Memory
+        does not depend on the size of `other`; `progress(nbytes)` is called as bytes are copied.
+        The result is what adding the same sentences one by one would give."""
+        if self._done:
+            raise RuntimeError(f"builder for {self.out_prefix} is already finalized or aborted")
+        if self._doc_open:
+            raise RuntimeError("append_dataset() needs the previous document closed with end_document()")
+        if other.dtype != self.dtype:
+            raise ValueError(f"{other.path_prefix}: tokens are {other.dtype.name}, this builder writes "
+                             f"{self.dtype.name}")
+        self._flush()
+        self._bin.flush()
+        _copy_file(other.path_prefix + ".bin", self._bin.fileno(), progress)
+        tokens = 0
+        for lo in range(0, len(other.sizes), _CHUNK):
+            sizes = other.sizes[lo:lo + _CHUNK]
+            self._sizes_f.write(sizes.astype("<i4", copy=False).tobytes())
+            tokens += int(sizes.sum(dtype=np.int64))
+        ends = other.doc_idx[1:]
+        for lo in range(0, len(ends), _CHUNK):
+            self._docs_f.write((ends[lo:lo + _CHUNK].astype(np.int64) + self._n_seq).astype("<i8").tobytes())
+        self._n_seq += len(other.sizes)
+        self._n_docs += len(ends)
+        self._n_tokens += tokens
+
     def _flush(self) -> None:
         self._sizes_f.write(np.frombuffer(self._size_buf, dtype=np.int32).astype("<i4").tobytes())
         self._docs_f.write(np.frombuffer(self._doc_buf, dtype=np.int64).astype("<i8").tobytes())
@@ -395,14 +459,18 @@ class IndexedDatasetBuilder:
         os.fsync(out.fileno())
 
     def abort(self) -> None:
-        """Delete all temporary files; nothing appears under the final names."""
+        """Delete all temporary files; nothing appears under the final names. Closing a file can
+        fail (its buffered bytes do not fit on a full disk): the file is deleted all the same."""
         self._done = True
         for f in (self._bin, self._sizes_f, self._docs_f):
-            f.close()
+            try:
+                f.close()
+            except OSError:
+                pass
         for path in self._tmp:
             try:
                 os.remove(path)
-            except FileNotFoundError:
+            except OSError:
                 pass
         self._tmp = []
 
