@@ -1,0 +1,236 @@
+"""Training-step programs and their CPU variants, shared by bench_train.py and profile_step.py.
+
+The coupling to the library is one function per program kind: `build_pretrain_step` calls
+`ernie_mtl.model.build_pretrain_programs`, `build_multitask_step` calls
+`ernie_mtl.mtl_model.build_multitask_programs`. Both return a `Step`: the main program, how to
+initialise its scope, a few fixed feeds and the loss to fetch. When the training engine's builders
+change, only these two functions follow.
+
+Variants (a `+`-joined list, applied by `prepare_env` before paddle is imported and by
+`apply_variant` after the build):
+
+    threads1   OMP_NUM_THREADS=1 / MKL_NUM_THREADS=1, as Paddle runs when nobody sets them
+    (default)  threads from ernie_mtl.threads (cores / ranks on this node)
+    serial     FLAGS_new_executor_serial_run=1 (ops run in order on the calling thread)
+    inplace    FLAGS_new_executor_use_inplace=1
+    onednn     ernie_mtl.onednn.use_onednn_ops(main): the exact oneDNN op types
+    onednn=T1,T2  oneDNN on the listed op types (candidates under study)
+    seed       every dropout op reads its seed from a Seed input (a CPU int32 tensor fed each step),
+               as the real-random dropout of the training engine does
+    nodrop     dropout probabilities 0 (the dropout ops stay, with p = 0)
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+ROOT = Path(os.path.abspath(__file__)).parents[1]  # not resolve(): a symlinked copy uses its own tree
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+MODELS = {"tiny": "ernie-tiny-test", "small": "ernie-small", "base": "ernie-1.0-base-zh"}
+SEED_PREFIX = "dropout_seed_"
+
+
+def parse_variant(text: str) -> Dict[str, Optional[str]]:
+    """"serial+onednn=layer_norm,softmax" -> {"serial": None, "onednn": "layer_norm,softmax"}."""
+    out: Dict[str, Optional[str]] = {}
+    for part in filter(None, (text or "plain").split("+")):
+        key, _, value = part.partition("=")
+        if key not in ("plain", "threads1", "serial", "inplace", "onednn", "seed", "nodrop"):
+            raise SystemExit(f"unknown variant part {part!r} in {text!r}")
+        if key != "plain":
+            out[key] = value or None
+    return out
+
+
+def prepare_env(variant: Dict[str, Optional[str]], env=None) -> str:
+    """Set threads and executor flags for `variant` in `env` (os.environ); call before importing paddle.
+    Returns the threads log line."""
+    env = os.environ if env is None else env
+    if "threads1" in variant:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
+    from ernie_mtl.threads import configure_threads
+
+    line = configure_threads(env)
+    if "serial" in variant:
+        env["FLAGS_new_executor_serial_run"] = "1"
+    if "inplace" in variant:
+        env["FLAGS_new_executor_use_inplace"] = "1"
+    return line
+
+
+def pretrain_batch(rng, b, seq, vocab, masked=0.15, real_len: Optional[Sequence[int]] = None) -> Dict[str, np.ndarray]:
+    """A pretraining micro-batch in the collate layout; `real_len[i]` real tokens in sample i (the rest
+    padding, masked out of attention), all `seq` by default."""
+    real_len = [seq] * b if real_len is None else list(real_len)
+    ids = rng.randint(5, vocab, (b, seq)).astype("int64")
+    mask = np.zeros((b, 1, 1, seq), "float32")
+    pos = []
+    for i, n in enumerate(real_len):
+        ids[i, n:] = 0
+        mask[i, ..., n:] = -1e4
+        k = max(1, int(n * masked))
+        pos.append(i * seq + np.sort(rng.choice(np.arange(1, max(n, 2)), min(k, max(n - 1, 1)), replace=False)))
+    pos = np.concatenate(pos).astype("int64")
+    return {"input_ids": ids, "segment_ids": (np.arange(seq) >= seq // 2).astype("int64")[None].repeat(b, 0),
+            "input_mask": mask, "masked_lm_positions": pos, "masked_lm_labels": ids.reshape(-1)[pos].reshape(-1, 1),
+            "next_sentence_labels": rng.randint(0, 2, (b, 1)).astype("int64")}
+
+
+@dataclass
+class Step:
+    """One training micro-batch program, ready to run: `run(i)` runs feed i (cycling)."""
+
+    kind: str
+    main: Any
+    initialize: Callable[[Any, Any], None]  # (exe, scope)
+    feeds: List[Dict[str, np.ndarray]]
+    loss: Any
+    arch: Dict[str, Any]
+    batch: int
+    seq: int
+    seed_vars: List[str] = field(default_factory=list)
+    tasks: List[str] = field(default_factory=list)
+
+    def flops_per_token(self) -> float:
+        """6 x non-embedding parameters + 12 x layers x hidden x seq (attention scores and values):
+        the usual estimate of a training step's FLOPs per token (Kaplan et al.; heads not counted)."""
+        h, layers, ffn = self.arch["hidden_size"], self.arch["num_hidden_layers"], self.arch["intermediate_size"]
+        return 6 * layers * (4 * h * h + 2 * h * ffn) + 12 * layers * h * self.seq
+
+    def feed(self, i: int) -> Dict[str, np.ndarray]:
+        f = dict(self.feeds[i % len(self.feeds)])
+        for k, name in enumerate(self.seed_vars):  # a new seed per op and step, as real dropout gets
+            f[name] = np.array([1 + (i * len(self.seed_vars) + k) % (2 ** 31 - 2)], "int32")
+        return f
+
+
+def _model_cfg(name: str, nodrop: bool):
+    from ernie_mtl.config import ModelConfig
+
+    extra = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0) if nodrop else {}
+    return ModelConfig(model_name_or_path=MODELS.get(name, name), **extra)
+
+
+def _fleet(b: int):
+    import functools
+
+    from ernie_mtl.config import AmpConfig, ParallelConfig
+    from ernie_mtl.parallel import Topology, build_strategy, init_fleet
+
+    parallel = ParallelConfig(micro_batch_size=b, global_batch_size=b)
+    topo = Topology.from_config(parallel, 1)
+    init_fleet(topo)
+    return topo, functools.partial(build_strategy, topo, parallel, AmpConfig())
+
+
+def build_pretrain_step(name: str, b: int, seq: int, *, seed: int = 1, nodrop: bool = False,
+                        n_feeds: int = 4, real_len=None) -> Step:
+    """Flag-mode pretraining (MLM + sentence-pair head), one process, no accumulation."""
+    import paddle
+
+    paddle.enable_static()
+    from ernie_mtl.config import AmpConfig, OptimConfig
+    from ernie_mtl.model import build_pretrain_programs
+
+    topo, strategy = _fleet(b)
+    model = _model_cfg(name, nodrop)
+    progs = build_pretrain_programs(model, OptimConfig(max_steps=1000), strategy, topo, seed=seed,
+                                    amp_cfg=AmpConfig())
+    arch = model.resolve().arch
+    rng = np.random.RandomState(0)
+    feeds = [pretrain_batch(rng, b, seq, arch["vocab_size"], real_len=real_len) for _ in range(n_feeds)]
+    return Step("pretrain", progs.main, progs.initialize, feeds, progs.fetches["loss"], arch, b, seq)
+
+
+def build_multitask_step(name: str, b: int, seq: int, *, seed: int = 1, nodrop: bool = False) -> Step:
+    """Three tasks on one ERNIE: masked LM, 2-class classification, CRF word segmentation (4 tags).
+    Feed i is a micro-batch of task i % 3 (the others get their placeholder labels)."""
+    import json
+
+    import paddle
+
+    paddle.enable_static()
+    from ernie_mtl.config import AmpConfig, OptimConfig
+    from ernie_mtl.mtl_forward import make_feed
+    from ernie_mtl.mtl_model import build_multitask_programs
+    from ernie_mtl.tasks.base import TaskContext, TaskSpec
+    from ernie_mtl.tasks.classification import ClassificationTask
+    from ernie_mtl.tasks.mlm import MaskedLMTask
+    from ernie_mtl.tasks.seq_label import SeqLabelTask
+
+    model = _model_cfg(name, nodrop)
+    arch = model.resolve().arch
+    with tempfile.TemporaryDirectory(prefix="ernie_bench_") as tmp:  # read while the tasks are made
+        work = Path(tmp)
+        specials = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
+        (work / "vocab.txt").write_text("\n".join(specials + [f"t{i}" for i in range(arch["vocab_size"] - 5)]) + "\n")
+        (work / "tags.json").write_text(json.dumps({"B": 0, "M": 1, "E": 2, "S": 3}))
+        ctx = TaskContext(vocab_file=str(work / "vocab.txt"), seed=seed, log=lambda s: None)
+
+        def make(cls, task_name, index, **options):
+            opts = {k: o.default for k, o in cls.options.items()}
+            opts.update(options)
+            return cls(TaskSpec(name=task_name, reader=cls.name, index=index, max_seq_len=seq, batch_size=b,
+                                options=opts), ctx)
+
+        tasks = [make(MaskedLMTask, "corpus", 0), make(ClassificationTask, "sentiment", 1, n_classes=2),
+                 make(SeqLabelTask, "wordseg", 2, label_map=str(work / "tags.json"), use_crf=True)]
+    topo, strategy = _fleet(b)
+    progs = build_multitask_programs(model, OptimConfig(max_steps=1000), strategy, topo, tasks, seed=seed,
+                                     amp_cfg=AmpConfig())
+    rng = np.random.RandomState(0)
+    feeds = []
+    for i in range(3):
+        pre = pretrain_batch(rng, b, seq, arch["vocab_size"])
+        batch = {k: pre[k] for k in ("input_ids", "segment_ids", "input_mask")}
+        batch.update({"masked_lm_positions": pre["masked_lm_positions"], "masked_lm_labels": pre["masked_lm_labels"]}
+                     if i == 0 else {"label": rng.randint(0, 2, b).astype("int64")} if i == 1 else
+                     {"labels": rng.randint(0, 4, (b, seq)).astype("int64"), "label_weights": np.ones((b, seq), "float32")})
+        feeds.append(make_feed(tasks, i, batch))
+    return Step("multitask", progs.main, progs.initialize, feeds, progs.fwd.loss, arch, b, seq,
+                tasks=[t.spec.name for t in tasks])
+
+
+def add_dropout_seed_inputs(program) -> List[str]:
+    """Give every dropout op of `program` a Seed input: an int32 [1] variable to feed each step (the
+    training engine's real-random dropout feeds CPU int32 seeds the same way). Returns their names."""
+    block = program.global_block()
+    names = []
+    for op in block.ops:
+        if op.type == "dropout" and not op.input("Seed"):
+            name = f"{SEED_PREFIX}{len(names)}"
+            block.create_var(name=name, shape=[1], dtype="int32", persistable=False, stop_gradient=True)
+            op.desc.set_input("Seed", [name])
+            names.append(name)
+    program._sync_with_cpp()
+    return names
+
+
+def apply_variant(step: Step, variant: Dict[str, Optional[str]]) -> str:
+    """Program-level parts of `variant` (oneDNN ops, dropout seeds); returns what was done."""
+    done = []
+    if "onednn" in variant:
+        from ernie_mtl.onednn import use_onednn_ops
+
+        types = variant["onednn"].split(",") if variant["onednn"] else None
+        changed = use_onednn_ops(step.main, types)
+        done.append("onednn " + ",".join(f"{k}:{v}" for k, v in sorted(changed.items())))
+    if "seed" in variant:
+        step.seed_vars = add_dropout_seed_inputs(step.main)
+        done.append(f"seed inputs on {len(step.seed_vars)} dropout ops")
+    return "; ".join(done) or "as built"
+
+
+def build_step(kind: str, name: str, b: int, seq: int, variant: Dict[str, Optional[str]], **kw) -> Step:
+    builder = build_pretrain_step if kind == "pretrain" else build_multitask_step
+    step = builder(name, b, seq, nodrop="nodrop" in variant, **kw)
+    apply_variant(step, variant)
+    return step
