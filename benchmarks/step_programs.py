@@ -15,6 +15,8 @@ Variants (a `+`-joined list, applied by `prepare_env` before paddle is imported 
     inplace    FLAGS_new_executor_use_inplace=1
     onednn     ernie_mtl.onednn.use_onednn_ops(main): the exact oneDNN op types
     onednn=T1,T2  oneDNN on the listed op types (candidates under study)
+    fusedadam  the per-parameter adamw ops replaced by one fused_adam op per (decay, no decay) group
+               (Paddle's multi-tensor op; its CPU kernel loops over the same AdamW kernel)
     seed       every dropout op reads its seed from a Seed input (a CPU int32 tensor fed each step),
                as the real-random dropout of the training engine does
     nodrop     dropout probabilities 0 (the dropout ops stay, with p = 0)
@@ -43,7 +45,7 @@ def parse_variant(text: str) -> Dict[str, Optional[str]]:
     out: Dict[str, Optional[str]] = {}
     for part in filter(None, (text or "plain").split("+")):
         key, _, value = part.partition("=")
-        if key not in ("plain", "threads1", "serial", "inplace", "onednn", "seed", "nodrop"):
+        if key not in ("plain", "threads1", "serial", "inplace", "onednn", "seed", "nodrop", "fusedadam"):
             raise SystemExit(f"unknown variant part {part!r} in {text!r}")
         if key != "plain":
             out[key] = value or None
@@ -214,6 +216,48 @@ def add_dropout_seed_inputs(program) -> List[str]:
     return names
 
 
+def fuse_adamw(program) -> Dict[str, int]:
+    """Replace the program's adamw ops by fused_adam ops, one per group of equal settings (decay or
+    not), placed where the group's last adamw op was. Returns {group: parameters}."""
+    block = program.global_block()
+    groups: Dict[tuple, List[int]] = {}
+    for i, op in enumerate(block.ops):
+        if op.type != "adamw":
+            continue
+        if op.attr("lr_ratio") != 1.0 or op.attr("lazy_mode") or op.input("Beta1Tensor") or op.input("SkipUpdate"):
+            raise SystemExit("fusedadam: an adamw op with lr_ratio, lazy_mode, tensor betas or SkipUpdate")
+        decay = bool(op.attr("with_decay")) and op.attr("coeff") != 0.0
+        key = (decay, op.attr("coeff") if decay else 0.0, op.attr("beta1"), op.attr("beta2"), op.attr("epsilon"),
+               op.attr("multi_precision"), tuple(op.input("LearningRate")))
+        groups.setdefault(key, []).append(i)
+    slots = ("Param", "Grad", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow", "MasterParam")
+    plans = []
+    for key, idx in groups.items():
+        ops = [block.ops[i] for i in idx]
+        ins = {s + "s": [n for op in ops for n in op.input(s)] for s in slots}
+        plans.append((idx[-1], key, ins, ops[0].attr("op_role"), ops[0].attr("op_role_var")))
+    removed = sorted(i for idx in groups.values() for i in idx)
+    # insert the fused ops at their groups' last positions, from the back so indices stay valid
+    for pos, key, ins, role, _ in sorted(plans, key=lambda x: -x[0]):
+        decay, coeff, b1, b2, eps, mp, lr = key
+        inputs = {"Params": ins["Params"], "Grads": ins["Grads"], "LearningRate": list(lr),
+                  "Moments1": ins["Moment1s"], "Moments2": ins["Moment2s"], "Beta1Pows": ins["Beta1Pows"],
+                  "Beta2Pows": ins["Beta2Pows"]}
+        outputs = {"ParamsOut": ins["Params"], "Moments1Out": ins["Moment1s"], "Moments2Out": ins["Moment2s"],
+                   "Beta1PowsOut": ins["Beta1Pows"], "Beta2PowsOut": ins["Beta2Pows"]}
+        if ins["MasterParams"]:
+            inputs["MasterParams"] = outputs["MasterParamsOut"] = ins["MasterParams"]
+        block._insert_op(pos + 1, type="fused_adam", inputs=inputs, outputs=outputs,
+                         attrs={"beta1": b1, "beta2": b2, "epsilon": eps, "chunk_size": 16 * 2048,
+                                "weight_decay": coeff, "use_adamw": decay, "multi_precision": mp,
+                                "use_global_beta_pow": False, "op_role": role})
+    shift = {pos: n for n, (pos, *_rest) in enumerate(sorted(plans, key=lambda x: x[0]))}
+    for i in reversed(removed):  # each inserted op after position p moves later ones by one
+        block._remove_op(i + sum(1 for pos in shift if pos < i), sync=False)
+    block._sync_with_cpp()
+    return {("decay" if k[0] else "no_decay"): len(v) for k, v in groups.items()}
+
+
 def apply_variant(step: Step, variant: Dict[str, Optional[str]]) -> str:
     """Program-level parts of `variant` (oneDNN ops, dropout seeds); returns what was done."""
     done = []
@@ -223,6 +267,8 @@ def apply_variant(step: Step, variant: Dict[str, Optional[str]]) -> str:
         types = variant["onednn"].split(",") if variant["onednn"] else None
         changed = use_onednn_ops(step.main, types)
         done.append("onednn " + ",".join(f"{k}:{v}" for k, v in sorted(changed.items())))
+    if "fusedadam" in variant:
+        done.append("fused_adam " + str(fuse_adamw(step.main)))
     if "seed" in variant:
         step.seed_vars = add_dropout_seed_inputs(step.main)
         done.append(f"seed inputs on {len(step.seed_vars)} dropout ops")

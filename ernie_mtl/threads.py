@@ -43,7 +43,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Mapping, MutableMapping, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, MutableMapping, Optional, Sequence, Tuple
 
 OMP = "OMP_NUM_THREADS"
 MKL = "MKL_NUM_THREADS"
@@ -213,6 +213,43 @@ def plan_threads(env: Mapping[str, str], budget: CpuBudget, *, device: str = "cp
         mkl_text = f"{MKL}={env[MKL].strip()} (from the environment, kept)"
     return ThreadPlan(threads=decided, to_set=to_set,
                       description=f"threads: {OMP}={decided}, {mkl_text} ({basis})", basis=basis)
+
+
+def device_hint(argv: Sequence[str], *, gpu_build: Optional[bool] = None) -> str:
+    """"cpu" or "gpu" for the run that `argv` (an entry point's arguments) describes, without
+    importing paddle: `--device X` on the command line, else `device:` in the `--config` YAML, else
+    "auto"; "auto" means gpu when the installed paddle is a GPU build (`paddlepaddle-gpu`, read from
+    the package metadata; `gpu_build` overrides it for tests). Unreadable inputs fall back to auto."""
+    device = None
+    for i, arg in enumerate(argv):
+        if arg == "--device" and i + 1 < len(argv):
+            device = argv[i + 1]
+        elif arg.startswith("--device="):
+            device = arg.split("=", 1)[1]
+    if device is None:
+        config = next((argv[i + 1] for i, a in enumerate(argv) if a == "--config" and i + 1 < len(argv)),
+                      next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None))
+        if config:
+            try:
+                import yaml
+
+                with open(config, encoding="utf-8") as f:
+                    loaded = yaml.safe_load(f)
+                if isinstance(loaded, dict) and loaded.get("device") is not None:
+                    device = str(loaded["device"])
+            except Exception:  # the entry point reports a bad config file properly later
+                device = None
+    if device in ("cpu", "gpu"):
+        return device
+    if gpu_build is None:
+        from importlib import metadata
+
+        try:
+            metadata.version("paddlepaddle-gpu")
+            gpu_build = True
+        except metadata.PackageNotFoundError:
+            gpu_build = False
+    return "gpu" if gpu_build else "cpu"
 
 
 def configure_threads(env: Optional[MutableMapping[str, str]] = None, *, device: str = "cpu",

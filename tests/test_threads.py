@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ernie_mtl.threads import (CpuBudget, cgroup_cpu_quota, configure_threads, cpu_budget, local_process_count,
-                               plan_threads, shell_exports)
+from ernie_mtl.threads import (CpuBudget, cgroup_cpu_quota, configure_threads, cpu_budget, device_hint,
+                               local_process_count, plan_threads, shell_exports)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,6 +111,16 @@ def test_configure_threads_sets_the_environment_and_refuses_after_paddle():
     assert env["OMP_NUM_THREADS"] == "3" and env["MKL_NUM_THREADS"] == "3" and line.startswith("threads: ")
     with pytest.raises(RuntimeError, match="before paddle is imported"):
         configure_threads({}, budget=CpuBudget(affinity=6), modules={"paddle": object()})
+
+
+def test_device_hint_reads_argv_then_the_config_file_then_the_build(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("device: gpu\nmax_steps: 10\n")
+    assert device_hint(["--device", "cpu", "--config", str(config)], gpu_build=True) == "cpu"  # the command line wins
+    assert device_hint([f"--config={config}"], gpu_build=False) == "gpu"
+    assert device_hint(["--config", str(tmp_path / "missing.yaml")], gpu_build=False) == "cpu"
+    assert device_hint(["--device", "auto"], gpu_build=True) == "gpu"
+    assert device_hint([]) == "cpu"  # this machine has the CPU wheel
 
 
 def test_shell_exports_for_a_launch_script():
