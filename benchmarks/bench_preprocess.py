@@ -20,7 +20,9 @@ Rows (same corpus, same cores, end to end: worker start-up, reading, writing `.b
   paddlenlp's MMapIndexedDatasetBuilder in the main process.
 Each run is a fresh process timed from after its imports (so worker start-up, jieba's dictionary
 load and tokenizer construction count for both). MB = UTF-8 bytes of the documents' text.
-A second table times the segmenters alone.
+Further tables: where the time goes in one process (the batched path of the CLI next to the
+per-document path it replaced, which remains in DocumentEncoder.encode), and the segmenters alone.
+Check `cat /proc/loadavg` first: figures are only comparable on an otherwise idle machine.
 """
 import zlib  # noqa: F401  (before paddle: paddle 2.6.2 exports clashing zlib symbols)
 
@@ -197,6 +199,10 @@ def agreement(ours_prefix, theirs_prefix):
     return same / max(total, 1), docs
 
 
+def _chunks(docs, size=256):
+    return [docs[i:i + size] for i in range(0, len(docs), size)]
+
+
 def segmenter_table(docs):
     import jieba
 
@@ -207,19 +213,82 @@ def segmenter_table(docs):
     reference = {}
     for hmm in (True, False):
         seg = JiebaSegmenter(hmm=hmm)
+        seg.word_lengths("预热")  # builds the per-character path's dictionary outside the timing
         start = time.perf_counter()
         ref = [[len(w) for w in jieba.cut(d, HMM=hmm)] for d in docs]
         t_jieba = time.perf_counter() - start
         start = time.perf_counter()
         ours = [seg.word_lengths(d) for d in docs]
         t_ours = time.perf_counter() - start
+        texts = ["\n".join(c) for c in _chunks(docs)]
+        start = time.perf_counter()
+        batched = [seg.word_starts(t) for t in texts]
+        t_batch = time.perf_counter() - start
+        expected = [np.zeros(len(t), dtype=bool) for t in texts]
+        for k, chunk in enumerate(_chunks(ref)):
+            lengths = np.array([n for doc in chunk for n in doc + [1]][:-1], dtype=np.int64)  # + the newlines
+            expected[k][np.cumsum(lengths) - lengths] = True
+        same = all(np.array_equal(a, b) for a, b in zip(batched, expected))
         reference[hmm] = ref
         rows.append((f"jieba.cut(HMM={hmm})", mb / t_jieba, "reference"))
-        rows.append((f"JiebaSegmenter(hmm={hmm}) (ours)", mb / t_ours, "identical" if ours == ref else "DIFFERENT"))
+        rows.append((f"ours per document (hmm={hmm})", mb / t_ours, "identical" if ours == ref else "DIFFERENT"))
+        rows.append((f"ours batched, 256 docs (hmm={hmm})", mb / t_batch, "identical" if same else "DIFFERENT"))
     words_hmm = sum(map(len, reference[True]))
     words_dict = sum(map(len, reference[False]))
     same = sum(a == b for a, b in zip(reference[True], reference[False]))
     return mb, rows, (words_hmm, words_dict, same, len(docs))
+
+
+def stage_table(jsonl, vocab):
+    """Seconds per step over the whole corpus in one process, after start-up: the CLI's batched
+    path (chunks of 256 documents) and the per-document path (DocumentEncoder.encode) it replaced."""
+    from data_tools.create_pretraining_data import _Reader
+    from data_tools.indexed_dataset import IndexedDatasetBuilder
+    from data_tools.tokenization import DocumentEncoder, _jieba_model, sentence_span_arrays, sentence_spans, text_codes
+
+    enc = DocumentEncoder(vocab, whole_word=True)
+    enc.segmenter.word_lengths("预热")  # the per-document path's dictionary, outside the timing
+    times = {"batched": {}, "per document": {}}
+
+    def timed(path, stage, fn, *a):
+        start = time.perf_counter()
+        out = fn(*a)
+        times[path][stage] = times[path].get(stage, 0.0) + time.perf_counter() - start
+        return out
+
+    start = time.perf_counter()
+    chunks = [texts for texts, _, _ in _Reader([jsonl], "text", ("count", 0), 256).chunks()]
+    for path in times:
+        times[path]["read JSON lines"] = time.perf_counter() - start
+    results = []
+    for texts in chunks:
+        text = "\n".join(texts)
+        codes = text_codes(text)
+        timed("batched", "sentence splitting", sentence_span_arrays, text, codes)
+        timed("batched", "tokenization", enc.tokenizer.encode_codes, text, codes)
+        timed("batched", "jieba segmentation", enc.segmenter.word_starts, text, codes)
+        results.append(timed("batched", "total encode", enc.encode_batch, texts))
+        for doc in texts:
+            spans = timed("per document", "sentence splitting", sentence_spans, doc)
+            timed("per document", "tokenization", enc.tokenizer.encode_spans, doc, spans)
+            timed("per document", "jieba segmentation", enc.segmenter.word_internal, doc)
+            timed("per document", "total encode", enc.encode, doc)
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        with IndexedDatasetBuilder(os.path.join(tmp, "c"), np.uint16) as builder:
+            for tokens, sizes, doc_sents, _ in results:
+                builder.add_documents(tokens.astype(np.uint16), sizes, doc_sents)
+            builder.finalize()
+        for path in times:
+            times[path]["write .bin/.idx"] = time.perf_counter() - start
+    for path in times:
+        t = times[path]
+        t["markers, assembly"] = t["total encode"] - t["sentence splitting"] - t["tokenization"] - t["jieba segmentation"]
+    _jieba_model.cache_clear()
+    start = time.perf_counter()
+    DocumentEncoder(vocab, whole_word=True)
+    startup = time.perf_counter() - start
+    return times, startup
 
 
 def main():
@@ -230,6 +299,10 @@ def main():
 
             timer = _paddlenlp_method(jsonl, resource_path, prefix, int(workers))
         else:
+            import tqdm  # noqa: F401  (imports stay outside the timing, as for PaddleNLP's method)
+
+            import data_tools.tokenization  # noqa: F401
+
             timer = _our_method(jsonl, resource_path, prefix, int(workers), *extra)
         print(json.dumps([timer.wall, timer.cpu]))
         return
@@ -281,11 +354,29 @@ def main():
             speedup = t_pd.wall / t_ours.wall
             print(f"{workers:>7} | {mb / t_ours.wall:9.2f} | {mb / t_pd.wall:14.2f} | {speedup:7.2f}x | "
                   f"{mb / t_ours.cpu:13.2f} | {mb / t_pd.cpu:18.2f} | {t_ours.wall:.1f} / {t_pd.wall:.1f}")
+        if len(rows) > 1:
+            base = rows[0]
+            print("scaling, ours: " + ", ".join(f"{w} workers = {base[1].wall / t.wall:.2f}x {base[0]}"
+                                                for w, t, _ in rows[1:]) +
+                  "; PaddleNLP's: " + ", ".join(f"{w} workers = {base[2].wall / t.wall:.2f}x {base[0]}"
+                                                for w, _, t in rows[1:]))
         print(f"\nvariants of ours ({w0} worker(s)): --segmenter jieba (jieba.cut itself): "
               f"{mb / t_jieba_seg.wall:.2f} MB/s; --jieba_hmm false: {mb / t_no_hmm.wall:.2f} MB/s")
         print(f"token ids identical to PaddleNLP's output: {share:.2%} of the tokens of the {n_docs:,} documents "
               "tokenized to equal length (differences = whole-word markers: jieba's segmentation at the "
               "position vs PaddleNLP's greedy match against the sentence's word set)")
+
+        times, startup = stage_table(jsonl, vocab)
+        print(f"\nWhere the time goes, one process after start-up ({mb:.2f} MB; start-up: the encoder with "
+              f"warm caches, {startup:.2f}s)")
+        print(f"{'step':<22} | {'batched (CLI) s':>15} | {'per document s':>14}")
+        print("-" * 58)
+        for stage in ("read JSON lines", "sentence splitting", "tokenization", "jieba segmentation",
+                      "markers, assembly", "write .bin/.idx"):
+            print(f"{stage:<22} | {times['batched'][stage]:15.2f} | {times['per document'][stage]:14.2f}")
+        total = {p: t["read JSON lines"] + t["total encode"] + t["write .bin/.idx"] for p, t in times.items()}
+        print(f"{'total (MB/s)':<22} | {total['batched']:9.2f} ({mb / total['batched']:.2f}) | "
+              f"{total['per document']:8.2f} ({mb / total['per document']:.2f})")
 
         seg_mb, seg_rows, (w_hmm, w_dict, same, n) = segmenter_table(docs)
         print(f"\nSegmentation alone, one process ({seg_mb:.2f} MB)")

@@ -193,8 +193,8 @@ def _ordered_results(chunks: Iterator[Tuple[List[str], int, int]], workers: int,
     flight (Pool.imap would read the whole input ahead of slow workers)."""
     fork = workers > 1 and "fork" in multiprocessing.get_all_start_methods()
     if workers == 1 or fork:
-        # built once here; forked workers inherit it (copy-on-write) instead of each paying the
-        # seconds of jieba's dictionary load and the tokenizer tables
+        # built once here; forked workers inherit it (copy-on-write: the memory-mapped jieba
+        # tables and the tokenizer are shared) instead of each building its own
         _init_worker(*init_args)
     if workers == 1:
         for texts, nbytes, ndocs in chunks:
@@ -214,6 +214,8 @@ def _ordered_results(chunks: Iterator[Tuple[List[str], int, int]], workers: int,
         while pending:
             job, b, d = pending.popleft()
             yield job.get(), b, d
+        pool.close()  # a normal end: let the workers exit (leaving the block terminates them)
+        pool.join()
 
 
 class _MalformedLimit(UserError):
