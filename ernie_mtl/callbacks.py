@@ -1,9 +1,10 @@
 """Callbacks of the multi-task trainer (HF-style hooks), and the built-in ones that use them.
 
 A callback subclasses `Callback` and overrides any of `on_step_end`, `on_log`, `on_evaluate`,
-`on_save`, `on_train_end`. The trainer calls them on every rank in the same order (decisions that
-change training, such as early stopping, must be rank-independent: evaluation metrics are
-computed identically on every rank). A user's callback is registered by name in a plugin file:
+`on_save`, `on_train_end`. The trainer calls them on every rank in the same order. Decisions that
+change training (early stopping, best checkpoints: both save or export on every rank together)
+must be rank-independent: `on_evaluate` receives rank 0's metrics on every rank (the trainer
+shares them through the job's store), so callbacks deciding from them agree everywhere. A user's callback is registered by name in a plugin file:
 
     from ernie_mtl.callbacks import Callback, register_callback
 
@@ -120,6 +121,7 @@ class BestCheckpoint(Callback):
 
     def __init__(self):
         self.best: Dict[str, float] = {}
+        self.steps: Dict[str, int] = {}
 
     def on_evaluate(self, trainer, task, metrics):
         t = trainer.task(task)
@@ -130,13 +132,15 @@ class BestCheckpoint(Callback):
         if task in self.best and sign * (value - self.best[task]) <= 0:
             return
         self.best[task] = value
+        self.steps[task] = trainer.step
         trainer.save_checkpoint(f"best_{task}", note=f"best {t.main_metric} {value:.4f} of {task}")
 
     def state_dict(self):
-        return {"best": self.best}
+        return {"best": self.best, "steps": self.steps}
 
     def load_state_dict(self, state):
         self.best = dict(state.get("best", {}))
+        self.steps = dict(state.get("steps", {}))
 
 
 class ExponentialMovingAverage:

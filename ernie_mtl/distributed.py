@@ -46,12 +46,18 @@ def init_distributed(info: ProcessInfo) -> None:
 
 
 class StoreBarrier:
-    """Blocks until every rank has called it the same number of times (TCP-store counter)."""
+    """Blocks until every rank has called it the same number of times (TCP-store counter).
+
+    `share(what, value)` hands rank 0's JSON-serialisable value to every rank (the others block
+    until it is there): decisions that drive collectives or save barriers (best checkpoint, early
+    stopping) are taken once, from one set of numbers, never from per-rank floats that may differ.
+    """
 
     def __init__(self, info: ProcessInfo, *, timeout_s: float = 1800.0):
         self.info = info
         self.timeout_s = timeout_s
         self._count = 0
+        self._shared = 0
         self._store = None
         if info.world_size > 1:
             from paddle.base import core
@@ -73,3 +79,17 @@ class StoreBarrier:
                     f"{self.timeout_s:.0f}s; check the other workers' logs for an error")
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
+
+    def share(self, what: str, value):
+        """Rank 0's `value` on every rank (JSON round trip on every rank, so all get equal objects)."""
+        import json
+
+        text = json.dumps(value, sort_keys=True)
+        if self._store is None:
+            return json.loads(text)
+        self._shared += 1
+        key = f"ernie_mtl/share/{self._shared}"
+        if self.info.rank == 0:
+            self._store.set(key, text)
+            return json.loads(text)
+        return json.loads(self._store.get(key).decode("utf-8"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import paddle
@@ -21,8 +21,9 @@ import paddle.nn.functional as F
 from paddle.utils import unique_name
 
 from ernie_mtl.config import AmpConfig, ConfigError, ModelConfig, OptimConfig
-from ernie_mtl.optim import WarmupLinearDecay, make_optimizer
+from ernie_mtl.optim import WarmupLinearDecay, make_optimizer, no_decay_parameters
 from ernie_mtl.parallel import Topology
+from ernie_mtl.randomness import seed_initializers, strip_dropout_seeds, wire_dropout_seeds
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Programs:
     arch: Dict[str, Any]
     weights: Optional[Path]
     amp_level: Optional[str] = None
+    dropout_seeds: int = 0  # length of the `dropout_seeds` feed (ernie_mtl/randomness.py)
     _amp_optimizer: Any = field(default=None, repr=False)
 
     @property
@@ -180,9 +182,10 @@ def build_pretrain_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig,
     minimize would read parameters a sharded rank does not have and would evaluate other
     numerics. Under sharding every rank must run the test program together (it broadcasts).
 
-    `seed` seeds initialisation and dropout. Give every rank the same seed: data parallelism
-    broadcasts rank 0's initial values but sharding keeps each owner's, so only equal seeds make
-    the initial model independent of the topology.
+    `seed` seeds initialisation (each parameter its own seed, from its structured name) and is the
+    base of the dropout seeds fed per micro-batch (ernie_mtl/randomness.py). Give every rank the
+    same seed: data parallelism broadcasts rank 0's initial values but sharding keeps each
+    owner's, so only equal seeds make the initial model independent of the topology.
     """
     import paddle.distributed.fleet as fleet
 
@@ -198,8 +201,7 @@ def build_pretrain_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig,
     amp_cfg = amp_cfg or AmpConfig()
     amp_cfg.validate()
     main, startup = paddle.static.Program(), paddle.static.Program()
-    main.random_seed = seed
-    startup.random_seed = seed
+    startup.random_seed = seed  # per-parameter seeds are set below; main's stays 0 (see ernie_mtl/randomness.py)
     with paddle.static.program_guard(main, startup), unique_name.guard():
         specs, feed_vars = _feed_vars(model_cfg.binary_head)
         feeds = dict(zip((s.name for s in specs), feed_vars))
@@ -211,16 +213,19 @@ def build_pretrain_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig,
         loss = mlm_loss + nsp_loss if nsp_loss is not None else mlm_loss
         name_map = {k: v.name for k, v in model.state_dict().items()}
         _drop_untied_duplicates(main, startup, set(name_map.values()))
+        n_seeds = wire_dropout_seeds(main)
 
-        minimized = minimize_with_fleet(loss, name_map, optim_cfg, strategy, amp_cfg, checkpoints)
+        minimized = minimize_with_fleet(loss, name_map, optim_cfg, strategy, amp_cfg, checkpoints,
+                                        no_decay=no_decay_parameters([model]))
         test = _forward_only(main, loss)
+    seed_initializers(startup, name_map, seed)
 
     return Programs(
         main=main, startup=startup, test=test, feeds=specs, feed_vars=feed_vars, loss=loss, mlm_loss=mlm_loss,
         nsp_loss=nsp_loss, lr=minimized.lr_var, loss_scaling=minimized.loss_scaling,
         lr_scheduler=minimized.lr_scheduler, name_map=name_map, recompute_checkpoints=checkpoints,
         strategy=minimized.strategy, topo=topo, arch=resolved.arch, weights=resolved.weights,
-        amp_level=minimized.amp_level, _amp_optimizer=minimized.amp_optimizer)
+        amp_level=minimized.amp_level, dropout_seeds=n_seeds, _amp_optimizer=minimized.amp_optimizer)
 
 
 @dataclass
@@ -237,9 +242,11 @@ class Minimized:
 
 def minimize_with_fleet(loss, name_map: Mapping[str, str], optim_cfg: OptimConfig,
                         strategy: Union[StrategyBuilder, Any], amp_cfg: AmpConfig,
-                        recompute_checkpoints: List[str]) -> Minimized:
+                        recompute_checkpoints: List[str], *, no_decay=(), skip_flags=None) -> Minimized:
     """AdamW + LR schedule wrapped by fleet's distributed optimizer (AMP, recompute, sharding,
-    gradient merge as the strategy says), minimizing `loss` in the current program_guard."""
+    gradient merge as the strategy says), minimizing `loss` in the current program_guard.
+    `no_decay`: parameters without weight decay (optim.no_decay_parameters); `skip_flags`: idle
+    parameter -> its CPU skip flag (ernie_mtl/idle_heads.py)."""
     import paddle.distributed.fleet as fleet
 
     dist_strategy = strategy(recompute_checkpoints=recompute_checkpoints) if callable(strategy) else strategy
@@ -248,7 +255,7 @@ def minimize_with_fleet(loss, name_map: Mapping[str, str], optim_cfg: OptimConfi
                          "nothing); pass a builder such as partial(build_strategy, topo, parallel_cfg, "
                          "amp_cfg) instead of a finished strategy")
     lr_scheduler = WarmupLinearDecay(optim_cfg)
-    optimizer = make_optimizer(optim_cfg, name_map, lr_scheduler,
+    optimizer = make_optimizer(optim_cfg, name_map, lr_scheduler, no_decay=no_decay, skip_flags=skip_flags,
                                multi_precision=amp_cfg.use_amp and amp_cfg.amp_level == "O2")
     fp16 = amp_cfg.use_amp and amp_cfg.amp_dtype == "float16"
     bf16 = amp_cfg.use_amp and amp_cfg.amp_dtype == "bfloat16"
@@ -312,7 +319,47 @@ def _forward_only(main: paddle.static.Program, loss) -> paddle.static.Program:
     for idx in reversed(range(last + 1, len(block.ops))):
         block._remove_op(idx, sync=False)
     block._sync_with_cpp()
+    from ernie_mtl.idle_heads import strip_idle_flags
+
+    strip_dropout_seeds(program)  # dropout is off in evaluation: nothing to feed
+    strip_idle_flags(program)
     return program.clone(for_test=True)
+
+
+# Ops never removed by `prune_unused_forward_ops`, whatever their outputs: communication and control.
+_SIDE_EFFECT_OPS = ("feed", "fetch", "fetch_v2", "conditional_block", "while", "increment", "print", "seed",
+                    "memcpy", "memcpy_d2h", "memcpy_h2d")
+
+
+def prune_unused_forward_ops(program: paddle.static.Program, keep: Sequence[str]) -> int:
+    """Remove forward ops of `program` whose outputs nothing reads (e.g. the prediction heads of a
+    training program: argmax, softmax, the CRF's Viterbi decode); returns how many. `keep`: variable
+    names that are fetched (losses, lr) and must stay. Ops writing persistable variables,
+    collective and control-flow ops are never removed."""
+    from paddle.base import core
+
+    role_attr = core.op_proto_and_checker_maker.kOpRoleAttrName()
+    block = program.global_block()
+    keep = set(keep)
+    removed = 0
+    while True:
+        read = {name for b in program.blocks for op in b.ops for name in op.input_arg_names}
+        dead = []
+        for idx, op in enumerate(block.ops):
+            outputs = op.output_arg_names
+            if (not outputs or op.type in _SIDE_EFFECT_OPS or op.type.startswith("c_")
+                    or (op.has_attr(role_attr) and int(op.attr(role_attr)) != 0)):
+                continue
+            if any(n in read or n in keep or (block.has_var(n) and block.var(n).persistable) for n in outputs):
+                continue
+            dead.append(idx)
+        if not dead:
+            break
+        for idx in reversed(dead):
+            block._remove_op(idx, sync=False)
+        removed += len(dead)
+        block._sync_with_cpp()
+    return removed
 
 
 def load_pretrained_into_scope(path: Union[str, Path], name_map: Mapping[str, str],

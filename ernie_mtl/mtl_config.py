@@ -52,7 +52,7 @@ SPLIT_KEYS = ("train_file", "dev_file", "test_file", "pred_file")
 TASK_KEYS: Dict[str, str] = {
     **{k: "path" for k in SPLIT_KEYS}, "reader": "str", "paradigm": "str", "max_seq_len": "posint",
     "batch_size": "posint", "loss_weight": "nonneg", "num_epochs": "posfloat", "do_lower_case": "bool",
-    "for_cn": "bool",
+    "for_cn": "bool", "export_from": "exportfrom",
 }
 BROADCAST_KEYS = ("max_seq_len", "batch_size", "loss_weight", "do_lower_case", "for_cn")
 # A reader's name in PALM task files -> ours; and the PALM paradigm names accepted with each reader.
@@ -155,6 +155,10 @@ def _coerce(kind: str, value: Any) -> Any:
             return str(value)
         if kind == "bool":
             return _bool(value)
+        if kind == "exportfrom":
+            if str(value) not in ("best", "last"):
+                raise ValueError
+            return str(value)
         if kind in ("posint", "nonnegint", "optposint"):
             if kind == "optposint" and (value is None or str(value).strip().lower() in ("none", "null", "")):
                 return None
@@ -183,7 +187,8 @@ def _coerce(kind: str, value: Any) -> Any:
                     "nonnegint": "an integer >= 0", "optposint": "an integer >= 1 (or none)",
                     "posfloat": "a number > 0", "nonneg": "a number >= 0", "unit": "a number in (0, 1)",
                     "strlist": "a list", "floatlist": "numbers >= 0 (a list or \"a, b, c\")",
-                    "intlist": "integers (a list or \"0, 1, 0\")"}[kind]
+                    "intlist": "integers (a list or \"0, 1, 0\")",
+                    "exportfrom": "best or last"}[kind]
         raise ValueError(f"{value!r} is not {expected}") from None
 
 

@@ -21,7 +21,7 @@ for the backbone (PaddleNLP's ErnieForPretraining keys) and `heads.<group>.<...>
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -60,6 +60,7 @@ class Forward:
     groups: List[HeadGroup]
     recompute_checkpoints: List[str]
     backbone_feed_names: List[str]  # what an exported inference model takes
+    no_decay: Set[str] = field(default_factory=set)  # parameters without weight decay (by role)
 
 
 def group_of(tasks: Sequence[TaskType]) -> Dict[str, str]:
@@ -115,7 +116,11 @@ def build_multitask_forward(model_type: str, arch: Mapping[str, Any], tasks: Seq
         kwargs = dict(token_type_ids=feed_vars["segment_ids"], attention_mask=feed_vars["input_mask"])
         if use_task_id:
             kwargs["task_type_ids"] = feed_vars[TASK_TYPE_IDS]
-        sequence_output, pooled_output = backbone(feed_vars["input_ids"], **kwargs)[:2]
+        # AMP O2 (fleet's use_fp16_guard) casts only the ops inside an fp16 guard: paddlenlp guards
+        # ErnieForPretraining's forward but not ErnieModel's, so without this the backbone would
+        # silently stay float32. The heads and their losses stay float32.
+        with paddle.static.amp.fp16_guard():
+            sequence_output, pooled_output = backbone(feed_vars["input_ids"], **kwargs)[:2]
     finally:
         for hook in hooks:
             hook.remove()
@@ -159,10 +164,13 @@ def build_multitask_forward(model_type: str, arch: Mapping[str, Any], tasks: Seq
     if len(captured) != len(layers):
         raise RuntimeError(f"captured {len(captured)} layer outputs for {len(layers)} encoder layers")
     backbone_feed_names = [s.name for s in BACKBONE_FEEDS] + ([TASK_TYPE_IDS] if use_task_id else [])
+    from ernie_mtl.optim import no_decay_parameters
+
     return Forward(feeds=tuple(specs), feed_vars=feed_vars, loss=paddle.reshape(total, [1]), task_losses=task_losses,
                    predictions=predictions, name_map=name_map, groups=list(groups.values()),
                    recompute_checkpoints=[captured[i] for i in range(len(layers))],
-                   backbone_feed_names=backbone_feed_names)
+                   backbone_feed_names=backbone_feed_names,
+                   no_decay=no_decay_parameters([backbone, *heads.values()]))
 
 
 def make_feed(tasks: Sequence[TaskType], task_index: int, batch: Mapping[str, np.ndarray], *,

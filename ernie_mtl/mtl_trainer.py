@@ -25,19 +25,16 @@ import signal
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ernie_mtl.callbacks import (BestCheckpoint, Callback, EarlyStopping, ExponentialMovingAverage, VisualDLLogger,
-                                 make_callbacks)
+from ernie_mtl.callbacks import BestCheckpoint, Callback, EarlyStopping, VisualDLLogger, make_callbacks
 from ernie_mtl.checkpoint import Checkpointer, TrainState
 from ernie_mtl.config import ConfigError
 from ernie_mtl.export import spec_json
 from ernie_mtl.logging_utils import MetricWriter
 from ernie_mtl.trainer import DUMP_DIR_ENV, KILL_AT_STEP_ENV
-
-EMA_SUFFIX = ".ema.npz"
 
 
 def run_multitask(cfg, setup) -> int:
@@ -141,7 +138,8 @@ def build_programs(cfg, setup, topo, plan: Plan):
     strategy = functools.partial(build_strategy, topo, cfg.parallel, cfg.amp)
     with contextlib.chdir(dump_dir):  # fleet's sharding dumps its programs into the cwd
         return build_multitask_programs(cfg.model, optim, strategy, topo, plan.tasks, seed=cfg.train.seed,
-                                        amp_cfg=cfg.amp, use_task_id=setup.mtl.use_task_id)
+                                        amp_cfg=cfg.amp, use_task_id=setup.mtl.use_task_id,
+                                        ema_decay=setup.mtl.ema_decay if setup.mtl.use_ema else None)
 
 
 class _Window:
@@ -175,6 +173,7 @@ class MultiTaskTrainer:
         self.is_rank0 = info.rank == 0
         self.scope = paddle.static.global_scope()
         self.exported: Dict[str, int] = {}  # task -> step of its export
+        self.evaluated_at: Dict[str, int] = {}  # task -> step of its latest evaluation
         self.window = _Window()
         self.bar = None
         self.writer = MetricWriter(cfg.train.output_dir, enabled=self.is_rank0)
@@ -183,15 +182,13 @@ class MultiTaskTrainer:
         if m.early_stopping_patience:
             self.callbacks.append(EarlyStopping(m.early_stopping_patience))
         self.callbacks += make_callbacks(m.callbacks)
-        self.ema = None
-        if m.use_ema:
-            names = [v for v in programs.name_map.values()]
-            self.ema = ExponentialMovingAverage(self.scope, sorted(set(names)), m.ema_decay)
+        self.ema = programs.ema  # on the device (ernie_mtl/ema.py), or None
+        self.freeze = programs.freeze  # idle parameter groups (ernie_mtl/idle_heads.py)
+        self.data_rank = topo.data_rank(info.rank)
         self.checkpointer = Checkpointer(
             cfg.train.output_dir, rank=info.rank, world_size=info.world_size, per_rank_state=topo.sharding_degree > 1,
             keep_last=cfg.train.keep_last, barrier=barrier, log=self._print,
             save_program_state=self._save_state, load_program_state=self._load_state)
-        self.head_vars = {g.name: programs.head_state_vars(g) for g in programs.groups}
         self.group_of = {t: g.name for g in programs.groups for t in g.tasks}
 
     # -- small accessors ---------------------------------------------------------------------
@@ -210,19 +207,12 @@ class MultiTaskTrainer:
     def _save_state(self, prefix: str) -> None:
         import paddle
 
-        paddle.static.save(self.p.main, prefix)
-        if self.ema is not None:
-            state = self.ema.state_dict()
-            np.savez(prefix + EMA_SUFFIX, __updates__=np.array(state["updates"]), **state["values"])
+        paddle.static.save(self.p.main, prefix)  # the EMA's averages are variables of main: saved too
 
     def _load_state(self, prefix: str) -> None:
         import paddle
 
         paddle.static.load(self.p.main, prefix, self.exe)
-        if self.ema is not None and os.path.exists(prefix + EMA_SUFFIX):
-            with np.load(prefix + EMA_SUFFIX) as z:
-                self.ema.load_state_dict({"updates": int(z["__updates__"]),
-                                          "values": {k: z[k] for k in z.files if k != "__updates__"}})
 
     def _resume_checks(self) -> Dict[str, Any]:
         if not hasattr(self, "_data_identity"):  # hashed once: checkpoints are written often
@@ -305,11 +295,12 @@ class MultiTaskTrainer:
     def train_step(self) -> List[str]:
         """One optimizer step: the schedule's next `accumulate_steps` micro-batches."""
         from ernie_mtl.mtl_forward import make_feed
+        from ernie_mtl.randomness import DROPOUT_SEEDS, draw_dropout_seeds
 
         read = list(self.schedule.counts)  # per task: micro-batches read before this step
         drawn = [self.schedule.next_task() for _ in range(self.topo.accumulate_steps)]
         names = [self.tasks[i].spec.name for i in drawn]
-        idle = [g for g in self.head_vars if g not in {self.group_of[n] for n in names}]
+        idle = self.freeze.feed(names)  # groups no drawn task uses: frozen by the update (on the device)
         fetch = [self.p.lr] + ([self.p.loss_scaling] if self.p.loss_scaling is not None else [])
         for m, i in enumerate(drawn):
             task = self.tasks[i]
@@ -319,11 +310,11 @@ class MultiTaskTrainer:
             features = [self.plan.train[name].get(idx, epoch) for idx, epoch in self.plan.streams[i].indices(k)]
             batch = task.collate(features)
             feed = make_feed(self.tasks, i, batch, use_task_id=self.setup.mtl.use_task_id)
-            last = m == len(drawn) - 1
-            saved = self._snapshot(idle) if last else None
+            feed.update(idle)
+            if self.p.dropout_seeds:
+                feed[DROPOUT_SEEDS] = draw_dropout_seeds(self.cfg.train.seed, self.step, m, self.data_rank,
+                                                         self.p.dropout_seeds)
             values = self.exe.run(self.p.main, feed=feed, fetch_list=[self.p.fwd.task_losses[name]] + fetch)
-            if saved:
-                self._restore(saved)
             w = self.window
             w.loss[name] = w.loss.get(name, 0.0) + float(np.asarray(values[0]).reshape(-1)[0])
             w.count[name] = w.count.get(name, 0) + 1
@@ -333,24 +324,15 @@ class MultiTaskTrainer:
             if len(values) > 2:
                 w.loss_scale = float(np.asarray(values[2]).reshape(-1)[0])
         self.p.lr_scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.exe, self.step)  # update number = steps completed before this one
         self.step += 1
         self.window.steps += 1
-        if self.ema is not None:
-            self.ema.update()
         return names
 
-    def _snapshot(self, groups: Sequence[str]) -> Dict[str, np.ndarray]:
-        saved = {}
-        for g in groups:
-            for name in self.head_vars[g]:
-                var = self.scope.find_var(name)
-                if var is not None and var.get_tensor()._is_initialized():
-                    saved[name] = np.array(var.get_tensor())
-        return saved
-
-    def _restore(self, saved: Mapping[str, np.ndarray]) -> None:
-        for name, value in saved.items():
-            self.scope.find_var(name).get_tensor().set(value, self.exe.place)
+    def _ema_swapped_in(self):
+        """Evaluation and export with the averaged weights when use_ema (swapped on the device)."""
+        return self.ema.swapped_in(self.exe) if self.ema is not None else contextlib.nullcontext()
 
     def log_window(self) -> None:
         w = self.window
@@ -380,22 +362,27 @@ class MultiTaskTrainer:
         w.reset()
 
     # -- evaluation and export ---------------------------------------------------------------
-    def evaluate(self) -> Dict[str, Dict[str, float]]:
-        """Every task with a dev file, through the evaluation program (EMA weights when enabled)."""
-        results = {}
-        with self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext():
-            for i, t in enumerate(self.tasks):
-                name = t.spec.name
-                if name not in self.plan.dev:
-                    continue
+    def evaluate(self, only: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, float]]:
+        """Tasks with a dev file through the evaluation program (EMA weights when enabled): every task
+        but finished targets, or the tasks `only`. The metrics of rank 0 are handed to every rank
+        (`StoreBarrier.share`), so best checkpoints and early stopping decide identically everywhere."""
+        names = [t.spec.name for t in self.tasks if t.spec.name in self.plan.dev and
+                 (t.spec.name in only if only is not None else
+                  not (t.spec.is_target and self.schedule.is_finished(t.spec.index)))]
+        local = {}
+        with self._ema_swapped_in():
+            for name in names:
+                i = self.task(name).spec.index
+                t = self.tasks[i]
                 outputs = self.predict_split(i, self.plan.dev[name], limit=None if t.full_dev_eval else
                                              self.cfg.train.eval_iters)
-                metrics = t.evaluate(self.plan.dev[name], outputs)
-                results[name] = metrics
-                self._print(f"eval {name} at step {self.step}: " +
-                            ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        for name, metrics in results.items():
-            self._emit("on_evaluate", name, metrics)
+                local[name] = {k: float(v) for k, v in t.evaluate(self.plan.dev[name], outputs).items()}
+        results = self.barrier.share("evaluation", local)
+        for name in names:
+            self.evaluated_at[name] = self.step
+            self._print(f"eval {name} at step {self.step}: " +
+                        ", ".join(f"{k} {v:.4f}" for k, v in results[name].items()))
+            self._emit("on_evaluate", name, results[name])
         return results
 
     def predict_split(self, i: int, data, limit: Optional[int] = None) -> Dict[str, List[np.ndarray]]:
@@ -417,41 +404,82 @@ class MultiTaskTrainer:
         return out
 
     def finish_task(self, name: str, reason: str) -> None:
-        """End a target early (early stopping): it leaves the sampler and is exported."""
+        """End a target early (early stopping): it leaves the sampler, is no longer evaluated and is
+        exported (its best weights). The run is then shorter than planned: unless --decay_steps was
+        given, the LR decay is re-aimed at the new end (optim.WarmupLinearDecay.replan)."""
         self.schedule.finish(self.task(name).spec.index)
         self._print(f"task {name} finished at step {self.step}: {reason}")
+        if self.cfg.optim.decay_steps is None:
+            horizon = self.schedule.plan().total_steps
+            if horizon != self.p.lr_scheduler.decay_steps:
+                self.p.lr_scheduler.replan(horizon)
+                self._print(f"the run now ends at step {horizon}: learning rate re-planned to reach "
+                            f"{self.cfg.optim.min_lr:g} there")
 
     def export_finished(self, final: bool = False) -> None:
-        """Export every target that reached its quota (or, at the end, every target) not yet exported."""
-        for t in self.tasks:
+        """Export every target that finished (or, at the end, every target) not yet exported, after a
+        last evaluation of it at this step if it has a dev file and was not just evaluated."""
+        due = [t for t in self.tasks if t.spec.is_target and t.spec.name not in self.exported
+               and (final or self.schedule.is_finished(t.spec.index))]
+        last_eval = [t.spec.name for t in due if t.spec.name in self.plan.dev
+                     and self.evaluated_at.get(t.spec.name) != self.step]
+        if last_eval:
+            self.evaluate(only=last_eval)
+        for t in due:
             name = t.spec.name
-            if not t.spec.is_target or name in self.exported:
-                continue
-            if final or self.schedule.is_finished(t.spec.index):
-                if t.exportable:
-                    self.export(t)
-                else:
-                    self._print(f"task {name} ({t.name}) finished at step {self.step}; its type has no inference "
-                                "model (predictions need more than the backbone inputs): see the checkpoints")
-                self.exported[name] = self.step
+            if t.exportable:
+                self.export(t)
+            else:
+                self._print(f"task {name} ({t.name}) finished at step {self.step}; its type has no inference "
+                            "model (predictions need more than the backbone inputs): see the checkpoints")
+            self.exported[name] = self.step
+
+    def export_source(self, task) -> Tuple[str, Optional[Path]]:
+        """("best", best_<task> folder) or ("last", None): the task's `export_from` (default: best when
+        it has a dev file); best falls back to last when no best checkpoint exists yet."""
+        choice = task.spec.export_from or ("best" if task.spec.dev_file else "last")
+        best = Path(self.cfg.train.output_dir) / f"best_{task.spec.name}"
+        if choice == "best" and (best / "train_state.json").is_file():
+            return "best", best
+        return "last", None
 
     def export(self, task) -> Path:
-        from ernie_mtl.export import export_dir, export_task_model
+        from ernie_mtl.export import export_dir
 
         out = export_dir(self.cfg.train.output_dir, task.spec.name)
-        with self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext():
-            if self.topo.sharding_degree > 1:
-                self._export_sharded(task, out)
-            elif self.is_rank0 and self.p.amp_level == "O2":  # the scope holds float16 parameters
-                self._export_from(self._float32_scope(self._scope_values()), task, out)
-            elif self.is_rank0:
-                self._export_from(self.scope, task, out)
+        source, best = self.export_source(task)
+        step = json.loads((best / "train_state.json").read_text(encoding="utf-8"))["step"] if best else self.step
+        source, step = self.barrier.share("export source", [source, step])  # rank 0 decides for all
+        name = task.spec.name
+        metric = self._best_metric(name)
+        best = Path(self.cfg.train.output_dir) / f"best_{name}"
+        if source == "best":
+            self.barrier("export")  # every rank's files of the best checkpoint are complete
+            if self.is_rank0:
+                values = _merged_state(best / "state")
+                self._export_from(self._float32_scope(values), task, out, step=step, source=source, metric=metric)
+        else:
+            with self._ema_swapped_in():
+                if self.topo.sharding_degree > 1:
+                    self._export_sharded(task, out, metric)
+                elif self.is_rank0 and self.p.amp_level == "O2":  # the scope holds float16 parameters
+                    self._export_from(self._float32_scope(self._scope_values()), task, out, step=step,
+                                      source=source, metric=metric)
+                elif self.is_rank0:
+                    self._export_from(self.scope, task, out, step=step, source=source, metric=metric)
         self.barrier("export")
-        self._print(f"exported task {task.spec.name} (step {self.step}) to {out}")
+        self._print(f"exported task {name} ({source} weights, step {step}) to {out}")
         self._emit("on_save", str(out))
         return out
 
-    def _export_from(self, scope, task, out: Path) -> None:
+    def _best_metric(self, name: str) -> Optional[Dict[str, Any]]:
+        t = self.task(name)
+        best = next((cb for cb in self.callbacks if isinstance(cb, BestCheckpoint)), None)
+        if best is None or name not in best.best:
+            return None
+        return {"name": t.main_metric, "value": best.best[name], "step": best.steps.get(name)}
+
+    def _export_from(self, scope, task, out: Path, *, step: int, source: str, metric) -> None:
         import paddle
 
         from ernie_mtl.export import export_task_model
@@ -460,10 +488,11 @@ class MultiTaskTrainer:
             export_task_model(out, program=self.p.forward, fwd=self.p.export_fwd, task=task, exe=self.exe,
                               vocab_file=str(self.cfg.data.vocab_file), arch=self.p.arch,
                               model_type=self.cfg.model.model_type, use_task_id=self.setup.mtl.use_task_id,
-                              extra={"step": self.step, "exported_by": "ernie_mtl",
+                              extra={"step": step, "export_from": source, "best_metric": metric,
+                                     "ema": self.ema is not None, "exported_by": "ernie_mtl",
                                      "plugins": list(self.setup.mtl.plugins)})
 
-    def _export_sharded(self, task, out: Path) -> None:
+    def _export_sharded(self, task, out: Path, metric) -> None:
         """Sharded ranks hold only their parameters: each writes its state, rank 0 merges them into a
         fresh scope and exports from there (needs a file system all ranks share, as checkpoints do)."""
         import paddle
@@ -475,10 +504,8 @@ class MultiTaskTrainer:
         paddle.static.save(self.p.main, str(tmp / f"rank_{self.info.rank}"))
         self.barrier("export states")
         if self.is_rank0:
-            merged: Dict[str, np.ndarray] = {}
-            for r in range(self.info.world_size):
-                merged.update(paddle.load(str(tmp / f"rank_{r}.pdparams"), return_numpy=True))
-            self._export_from(self._float32_scope(merged), task, out)
+            self._export_from(self._float32_scope(_merged_state(tmp)), task, out, step=self.step, source="last",
+                              metric=metric)
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
@@ -493,8 +520,10 @@ class MultiTaskTrainer:
         O2's fp32 master copy where there is one, else the value cast to float32."""
         import paddle
 
+        from ernie_mtl.ema import averages_from_state
+
         scope = paddle.static.Scope()
-        averaged = self.ema.values if self.ema is not None else {}  # float32 already
+        averaged = averages_from_state(values) if self.ema is not None else {}  # float32 already
         for name in set(self.p.name_map.values()):
             value = averaged.get(name, values.get(name + "_fp32_master_0", values[name]))
             scope.var(name).get_tensor().set(np.asarray(value, dtype=np.float32), self.exe.place)
@@ -504,6 +533,17 @@ class MultiTaskTrainer:
         if self.bar is not None:
             self.bar.close()
         self.writer.close()
+
+
+def _merged_state(folder: Path) -> Dict[str, np.ndarray]:
+    """Every rank's saved program state in `folder` (rank_<r>.pdparams and .pdopt: parameters, AMP O2
+    master weights and EMA averages), merged by name (sharded ranks hold disjoint parts)."""
+    import paddle
+
+    merged: Dict[str, np.ndarray] = {}
+    for path in sorted(folder.glob("rank_*.pdparams")) + sorted(folder.glob("rank_*.pdopt")):
+        merged.update(paddle.load(str(path), return_numpy=True))
+    return merged
 
 
 def _content_identity(path: Optional[str]) -> Optional[List[Any]]:

@@ -1,14 +1,16 @@
-"""AdamW with the bias/norm weight-decay filter, global-norm clipping, and the LR schedule."""
+"""AdamW with weight decay by parameter role, idle-parameter freezing, global-norm clipping, and the LR schedule."""
 from __future__ import annotations
 
-from typing import Mapping, Set
+from typing import Dict, Iterable, Mapping, Optional, Set
 
 import paddle
 from paddle.optimizer.lr import LRScheduler
 
 from ernie_mtl.config import OptimConfig
 
-NO_DECAY_MARKERS = ("bias", "norm")
+# Layers whose parameters are normalisation scales and shifts (never decayed), by class name so
+# that paddlenlp's and users' own norm layers count too.
+_NORM_LAYER_SUFFIXES = ("Norm", "Norm1D", "Norm2D", "Norm3D")
 
 
 def lr_at(step: int, *, max_lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
@@ -33,8 +35,13 @@ class WarmupLinearDecay(LRScheduler):
     Paddle's LRScheduler.__init__ calls step() once, moving last_epoch from -1 to 0: a fresh
     scheduler therefore holds lr_at(0), the rate of the first update. Call `step()` once per
     optimizer step (every `accumulate_steps` micro-batches). The static executor feeds `last_lr`
-    into the program on every run. For an exact resume save `state_dict()` (last_epoch, last_lr)
-    after the step's `step()` and restore it with `set_state_dict()`.
+    into the program on every run. For an exact resume save `state_dict()` (last_epoch, last_lr,
+    and any re-plan) after the step's `step()` and restore it with `set_state_dict()`.
+
+    Re-planning (`replan`): when a multi-task run becomes shorter than planned (a target stopped
+    early), the decay is re-aimed at the new end: from the update after step s, the rate falls
+    linearly from lr_at(s) (the rate of update s) to min_lr at the new horizon D', and stays there;
+    updates up to s are unchanged. Several re-plans chain (each starts from the current rate).
     """
 
     def __init__(self, cfg: OptimConfig, last_epoch: int = -1):
@@ -42,29 +49,89 @@ class WarmupLinearDecay(LRScheduler):
         self.min_lr = cfg.min_lr
         self.warmup_steps = cfg.warmup_steps
         self.decay_steps = cfg.resolved_decay_steps
+        self.replan_step: Optional[int] = None  # last step computed with the previous plan
+        self.replan_lr: Optional[float] = None
         super().__init__(learning_rate=cfg.max_lr, last_epoch=last_epoch)
 
+    def state_keys(self) -> None:
+        self.keys = ["last_epoch", "last_lr", "decay_steps", "replan_step", "replan_lr"]
+
+    def _planned(self, step: int) -> float:
+        if self.replan_step is None or step <= self.replan_step:
+            return lr_at(step, max_lr=self.max_lr, min_lr=self.min_lr, warmup_steps=self.warmup_steps,
+                         decay_steps=self.decay_steps)
+        span = max(self.decay_steps - self.replan_step - 1, 1)
+        progress = min((step - self.replan_step) / span, 1.0)
+        return self.replan_lr + (self.min_lr - self.replan_lr) * progress
+
     def get_lr(self) -> float:
-        return lr_at(self.last_epoch, max_lr=self.max_lr, min_lr=self.min_lr,
-                     warmup_steps=self.warmup_steps, decay_steps=self.decay_steps)
+        return self._planned(self.last_epoch)
+
+    def replan(self, new_total_steps: int) -> None:
+        """Aim the decay at `new_total_steps` optimizer steps, from the next update on (see the class
+        docstring). The current rate (already fed for the coming update) is kept."""
+        if new_total_steps == self.decay_steps:
+            return
+        self.replan_lr = float(self.last_lr)
+        self.replan_step = int(self.last_epoch)
+        self.decay_steps = int(new_total_steps)
+
+    def set_state_dict(self, state_dict) -> None:
+        state = {"decay_steps": self.decay_steps, "replan_step": None, "replan_lr": None, **dict(state_dict)}
+        super().set_state_dict(state)
 
 
-def decay_parameter_names(name_map: Mapping[str, str]) -> Set[str]:
-    """Static names of the parameters that get weight decay: every parameter none of whose
-    structured names mentions a bias or a norm (LayerNorm scales and shifts, all biases)."""
-    excluded = {static for structured, static in name_map.items()
-                if any(m in structured for m in NO_DECAY_MARKERS)}
-    return set(name_map.values()) - excluded
+def no_decay_parameters(layers: Iterable) -> Set[str]:
+    """Static names of the parameters that get no weight decay, by their role in `layers`
+    (paddle.nn.Layer objects, inspected while the program is built): biases (a layer's parameter
+    held as `bias` or `*_bias`) and every parameter of a normalisation layer (LayerNorm scale and
+    shift, ...). Decided by role, not by name: a task called `debias` or `normalize` keeps weight
+    decay on its head's weights (PaddleNLP's and HF's substring rule would drop it)."""
+    out: Set[str] = set()
+    for layer in layers:
+        for _, sub in layer.named_sublayers(include_self=True):
+            is_norm = type(sub).__name__.endswith(_NORM_LAYER_SUFFIXES)
+            for attr, param in sub.named_parameters(include_sublayers=False):
+                if is_norm or attr == "bias" or attr.endswith("_bias"):
+                    out.add(param.name)
+    return out
+
+
+class FreezableAdamW(paddle.optimizer.AdamW):
+    """AdamW whose update of some parameters can be skipped per step by a CPU bool flag
+    (ernie_mtl/idle_heads.py): `skip_flags` maps a static parameter name to its flag variable,
+    which becomes the adamw op's `SkipUpdate` (OR-ed with AMP's found_inf when loss scaling is on).
+    A skipped adamw op leaves the parameter, moments, beta powers and master weight unchanged."""
+
+    def __init__(self, *args, skip_flags: Optional[Mapping[str, str]] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._skip_flags: Dict[str, str] = dict(skip_flags or {})
+        self._skip_vars: Dict = {}
+
+    def _append_optimize_op(self, block, param_and_grad):
+        flag = self._skip_flags.get(param_and_grad[0].name) if isinstance(param_and_grad, (tuple, list)) else None
+        if flag is None:
+            return super()._append_optimize_op(block, param_and_grad)
+        from ernie_mtl.idle_heads import skip_update_var
+
+        found_inf = self._get_auxiliary_var("found_inf")
+        self._set_auxiliary_var("found_inf", skip_update_var(block, flag, found_inf, self._skip_vars))
+        try:
+            return super()._append_optimize_op(block, param_and_grad)
+        finally:
+            self._set_auxiliary_var("found_inf", found_inf)
 
 
 def make_optimizer(cfg: OptimConfig, name_map: Mapping[str, str], lr_scheduler: LRScheduler, *,
-                   multi_precision: bool = False) -> paddle.optimizer.AdamW:
-    """AdamW driven by `lr_scheduler`, decay filtered by `decay_parameter_names`, and global-norm
-    clipping when `cfg.grad_clip > 0`. `multi_precision` (AMP O2): keep fp32 master weights and
-    update them, instead of accumulating into the float16 parameters."""
-    decay = decay_parameter_names(name_map)
+                   no_decay: Iterable[str] = (), skip_flags: Optional[Mapping[str, str]] = None,
+                   multi_precision: bool = False) -> FreezableAdamW:
+    """AdamW driven by `lr_scheduler`, decay on every parameter of `name_map` but `no_decay`
+    (`no_decay_parameters`), idle-parameter flags `skip_flags`, and global-norm clipping when
+    `cfg.grad_clip > 0`. `multi_precision` (AMP O2): keep fp32 master weights and update them,
+    instead of accumulating into the float16 parameters."""
+    decay = set(name_map.values()) - set(no_decay)
     clip = paddle.nn.ClipGradByGlobalNorm(cfg.grad_clip) if cfg.grad_clip > 0 else None
-    return paddle.optimizer.AdamW(
+    return FreezableAdamW(
         learning_rate=lr_scheduler, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
         weight_decay=cfg.weight_decay, grad_clip=clip, apply_decay_param_fun=lambda name: name in decay,
-        multi_precision=multi_precision)
+        multi_precision=multi_precision, skip_flags=skip_flags)

@@ -241,10 +241,15 @@ class Trainer:
     def train_step(self, batches: Iterator[Dict[str, Any]]) -> tuple:
         """One optimizer step: `accumulate_steps` micro-batches; returns (fetched values averaged over the
         micro-batches: losses, lr, loss scale; this rank's non-pad tokens)."""
+        from ernie_mtl.randomness import DROPOUT_SEEDS, draw_dropout_seeds
+
         sums: Dict[str, float] = {}
         tokens = 0
-        for _ in range(self.topo.accumulate_steps):
+        for micro in range(self.topo.accumulate_steps):
             feed = next(batches)
+            if self.p.dropout_seeds:
+                feed[DROPOUT_SEEDS] = draw_dropout_seeds(self.cfg.train.seed, self.step, micro, self.data_rank,
+                                                         self.p.dropout_seeds)
             tokens += int((np.asarray(feed["input_mask"]) == 0).sum())
             values = self.ctx.exe.run(self.p.main, feed=feed, fetch_list=list(self.p.fetches.values()))
             for name, value in zip(self.fetch_names, values):

@@ -10,7 +10,7 @@ import pytest
 
 from ernie_mtl.config import (ARCHITECTURES, AmpConfig, ConfigError, ModelConfig, OptimConfig, ParallelConfig,
                               field_help)
-from ernie_mtl.optim import WarmupLinearDecay, decay_parameter_names, lr_at
+from ernie_mtl.optim import WarmupLinearDecay, lr_at
 
 pytestmark = pytest.mark.usefixtures("static_mode")
 
@@ -32,6 +32,15 @@ def make_batch(seed=0, batch=4, seq=16, masked_per_seq=3, pad_slots=4, vocab=TIN
             "masked_lm_positions": np.concatenate([positions, np.zeros(pad_slots, "int64")]),
             "masked_lm_labels": np.concatenate([labels, np.full((pad_slots, 1), -1, "int64")]),
             "next_sentence_labels": rng.randint(0, 2, (batch, 1)).astype("int64")}
+
+
+def seeded(programs, feed, step=0, micro=0, seed=1, data_rank=0):
+    """`feed` plus the dropout seeds of (step, micro-batch), as the trainer feeds them."""
+    from ernie_mtl.randomness import DROPOUT_SEEDS, draw_dropout_seeds
+
+    if not programs.dropout_seeds:
+        return feed
+    return {**feed, DROPOUT_SEEDS: draw_dropout_seeds(seed, step, micro, data_rank, programs.dropout_seeds)}
 
 
 def scope_and_exe(programs):
@@ -120,7 +129,7 @@ def test_without_binary_head_there_is_no_sentence_pair_feed_or_loss(build_progra
     scope, exe = scope_and_exe(p)
     feed = make_batch()
     del feed["next_sentence_labels"]
-    loss, mlm = exe.run(p.main, feed=feed, fetch_list=[p.loss, p.mlm_loss], scope=scope)
+    loss, mlm = exe.run(p.main, feed=seeded(p, feed), fetch_list=[p.loss, p.mlm_loss], scope=scope)
     assert float(loss) == float(mlm) and np.isfinite(loss)
 
 
@@ -128,7 +137,7 @@ def test_bert_builds_and_runs(build_programs):
     p = build_programs(model=ModelConfig(model_type="bert", model_name_or_path="bert-tiny-test"))
     assert "bert.encoder.layers.1.linear2.weight" in p.name_map
     scope, exe = scope_and_exe(p)
-    (loss,) = exe.run(p.main, feed=make_batch(), fetch_list=[p.loss], scope=scope)
+    (loss,) = exe.run(p.main, feed=seeded(p, make_batch()), fetch_list=[p.loss], scope=scope)
     assert np.isfinite(loss)
 
 
@@ -191,7 +200,8 @@ def test_name_map_matches_paddlenlp_state_dict_and_covers_every_parameter(build_
 
 def test_adamw_decays_everything_but_biases_and_norms(tiny):
     p = tiny
-    decayed = decay_parameter_names(p.name_map)
+    adamw = {op.input("Param")[0]: op for op in p.main.global_block().ops if op.type == "adamw"}
+    decayed = {n for n, op in adamw.items() if op.attr("with_decay")}
     m = p.name_map
     assert m["ernie.embeddings.word_embeddings.weight"] in decayed
     assert m["ernie.encoder.layers.0.linear1.weight"] in decayed
@@ -201,9 +211,7 @@ def test_adamw_decays_everything_but_biases_and_norms(tiny):
                  "cls.predictions.layer_norm.bias"):
         assert m[name] not in decayed, name
     assert len(decayed) == 18  # 3 embeddings + 6 matrices per layer x 2 + pooler + LM transform + pair head
-    adamw = {op.input("Param")[0]: op for op in p.main.global_block().ops if op.type == "adamw"}
     assert set(adamw) == set(m.values())
-    assert {n for n, op in adamw.items() if op.attr("with_decay")} == decayed
     assert all(op.attr("coeff") == pytest.approx(OptimConfig().weight_decay) for op in adamw.values())
 
 
@@ -233,6 +241,32 @@ def test_learning_rate_schedule_values_and_exact_resume():
         sched.step()
         resumed.step()
     assert WarmupLinearDecay(OptimConfig(warmup_rate=0.0, max_steps=10))() == pytest.approx(1e-5 + 9e-5 * 9 / 10)
+
+
+def test_replanned_decay_reaches_min_lr_at_the_new_end_and_resumes():
+    """A multi-task run that gets shorter (a target stopped early) re-aims the decay: from the rate of
+    the current update, linearly to min_lr at the new horizon (hand-computed values)."""
+    cfg = OptimConfig(max_lr=1.0, min_lr=0.1, warmup_rate=0.1, max_steps=100)  # warm-up 10, decay to step 100
+    sched = WarmupLinearDecay(cfg)
+    for _ in range(20):
+        sched.step()
+    at_20 = lr_at(20, max_lr=1.0, min_lr=0.1, warmup_steps=10, decay_steps=100)
+    assert sched() == pytest.approx(at_20)
+    sched.replan(40)  # the run now ends after 40 optimizer steps
+    assert sched() == pytest.approx(at_20)  # the coming update keeps its rate
+    rates = {}
+    for step in range(21, 45):
+        sched.step()
+        rates[step] = sched()
+    # update n = step + 1 gets min_lr at n = 40; 19 steps from 20 to 39
+    assert rates[21] == pytest.approx(at_20 + (0.1 - at_20) * 1 / 19)
+    assert rates[30] == pytest.approx(at_20 + (0.1 - at_20) * 10 / 19)
+    assert rates[39] == pytest.approx(0.1) and rates[44] == pytest.approx(0.1)
+    state = json.loads(json.dumps(sched.state_dict()))
+    assert state["decay_steps"] == 40 and state["replan_step"] == 20
+    resumed = WarmupLinearDecay(cfg)
+    resumed.set_state_dict(state)
+    assert resumed() == sched() and resumed.decay_steps == 40
 
 
 # ------------------------------------------------------------------------------- pretrained weights

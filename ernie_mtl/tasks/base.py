@@ -72,6 +72,7 @@ class TaskSpec:
     num_epochs: Optional[float] = None
     do_lower_case: bool = True
     for_cn: bool = True
+    export_from: Optional[str] = None  # "best" or "last" weights in the exported model (default: best with a dev_file)
     options: Mapping[str, Any] = field(default_factory=dict)  # the type's own keys, defaults filled in
 
     def file(self, split: str) -> Optional[str]:

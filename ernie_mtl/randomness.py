@@ -1,0 +1,128 @@
+"""Training randomness that is random, reproducible and resumable: dropout masks and initial weights.
+
+Why not Paddle's defaults. A static program whose `random_seed` is set builds every dropout op with
+`fix_seed=True` and that one seed: the mask is the same on every step and every dropout op of the
+same shape draws the same mask (dropout degenerates into a fixed pruning). Likewise a startup
+program with `random_seed` set gives every initializer op that seed, so parameters of the same
+shape start equal (q, k and v projections, and every layer, identical). Leaving the seeds unset
+instead makes runs irreproducible, and fleet's recompute then seeds its replays from
+`std::random_device`. So both are set explicitly here.
+
+Dropout. `wire_dropout_seeds(program)` gives every dropout op of the forward its own seed
+*tensor* (the op's `Seed` input, which takes priority over its attributes): one fed int32 vector
+`dropout_seeds` of length K (one entry per dropout op, in program order), split on the CPU into K
+scalars at the top of the program. Each micro-batch feeds
+    dropout_seeds = draw(seed, optimizer step, micro-batch of the step, data rank)  (K int32 values)
+so every mask is a pure function of (seed, step, micro-batch, op, data rank): masks differ across
+steps, micro-batches, layers and data-parallel ranks, a resumed run feeds exactly the seeds the
+uninterrupted run fed (nothing to save), and fleet's recompute replays a layer with the same Seed
+input, hence the same mask (it inserts its own `seed` ops only for dropout ops without one). The
+split runs under `device_guard("cpu")`: on GPUs the seed scalars are CPU tensors, so the dropout
+kernels read them without a device-to-host copy per op (one small copy at the top of the program).
+
+Initial weights. `seed_initializers(startup, name_map, seed)` gives every initializer op of the
+startup program its own seed, a hash of (seed, the parameter's structured name): different
+parameters get different values, and a parameter's initial value depends on neither the build
+order nor the topology (a sharded rank initialises only its own parameters, to the same values).
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable, List, Mapping, Optional
+
+import numpy as np
+
+DROPOUT_SEEDS = "dropout_seeds"
+_SEED_OP_ATTR = "seed"
+_DROPOUT_TAG = 0xD20F
+_INT31 = 2**31 - 1
+
+
+def dropout_ops(program) -> List:
+    """The dropout ops of `program`'s global block, in program order."""
+    return [op for op in program.global_block().ops if op.type == "dropout"]
+
+
+def wire_dropout_seeds(program) -> int:
+    """Feed every dropout op of `program` (being built, before minimize) its own seed tensor.
+
+    Adds the feed variable `dropout_seeds` ([K] int32) and a CPU `split` into K scalars at the top
+    of the global block; returns K (0: no dropout op, nothing added, nothing to feed).
+    """
+    from paddle.base import core
+
+    ops = [op for op in dropout_ops(program) if not op.input("Seed")]
+    if not ops:
+        return 0
+    block = program.global_block()
+    seeds = block.create_var(name=DROPOUT_SEEDS, shape=[len(ops)], dtype="int32", persistable=False,
+                             stop_gradient=True, type=core.VarDesc.VarType.LOD_TENSOR, need_check_feed=True)
+    outs = [block.create_var(name=f"{DROPOUT_SEEDS}.{k}", shape=[1], dtype="int32", persistable=False,
+                             stop_gradient=True) for k in range(len(ops))]
+    op_device = core.op_proto_and_checker_maker.kOpDeviceAttrName()
+    role = core.op_proto_and_checker_maker.kOpRoleAttrName()
+    block._insert_op(0, type="split", inputs={"X": [seeds]}, outputs={"Out": outs},
+                     attrs={"axis": 0, "num": len(ops), "sections": [], op_device: "cpu",
+                            role: int(core.op_proto_and_checker_maker.OpRole.Forward)})
+    for op, out in zip(ops, outs):
+        op.desc.set_input("Seed", [out.name])
+        op._set_attr("fix_seed", False)
+        op._set_attr("seed", 0)
+    block._sync_with_cpp()
+    return len(ops)
+
+
+def strip_dropout_seeds(program) -> None:
+    """Remove the seed wiring from an evaluation copy (dropout is off there: nothing to feed)."""
+    block = program.global_block()
+    for op in block.ops:
+        if op.type == "dropout" and op.input("Seed"):
+            op.desc.set_input("Seed", [])
+    for idx in reversed(range(len(block.ops))):
+        if DROPOUT_SEEDS in block.ops[idx].input_arg_names:
+            block._remove_op(idx, sync=False)
+    for name in [n for n in block.vars if n == DROPOUT_SEEDS or n.startswith(DROPOUT_SEEDS + ".")]:
+        block._remove_var(name, sync=False)
+    block._sync_with_cpp()
+
+
+def num_dropout_seeds(program) -> int:
+    """K, the length of the `dropout_seeds` feed of a wired program (0 when it has none)."""
+    block = program.global_block()
+    return int(block.var(DROPOUT_SEEDS).shape[0]) if block.has_var(DROPOUT_SEEDS) else 0
+
+
+def draw_dropout_seeds(seed: int, step: int, micro: int, data_rank: int, count: int) -> np.ndarray:
+    """The `dropout_seeds` feed of micro-batch `micro` of optimizer step `step` (0-based: the step
+    being computed) on data rank `data_rank`: `count` int32 values in [1, 2^31 - 1)."""
+    rng = np.random.default_rng([int(seed), _DROPOUT_TAG, int(step), int(micro), int(data_rank)])
+    return rng.integers(1, _INT31, size=count, dtype=np.int64).astype(np.int32)
+
+
+def parameter_seed(seed: int, name: str) -> int:
+    """A nonzero int31 seed for the initializer of parameter `name` (structured name)."""
+    digest = hashlib.sha256(f"{int(seed)}/{name}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "little") % (_INT31 - 1) + 1
+
+
+def seed_initializers(startup, name_map: Mapping[str, str], seed: int,
+                      extra_names: Optional[Iterable[str]] = None) -> int:
+    """Give every seeded op of `startup` that writes a parameter its own seed (see the module
+    docstring); returns how many ops were changed. Parameters are named by their first structured
+    name in `name_map` (structured -> static), else by their static name."""
+    structured = {}
+    for key, static in name_map.items():
+        structured.setdefault(static, key)
+    for static in extra_names or ():
+        structured.setdefault(static, static)
+    changed = 0
+    for op in startup.global_block().ops:
+        if not op.has_attr(_SEED_OP_ATTR):
+            continue
+        outputs = op.output_arg_names
+        if len(outputs) != 1:
+            continue
+        name = structured.get(outputs[0], outputs[0])
+        op._set_attr(_SEED_OP_ATTR, parameter_seed(seed, name))
+        changed += 1
+    return changed
