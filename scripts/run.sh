@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
 # Launch run_multitask_static.py on several GPU nodes with paddle.distributed.launch (Paddle 2.6.2).
 #
-# Run the same command on every node:
+# Run the same command on every node, either with a rendezvous server (one address for all nodes):
+#   MASTER=10.0.0.1:8090 NNODES=2 GPUS=0,1,2,3 CONFIG=my_run.yaml OUTPUT_DIR=/shared/run1 \
+#       bash scripts/run.sh --max_steps 100000
+# or with a fixed list of node IPs:
 #   IPS=10.0.0.1,10.0.0.2 GPUS=0,1,2,3 CONFIG=my_run.yaml OUTPUT_DIR=/shared/run1 \
 #       bash scripts/run.sh --max_steps 100000
 #
 # Settings (environment variable or script option; the option wins):
-#   IPS        --ips         node IPs, comma-separated, the same list and order on every node (required)
+#   MASTER     --master      host:port of the rendezvous server, the same on every node; the node whose
+#                            IP it names serves it (set MASTER and NNODES, or IPS)
+#   NNODES     --nnodes      number of nodes (with MASTER)
+#   NODE_RANK  --node_rank   this node's place 0..NNODES-1 (with MASTER; default: the master's node is
+#                            0, the others in the order they join)
+#   IPS        --ips         node IPs, comma-separated, the same list and order on every node (instead of
+#                            MASTER)
 #   GPUS       --gpus        GPU ids on each node, e.g. 0,1,2,3 (required)
 #   CONFIG     --config      YAML file of training flags (required)
 #   OUTPUT_DIR --output_dir  checkpoints, VisualDL logs, metrics (default: output)
 #   LOG_DIR    --log_dir     the launcher's per-process logs workerlog.N (default: OUTPUT_DIR/launch_log)
 #   INPUT_DIR  --input_dir   corpus prefix (path without .bin/.idx); default: input_dir in CONFIG
-#   HOST       --host        this node's IP as written in IPS, when the host name resolves to another
-#                            address (otherwise the launcher silently numbers this node's ranks from 0)
-#   START_PORT --start_port  first port of the processes on each node (launcher default: 6070)
+#   HOST       --host        this node's IP (as written in IPS), when the host name resolves to another
+#                            address (with IPS the launcher would silently number this node's ranks from 0)
+#   START_PORT --start_port  first port of the processes on each node, IPS mode (launcher default: 6070)
 #   PYTHON                   interpreter (default: .venv/bin/python of the repository, else python3)
 #   DRY_RUN=1                print the command and exit without running it
+# OMP_NUM_THREADS/MKL_NUM_THREADS: a value you set is kept; otherwise they are decided for this node
+# by `python -m ernie_mtl.threads` (cores / processes per node) and printed before the command.
 # Every other argument is passed to run_multitask_static.py unchanged (after `--`, everything is).
+# If a node fails, run the same command again on every node: training resumes from OUTPUT_DIR/model_last.
 #
 # scripts/run_single_node.sh and scripts/run_cpu.sh run this file with another launch mode.
 # `sh scripts/...` works too: re-run under bash (the checks use bash features).
@@ -38,6 +50,9 @@ usage() {
 }
 
 IPS="${IPS-}"
+MASTER="${MASTER-}"
+NNODES="${NNODES-}"
+NODE_RANK="${NODE_RANK-}"
 GPUS="${GPUS-}"
 NPROC="${NPROC-2}"
 CONFIG="${CONFIG-}"
@@ -49,30 +64,32 @@ START_PORT="${START_PORT-}"
 train_args=()
 
 # Script options are consumed; anything else is a training flag passed through verbatim.
-need_value() { [[ $# -ge 2 ]] || die "$1 needs a value"; }
-while [[ $# -gt 0 ]]; do
+options="ips master nnodes node_rank gpus nproc_per_node config output_dir log_dir input_dir host start_port"
+set_option() {  # set_option NAME VALUE
     case "$1" in
-        -h|--help) usage; exit 0 ;;
-        --) shift; train_args+=("$@"); break ;;
-        --ips=*) IPS="${1#*=}" ;;
-        --gpus=*) GPUS="${1#*=}" ;;
-        --nproc_per_node=*) NPROC="${1#*=}" ;;
-        --config=*) CONFIG="${1#*=}" ;;
-        --output_dir=*) OUTPUT_DIR="${1#*=}" ;;
-        --log_dir=*) LOG_DIR="${1#*=}" ;;
-        --input_dir=*) INPUT_DIR="${1#*=}" ;;
-        --host=*) HOST="${1#*=}" ;;
-        --start_port=*) START_PORT="${1#*=}" ;;
-        --ips|--gpus|--nproc_per_node|--config|--output_dir|--log_dir|--input_dir|--host|--start_port)
-            need_value "$@"
-            case "$1" in
-                --ips) IPS="$2" ;; --gpus) GPUS="$2" ;; --nproc_per_node) NPROC="$2" ;;
-                --config) CONFIG="$2" ;; --output_dir) OUTPUT_DIR="$2" ;; --log_dir) LOG_DIR="$2" ;;
-                --input_dir) INPUT_DIR="$2" ;; --host) HOST="$2" ;; --start_port) START_PORT="$2" ;;
-            esac
-            shift ;;
-        *) train_args+=("$1") ;;
+        ips) IPS="$2" ;; master) MASTER="$2" ;; nnodes) NNODES="$2" ;; node_rank) NODE_RANK="$2" ;;
+        gpus) GPUS="$2" ;; nproc_per_node) NPROC="$2" ;; config) CONFIG="$2" ;; output_dir) OUTPUT_DIR="$2" ;;
+        log_dir) LOG_DIR="$2" ;; input_dir) INPUT_DIR="$2" ;; host) HOST="$2" ;; start_port) START_PORT="$2" ;;
     esac
+}
+while [[ $# -gt 0 ]]; do
+    name="${1#--}"
+    name="${name%%=*}"
+    if [[ "$1" == -h || "$1" == --help ]]; then
+        usage; exit 0
+    elif [[ "$1" == -- ]]; then
+        shift; train_args+=("$@"); break
+    elif [[ "$1" == --* && " $options " == *" $name "* ]]; then
+        if [[ "$1" == *=* ]]; then
+            set_option "$name" "${1#*=}"
+        else
+            [[ $# -ge 2 ]] || die "$1 needs a value"
+            set_option "$name" "$2"
+            shift
+        fi
+    else
+        train_args+=("$1")
+    fi
     shift
 done
 LOG_DIR="${LOG_DIR:-$OUTPUT_DIR/launch_log}"
@@ -82,25 +99,55 @@ if [[ -z "${PYTHON-}" ]]; then
 fi
 
 # --- checks: fail before any node starts ---
+check_port() {  # check_port SETTING VALUE PORT
+    [[ "$3" =~ ^[1-9][0-9]*$ && ${#3} -le 5 && "$3" -lt 65536 ]] || die "$1='$2': the port must be a number 1..65535, e.g. ${4:-8090}"
+}
+check_rendezvous() {  # MASTER / NNODES / NODE_RANK: the launcher's --master/--nnodes/--rank
+    if [[ -z "$MASTER" ]]; then
+        [[ -z "$NNODES" ]] || die "NNODES='$NNODES' needs MASTER: set MASTER=host:port (or --master), the rendezvous address, the same on every node"
+        [[ -z "$NODE_RANK" ]] || die "NODE_RANK='$NODE_RANK' needs MASTER: set MASTER=host:port (or --master) and NNODES"
+        return 0
+    fi
+    [[ "$MASTER" =~ ^([^:/[:space:]]+):([^:]*)$ ]] \
+        || die "MASTER='$MASTER' is malformed: give host:port of the rendezvous server, the same on every node, e.g. MASTER=10.0.0.1:8090"
+    local master_host="${BASH_REMATCH[1]}" master_port="${BASH_REMATCH[2]}"
+    check_port MASTER "$MASTER" "$master_port" "MASTER=$master_host:8090"
+    [[ -n "$NNODES" ]] || die "NNODES is unset: with MASTER set NNODES (or --nnodes) to the number of nodes, e.g. NNODES=2"
+    [[ "$NNODES" =~ ^[1-9][0-9]*$ ]] || die "NNODES='$NNODES' must be a positive integer (the number of nodes), e.g. NNODES=2"
+    if [[ -n "$NODE_RANK" ]]; then
+        [[ "$NODE_RANK" =~ ^(0|[1-9][0-9]*)$ && "$NODE_RANK" -lt "$NNODES" ]] \
+            || die "NODE_RANK='$NODE_RANK' must be 0..$((NNODES - 1)) (this node's place among NNODES=$NNODES), each node a different one"
+    fi
+    [[ -z "$START_PORT" ]] || die "START_PORT='$START_PORT' applies to IPS mode only: with MASTER the launcher picks free ports; unset START_PORT"
+    if [[ "$NNODES" -gt 1 && "$master_host" =~ ^(127\.[0-9.]+|localhost)$ ]]; then
+        echo "$PROG: warning: MASTER='$MASTER' is reachable from this machine only: all $NNODES nodes must run here; on several machines use the master node's network IP" >&2
+    fi
+}
 case "$MODE" in
     multi)
-        [[ -n "$IPS" ]] || die "IPS is unset or empty: set IPS=ip1,ip2,... (or --ips), the node IPs in the same order on every node"
-        [[ "$IPS" =~ ^[^,[:space:]]+(,[^,[:space:]]+)*$ ]] \
-            || die "IPS='$IPS' is malformed: give comma-separated IPs without spaces or empty items, e.g. 10.0.0.1,10.0.0.2"
-        IFS=, read -r -a ip_list <<< "$IPS"
-        if [[ $(printf '%s\n' "${ip_list[@]}" | sort | uniq -d | head -n1) != "" ]]; then
-            die "IPS='$IPS' lists a node twice; give each node IP once"
+        if [[ -n "$IPS" && -n "$MASTER" ]]; then
+            die "IPS='$IPS' and MASTER='$MASTER' are both set: use either MASTER=host:port NNODES=N (a rendezvous server) or IPS=ip1,ip2,... (a fixed node list), not both"
         fi
-        if [[ ${#ip_list[@]} -gt 1 && ",$IPS," =~ ,(127\.0\.0\.1|localhost), ]]; then
-            die "IPS='$IPS': 127.0.0.1/localhost cannot be used with several nodes (other nodes cannot reach it); use each node's network IP"
-        fi
-        if [[ -n "$HOST" && ",$IPS," != *",$HOST,"* ]]; then
-            die "HOST='$HOST' is not one of IPS='$IPS'; set HOST to this node's IP exactly as written in IPS"
-        fi
-        if [[ -n "$START_PORT" ]] && ! [[ "$START_PORT" =~ ^[1-9][0-9]*$ && "$START_PORT" -lt 65536 ]]; then
-            die "START_PORT='$START_PORT' must be a port number 1..65535, e.g. 6070"
+        [[ -n "$IPS$MASTER" ]] \
+            || die "IPS and MASTER are unset or empty: set MASTER=host:port NNODES=N (or --master/--nnodes), the rendezvous server, or IPS=ip1,ip2,... (or --ips), the node IPs in the same order on every node"
+        check_rendezvous
+        if [[ -n "$IPS" ]]; then
+            [[ "$IPS" =~ ^[^,[:space:]]+(,[^,[:space:]]+)*$ ]] \
+                || die "IPS='$IPS' is malformed: give comma-separated IPs without spaces or empty items, e.g. 10.0.0.1,10.0.0.2"
+            IFS=, read -r -a ip_list <<< "$IPS"
+            if [[ $(printf '%s\n' "${ip_list[@]}" | sort | uniq -d | head -n1) != "" ]]; then
+                die "IPS='$IPS' lists a node twice; give each node IP once"
+            fi
+            if [[ ${#ip_list[@]} -gt 1 && ",$IPS," =~ ,(127\.0\.0\.1|localhost), ]]; then
+                die "IPS='$IPS': 127.0.0.1/localhost cannot be used with several nodes (other nodes cannot reach it); use each node's network IP"
+            fi
+            if [[ -n "$HOST" && ",$IPS," != *",$HOST,"* ]]; then
+                die "HOST='$HOST' is not one of IPS='$IPS'; set HOST to this node's IP exactly as written in IPS"
+            fi
+            [[ -z "$START_PORT" ]] || check_port START_PORT "$START_PORT" "$START_PORT" 6070
         fi ;;
-    single|cpu) ;;
+    cpu) check_rendezvous ;;
+    single) ;;
     *) die "internal: unknown launch mode '$MODE'" ;;
 esac
 if [[ "$MODE" == cpu ]]; then
@@ -129,28 +176,50 @@ fi
 
 # --- the command ---
 launch=("$PYTHON" -m paddle.distributed.launch)
+rendezvous=()
+if [[ -n "$MASTER" ]]; then  # a rendezvous server: every node gives the same --master and --nnodes
+    rendezvous=(--master "$MASTER" --nnodes "$NNODES")
+    [[ -z "$NODE_RANK" ]] || rendezvous+=(--rank "$NODE_RANK")
+fi
 case "$MODE" in
     # --gpus is 2.6.2's alias of --devices; --ips starts every node from the fixed list (no master)
     multi)
-        launch+=(--ips "$IPS" --gpus "$GPUS")
+        if [[ -n "$MASTER" ]]; then launch+=("${rendezvous[@]}"); else launch+=(--ips "$IPS"); fi
+        launch+=(--gpus "$GPUS")
         [[ -z "$HOST" ]] || launch+=(--host "$HOST")
         [[ -z "$START_PORT" ]] || launch+=(--start_port "$START_PORT")
-        device=gpu ;;
-    single) launch+=(--gpus "$GPUS"); device=gpu ;;
+        device=gpu; nproc_local=$(tr , '\n' <<< "$GPUS" | wc -l) ;;
+    single) launch+=(--gpus "$GPUS"); device=gpu; nproc_local=$(tr , '\n' <<< "$GPUS" | wc -l) ;;
     # never --devices/--gpus on CPU: 2.6.2's launcher fails with "substring not found"
-    cpu) launch+=(--nproc_per_node "$NPROC"); device=cpu ;;
+    cpu)
+        launch+=(${rendezvous[@]+"${rendezvous[@]}"} --nproc_per_node "$NPROC")
+        [[ -z "$HOST" ]] || launch+=(--host "$HOST")
+        device=cpu; nproc_local=$NPROC ;;
 esac
 cmd=("${launch[@]}" --log_dir "$LOG_DIR" "$ROOT/run_multitask_static.py" --config "$CONFIG" --output_dir "$OUTPUT_DIR")
 [[ -z "$INPUT_DIR" ]] || cmd+=(--input_dir "$INPUT_DIR")
 cmd+=(--device "$device" ${train_args[@]+"${train_args[@]}"})
+
+# --- threads per process, decided for this node before the launcher starts (it imports paddle,
+# which sets OMP_NUM_THREADS=1 for every rank it starts). A value the user set is never changed:
+# ernie_mtl.threads prints nothing then. The decision is ernie_mtl/threads.py's (stdlib only, so
+# any python3 runs it); if it cannot run, the ranks report their thread count themselves.
+threads_export=""
+if [[ -z "${OMP_NUM_THREADS-}" ]]; then
+    threads_export="$(cd "$ROOT" && "$PYTHON" -m ernie_mtl.threads --shell --nproc_per_node "$nproc_local" \
+        --device "$device" 2>/dev/null)" \
+        || { threads_export=""; echo "$PROG: warning: python -m ernie_mtl.threads failed; OMP_NUM_THREADS left unset" >&2; }
+fi
 
 # Printed so it can be pasted into a shell: arguments with unsafe characters in single quotes
 quoted=()
 for arg in "${cmd[@]}"; do
     if [[ "$arg" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then quoted+=("$arg"); else quoted+=("'${arg//\'/\'\\\'\'}'"); fi
 done
+[[ -z "$threads_export" ]] || echo "+ $threads_export"
 echo "+ ${quoted[*]}"
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
     exit 0
 fi
+[[ -z "$threads_export" ]] || eval "$threads_export"
 exec "${cmd[@]}"

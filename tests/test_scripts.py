@@ -1,5 +1,6 @@
-"""Launch scripts: the exact command each prints in DRY_RUN mode, input checks (message, exit status 2,
-nothing launched), syntax, and one real two-process CPU run through scripts/run_cpu.sh."""
+"""Launch scripts: the exact command each prints in DRY_RUN mode (IPS and MASTER/NNODES rendezvous
+modes), input checks (message, exit status 2, nothing launched), the per-node thread settings, syntax,
+and one real two-process CPU run through scripts/run_cpu.sh (two real nodes: tests/test_multinode.py)."""
 import zlib  # noqa: F401  (before paddle)
 
 import os
@@ -15,8 +16,12 @@ LAUNCH = "python3 -m paddle.distributed.launch"
 
 
 def run(name, env=None, *args, timeout=30, cwd=None):
-    """The script with a clean environment (no IPS/GPUS/... inherited from the caller's shell)."""
-    full_env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **(env or {})}
+    """The script with a clean environment (no IPS/GPUS/... inherited from the caller's shell).
+    OMP_NUM_THREADS is set (a user value: the script exports no thread settings) unless `env` says
+    otherwise; test_thread_settings_per_node covers the decision."""
+    full_env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "OMP_NUM_THREADS": "1",
+                **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}
     return subprocess.run(["bash", str(SCRIPTS[name]), *args], env=full_env, capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)
 
@@ -59,6 +64,51 @@ def test_options_win_over_environment_and_defaults(config, tmp_path):
                    "--output_dir 'x y'\n")
 
 
+def test_rendezvous_command(config):
+    """MASTER/NNODES: the launcher's rendezvous mode, the same command on every node; NODE_RANK fixes
+    this node's place; the GPU and the CPU scripts share it."""
+    out = dry("run", {"MASTER": "10.0.0.1:8090", "NNODES": "2", "GPUS": "0,1,2,3", "CONFIG": str(config),
+                      "OUTPUT_DIR": "/shared/run1"}, "--max_steps", "100")
+    assert out == (f"+ {LAUNCH} --master 10.0.0.1:8090 --nnodes 2 --gpus 0,1,2,3 --log_dir /shared/run1/launch_log "
+                   f"{ENTRY} --config {config} --output_dir /shared/run1 --device gpu --max_steps 100\n")
+    out = dry("run", {"GPUS": "0", "CONFIG": str(config), "HOST": "10.0.0.2"},
+              "--master=10.0.0.1:8090", "--nnodes", "4", "--node_rank", "3")
+    assert out == (f"+ {LAUNCH} --master 10.0.0.1:8090 --nnodes 4 --rank 3 --gpus 0 --host 10.0.0.2 "
+                   f"--log_dir output/launch_log {ENTRY} --config {config} --output_dir output --device gpu\n")
+    out = dry("run_cpu", {"MASTER": "10.0.0.1:8090", "NNODES": "2", "NPROC": "1", "CONFIG": str(config)})
+    assert out == (f"+ {LAUNCH} --master 10.0.0.1:8090 --nnodes 2 --nproc_per_node 1 --log_dir output/launch_log "
+                   f"{ENTRY} --config {config} --output_dir output --device cpu\n")
+
+
+def test_loopback_master_warns_that_all_nodes_must_run_here(config):
+    proc = run("run_cpu", {"DRY_RUN": "1", "PYTHON": "python3", "MASTER": "127.0.0.1:8090", "NNODES": "2",
+                           "CONFIG": str(config)})
+    assert proc.returncode == 0
+    assert proc.stderr == ("run_cpu.sh: warning: MASTER='127.0.0.1:8090' is reachable from this machine only: all 2 "
+                           "nodes must run here; on several machines use the master node's network IP\n")
+    proc = run("run_cpu", {"DRY_RUN": "1", "PYTHON": "python3", "MASTER": "localhost:8090", "NNODES": "1",
+                           "CONFIG": str(config)})
+    assert proc.returncode == 0 and proc.stderr == ""  # one node: nothing to reach
+
+
+def test_thread_settings_per_node(config):
+    """Without OMP_NUM_THREADS the script exports the per-node decision of ernie_mtl.threads (cores
+    divided among this node's processes) before the command; a value the user set is kept."""
+    from ernie_mtl.threads import cpu_budget
+
+    cores = cpu_budget().cpus
+    proc = run("run_cpu", {"DRY_RUN": "1", "PYTHON": "python3", "CONFIG": str(config), "OMP_NUM_THREADS": None,
+                           "NPROC": "2"})
+    assert proc.returncode == 0, proc.stderr
+    first, command = proc.stdout.splitlines()
+    n = max(1, cores // 2)
+    assert first.startswith(f"+ export OMP_NUM_THREADS={n} MKL_NUM_THREADS={n} ERNIE_MTL_THREADS_ORIGIN=")
+    assert "/ 2 processes on this node" in first
+    assert command.startswith(f"+ {LAUNCH} --nproc_per_node 2 ")
+    proc = run("run_cpu", {"DRY_RUN": "1", "PYTHON": "python3", "CONFIG": str(config), "OMP_NUM_THREADS": "3"})
+    assert proc.stdout.startswith(f"+ {LAUNCH} ")  # the user's value: nothing exported
+
+
 def test_single_node_command(config):
     out = dry("run_single_node", {"GPUS": "0,1", "CONFIG": str(config)}, "--output_dir", "out/a")
     assert out == (f"+ {LAUNCH} --gpus 0,1 --log_dir out/a/launch_log {ENTRY} --config {config} "
@@ -80,15 +130,33 @@ def test_default_interpreter(config):
 
 
 @pytest.mark.parametrize("name,env,args,message", [
-    ("run", {"GPUS": "0"}, [], "run.sh: error: IPS is unset or empty: set IPS=ip1,ip2,..."),
-    ("run", {"IPS": "", "GPUS": "0"}, [], "run.sh: error: IPS is unset or empty"),
+    ("run", {"GPUS": "0"}, [], "run.sh: error: IPS and MASTER are unset or empty: set MASTER=host:port NNODES=N "
+     "(or --master/--nnodes), the rendezvous server, or IPS=ip1,ip2,... (or --ips)"),
+    ("run", {"IPS": "", "GPUS": "0"}, [], "run.sh: error: IPS and MASTER are unset or empty"),
+    ("run", {"IPS": "10.0.0.1", "MASTER": "10.0.0.1:8090", "NNODES": "2", "GPUS": "0"}, [],
+     "IPS='10.0.0.1' and MASTER='10.0.0.1:8090' are both set: use either MASTER=host:port NNODES=N"),
+    ("run", {"MASTER": "10.0.0.1", "NNODES": "2", "GPUS": "0"}, [],
+     "MASTER='10.0.0.1' is malformed: give host:port of the rendezvous server, the same on every node"),
+    ("run", {"MASTER": "10.0.0.1:8090:1", "NNODES": "2", "GPUS": "0"}, [], "MASTER='10.0.0.1:8090:1' is malformed"),
+    ("run", {"MASTER": "10.0.0.1:70000", "NNODES": "2", "GPUS": "0"}, [],
+     "MASTER='10.0.0.1:70000': the port must be a number 1..65535, e.g. MASTER=10.0.0.1:8090"),
+    ("run", {"MASTER": "10.0.0.1:8090", "GPUS": "0"}, [],
+     "run.sh: error: NNODES is unset: with MASTER set NNODES (or --nnodes) to the number of nodes, e.g. NNODES=2"),
+    ("run", {"MASTER": "10.0.0.1:8090", "NNODES": "0", "GPUS": "0"}, [], "NNODES='0' must be a positive integer"),
+    ("run", {"MASTER": "10.0.0.1:8090", "NNODES": "2", "NODE_RANK": "2", "GPUS": "0"}, [],
+     "NODE_RANK='2' must be 0..1 (this node's place among NNODES=2), each node a different one"),
+    ("run", {"MASTER": "10.0.0.1:8090", "NNODES": "2", "START_PORT": "6070", "GPUS": "0"}, [],
+     "START_PORT='6070' applies to IPS mode only: with MASTER the launcher picks free ports; unset START_PORT"),
+    ("run", {"IPS": "10.0.0.1", "NNODES": "2", "GPUS": "0"}, [], "NNODES='2' needs MASTER: set MASTER=host:port"),
+    ("run_cpu", {"NODE_RANK": "0"}, [], "run_cpu.sh: error: NODE_RANK='0' needs MASTER"),
+    ("run_cpu", {}, ["--master", "10.0.0.1:8090", "--nnodes", "two"], "run_cpu.sh: error: NNODES='two' must be"),
     ("run", {"IPS": "10.0.0.1,,10.0.0.2", "GPUS": "0"}, [], "IPS='10.0.0.1,,10.0.0.2' is malformed"),
     ("run", {"IPS": "10.0.0.1, 10.0.0.2", "GPUS": "0"}, [], "IPS='10.0.0.1, 10.0.0.2' is malformed"),
     ("run", {"IPS": "10.0.0.1,10.0.0.1", "GPUS": "0"}, [], "lists a node twice"),
     ("run", {"IPS": "127.0.0.1,10.0.0.2", "GPUS": "0"}, [], "127.0.0.1/localhost cannot be used with several nodes"),
     ("run", {"IPS": "10.0.0.1,10.0.0.2", "GPUS": "0", "HOST": "10.0.0.3"}, [],
      "HOST='10.0.0.3' is not one of IPS='10.0.0.1,10.0.0.2'"),
-    ("run", {"IPS": "10.0.0.1", "GPUS": "0", "START_PORT": "70000"}, [], "START_PORT='70000' must be a port number"),
+    ("run", {"IPS": "10.0.0.1", "GPUS": "0", "START_PORT": "70000"}, [], "START_PORT='70000': the port must be a number 1..65535, e.g. 6070"),
     ("run", {"IPS": "10.0.0.1"}, [], "run.sh: error: GPUS is unset or empty"),
     ("run", {"IPS": "10.0.0.1", "GPUS": "0;1"}, [], "GPUS='0;1' is malformed: give comma-separated GPU ids"),
     ("run_single_node", {"GPUS": "gpu0"}, [], "run_single_node.sh: error: GPUS='gpu0' is malformed"),
@@ -152,6 +220,8 @@ def test_real_two_process_cpu_run(tmp_path):
     assert proc.stdout.startswith("+ ") and "--nproc_per_node 2" in proc.stdout.splitlines()[0]
     assert sorted(p.name for p in (out / "launch_log").glob("workerlog.*")) == ["workerlog.0", "workerlog.1"]
     assert (out / "model_last" / "train_state.json").is_file()
+    envlog = (out / "launch_log" / "envlog.0").read_text()
+    assert "OMP_NUM_THREADS=1\n" in envlog  # the test's own setting reached the ranks unchanged
 
 
 def test_sh_invocation_and_multitask_config_without_corpus(tmp_path):
@@ -160,7 +230,7 @@ def test_sh_invocation_and_multitask_config_without_corpus(tmp_path):
     cfg = tmp_path / "global.yaml"
     cfg.write_text('task_instance: "a, b"\n')
     env = {"PATH": os.environ["PATH"], "HOME": "/tmp", "DRY_RUN": "1", "PYTHON": "python3", "IPS": "10.0.0.1,10.0.0.2",
-           "GPUS": "0,1", "CONFIG": str(cfg), "OUTPUT_DIR": "/shared/run"}
+           "GPUS": "0,1", "CONFIG": str(cfg), "OUTPUT_DIR": "/shared/run", "OMP_NUM_THREADS": "2"}
     proc = subprocess.run(["sh", str(SCRIPTS["run"]), "--max_steps", "5"], env=env, capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode == 0, proc.stderr
