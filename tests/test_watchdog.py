@@ -1,0 +1,492 @@
+"""ernie_mtl.watchdog: the peer watch against an in-memory store with a controlled clock (verdicts,
+the ring, store loss, diagnosis after a failed collective, rank 0 outliving its peers), the orphan
+guard in real processes, and both under the real `paddle.distributed.launch` with real gloo: a rank
+script wired exactly as the entry point must be (tests/test_multinode.py runs the CLI itself)."""
+import zlib  # noqa: F401  (before paddle)
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ernie_mtl import watchdog
+from ernie_mtl.watchdog import EXIT_PEER_LOST, PeerWatch
+
+ROOT = Path(__file__).resolve().parents[1]
+ENDPOINTS = ["10.0.0.1:6070", "10.0.0.2:6070", "10.0.0.3:6070"]
+
+
+class FakeStore:
+    """The calls PeerWatch makes on Paddle's TCPStore, over a dict shared by every 'rank'."""
+
+    def __init__(self):
+        self.data = {}
+        self.broken = None  # an exception every call raises (the store's host is gone)
+
+    def add(self, key, value):
+        if self.broken:
+            raise self.broken
+        self.data[key] = int(self.data.get(key, 0)) + value
+        return self.data[key]
+
+    def set(self, key, value):
+        if self.broken:
+            raise self.broken
+        self.data[key] = bytes(value)
+
+    def get(self, key):
+        if self.broken:
+            raise self.broken
+        return self.data[key]
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def make(rank, world, store, clock, died, **kw):
+    kw.setdefault("timeout_s", 10.0)
+    kw.setdefault("interval_s", 1.0)
+    return PeerWatch(rank, world, lambda: store, endpoints=ENDPOINTS[:world], store_desc="the store at 10.0.0.1:7000",
+                     die=died.append, clock=clock, **kw)
+
+
+def test_a_silent_peer_is_lost_after_the_timeout_and_the_verdict_reaches_every_rank(tmp_path):
+    store, clock, died = FakeStore(), Clock(), []
+    watchdog.set_output_dir(str(tmp_path))
+    r0, r1, r2 = (make(r, 3, store, clock, died) for r in range(3))
+    for _ in range(5):  # all alive: no verdict
+        for w in (r0, r1, r2):
+            w.check_once()
+        clock.t += 1.0
+    assert died == []
+    for _ in range(10):  # rank 1 stops beating; 10 s is not yet more than the timeout
+        r0.check_once()
+        r2.check_once()
+        clock.t += 1.0
+    assert died == []
+    clock.t += 1.5
+    r0.check_once()  # rank 0 watches rank 1 (the ring: r -> r+1)
+    assert len(died) == 1
+    assert died[0].startswith("rank 0: lost rank 1 (node 10.0.0.2): no heartbeat for 12 s (ERNIE_MTL_PEER_TIMEOUT=10)")
+    assert died[0].endswith(f"Run the same command again on every node to resume from {tmp_path}/model_last "
+                            "(no checkpoint there yet: that run starts from the beginning).")
+    r2.check_once()  # rank 2 watches rank 0, who is fine, but reads the verdict
+    assert died[1].startswith("rank 2: lost rank 1 (node 10.0.0.2): no heartbeat") and "(verdict of rank 0)" in died[1]
+
+
+def test_the_ring_skips_ranks_that_left_normally(tmp_path):
+    store, clock, died = FakeStore(), Clock(), []
+    r0, r1, r2 = (make(r, 3, store, clock, died) for r in range(3))
+    r1.stop()  # rank 1 finished and left on purpose
+    assert r0._watched() == 2
+    for _ in range(15):
+        r0.check_once()
+        r2.check_once()
+        clock.t += 1.0
+    assert died == []  # rank 1's beat stands still, but it left: no verdict
+    r2.stop()
+    assert r0._watched() is None
+
+
+def test_a_store_that_fails_or_stops_answering_means_rank_0_is_lost(tmp_path):
+    store, clock, died = FakeStore(), Clock(), []
+    watch = make(1, 2, store, clock, died, timeout_s=0.6, interval_s=0.05)
+    store.broken = ValueError("(InvalidArgument) TCP send error. Details: Broken pipe.")
+    watch.start()
+    deadline = time.monotonic() + 5
+    while not died and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert died and died[0].startswith("rank 1: lost contact with the store at 10.0.0.1:7000, which lives in rank 0 "
+                                       "(node 10.0.0.1): it failed: ValueError: (InvalidArgument) TCP send error.")
+
+    # a store call that never returns (the host vanished without closing the connection)
+    hung, died = FakeStore(), []
+    release = threading.Event()
+    hung.add = lambda key, value: release.wait()  # noqa: E731
+    watch = PeerWatch(1, 2, lambda: hung, endpoints=ENDPOINTS[:2], store_desc="the store", die=died.append,
+                      timeout_s=0.5, interval_s=0.1)
+    t0 = time.monotonic()
+    watch.start()
+    while not died and time.monotonic() < t0 + 5:
+        time.sleep(0.01)
+    release.set()
+    assert died and "lost contact with the store, which lives in rank 0 (node 10.0.0.1): no answer for" in died[0]
+    assert time.monotonic() - t0 < 0.5 + 0.1 * 3 + 1.0  # timeout + interval (+ the poll), with a margin
+
+
+def test_after_a_failed_collective_the_diagnosis_names_the_ranks_that_stopped(tmp_path):
+    store, clock, died = FakeStore(), Clock(), []
+    r0, r1, r2 = (make(r, 3, store, clock, died) for r in range(3))
+    for w in (r0, r1, r2):
+        w.check_once()
+
+    def rank_2_beats(_seconds):  # during the window rank 2 is alive; rank 1 is dead
+        store.add("ernie_mtl/watch/beat/2", 1)
+
+    r0._sleep = rank_2_beats
+    text = r0.diagnose()
+    assert text.startswith("lost rank 1 (node 10.0.0.2): no heartbeat for 2 s after a collective failed")
+    r0.on_uncaught(RuntimeError("std::exception"))
+    assert died[-1].startswith("rank 0: lost rank 1 (node 10.0.0.2)")
+    r2.check_once()  # the verdict reaches the others
+    assert died[-1].startswith("rank 2: lost rank 1")
+
+
+def test_a_rank_failing_with_its_own_error_stops_the_others_naming_it(tmp_path):
+    store, clock, died = FakeStore(), Clock(), []
+    r0, r1 = (make(r, 2, store, clock, died) for r in range(2))
+    r0.check_once()
+    r1.check_once()
+    r1._sleep = lambda s: store.add("ernie_mtl/watch/beat/0", 1)  # rank 0 alive during the diagnosis
+    r1.on_uncaught(ValueError("bad value in batch 7\nsecond line"))
+    assert died == []  # its own error: it exits as it would have (the traceback was printed)
+    r0.check_once()
+    assert died == ["rank 0: rank 1 (node 10.0.0.2) failed with its own error (ValueError: bad value in batch 7); "
+                    "see that rank's log. The job cannot continue. " + watchdog.resume_hint()]
+    r0.on_uncaught(KeyboardInterrupt())  # ignored
+
+
+def test_rank_0_stays_until_its_live_peers_have_left():
+    """The store lives in rank 0: leaving first would look like a loss to a rank still finishing."""
+    store, clock, died = FakeStore(), Clock(), []
+    r0, r1 = (make(r, 2, store, clock, died) for r in range(2))
+    rounds = []
+
+    def rank_1_finishing(_seconds):
+        rounds.append(1)
+        clock.t += 0.5
+        store.add("ernie_mtl/watch/beat/1", 1)  # still working ...
+        if len(rounds) == 30:
+            r1.stop()  # ... then done
+
+    r0._sleep = rank_1_finishing
+    r0.stop()
+    assert len(rounds) == 30 and died == []
+    # a silent peer is not waited for beyond the timeout
+    store, clock = FakeStore(), Clock()
+    r0 = make(0, 2, store, clock, died)
+    r0._sleep = lambda s: setattr(clock, "t", clock.t + 1.0)
+    r0.stop()
+    assert 10 <= clock.t - 1000.0 <= 13
+
+
+def test_resume_hint_and_settings(tmp_path, monkeypatch):
+    (tmp_path / "model_last").mkdir()
+    assert watchdog.resume_hint(str(tmp_path)).endswith("(no checkpoint there yet: that run starts from the beginning).")
+    (tmp_path / "model_last" / "train_state.json").write_text("{}")
+    assert watchdog.resume_hint(str(tmp_path)) == (
+        f"Run the same command again on every node to resume from {tmp_path}/model_last.")
+    with pytest.raises(ValueError, match="ERNIE_MTL_PEER_TIMEOUT='soon' must be a positive number of seconds"):
+        watchdog._env_float({"ERNIE_MTL_PEER_TIMEOUT": "soon"}, "ERNIE_MTL_PEER_TIMEOUT", 120)
+    with pytest.raises(ValueError, match="ERNIE_MTL_PEER_TIMEOUT='0'"):
+        watchdog._env_float({"ERNIE_MTL_PEER_TIMEOUT": "0"}, "ERNIE_MTL_PEER_TIMEOUT", 120)
+    assert watchdog.store_address({"PADDLE_MASTER": "10.0.0.1:7000"}) == ("10.0.0.1", 7000)
+    assert watchdog.store_address({"PADDLE_TRAINER_ENDPOINTS": "10.0.0.5:6070,10.0.0.6:6070"}) == ("10.0.0.5", 6070)
+    assert watchdog.store_address({}) is None
+    assert watchdog.describe_ranks([9, 8], ["a:1"] * 8 + ["10.0.0.2:1", "10.0.0.2:2"]) == \
+        "ranks 8 (node 10.0.0.2), 9 (node 10.0.0.2)"
+
+
+# ------------------------------------------------------------------------------------------
+# the orphan guard, in real processes (no paddle)
+
+GUARDED_CHILD = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {root!r})
+    from ernie_mtl import watchdog
+    guard = watchdog.install_orphan_guard()
+    print("guarded" if guard else "unguarded", os.getpid(), file=sys.stderr, flush=True)
+    time.sleep(120)
+""")
+
+PARENT = textwrap.dedent("""
+    import os, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", {child!r}], start_new_session=True)  # as the launcher does
+    print(child.pid, flush=True)
+    time.sleep(120)
+""")
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def test_orphan_guard_stops_a_child_whose_parent_was_killed(tmp_path):
+    child = GUARDED_CHILD.format(root=str(ROOT))
+    env = {**os.environ, "ERNIE_MTL_ORPHAN_GUARD": "1", "ERNIE_MTL_ORPHAN_POLL": "0.2"}
+    log = open(tmp_path / "child.log", "w")
+    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(child=child)], stdout=subprocess.PIPE,
+                              stderr=log, env=env, text=True)
+    child_pid = None
+    try:
+        child_pid = int(parent.stdout.readline())
+        deadline = time.monotonic() + 30
+        while "guarded" not in (tmp_path / "child.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        parent.kill()  # SIGKILL: the parent cannot clean up
+        parent.wait()
+        t0 = time.monotonic()
+        while _alive(child_pid) and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        assert not _alive(child_pid), "the orphaned child kept running"
+        assert time.monotonic() - t0 < 3  # poll 0.2 s, generous margin for a loaded machine
+    finally:
+        if child_pid and _alive(child_pid):
+            os.kill(child_pid, signal.SIGKILL)
+        parent.kill()
+    text = (tmp_path / "child.log").read_text()
+    assert f"ernie_mtl watchdog: rank ?: its launcher (pid {parent.pid}) is gone" in text
+
+
+def test_no_guard_without_a_launcher():
+    """A plain run (its parent is a shell or pytest) is never guarded: it may outlive its terminal."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "ERNIE_MTL_ORPHAN"))}
+    proc = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); from ernie_mtl import watchdog; "
+                           "print(watchdog.install_orphan_guard())" % str(ROOT)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.stdout.strip() == "None", proc.stderr
+    assert watchdog.install_orphan_guard({"ERNIE_MTL_ORPHAN_GUARD": "0", "PADDLE_TRAINER_ID": "0",
+                                          "PADDLE_BACKUP_ENV_PATH": "x"}) is None
+    assert watchdog.launched_by_paddle({"PADDLE_TRAINER_ID": "1", "PADDLE_BACKUP_ENV_PATH": "/l/backup_env.1.json"},
+                                       ppid=os.getpid())
+    assert not watchdog.launched_by_paddle({"PADDLE_TRAINER_ID": "1"}, ppid=os.getpid())
+
+
+# ------------------------------------------------------------------------------------------
+# under the real launcher, real gloo: a rank script wired as run_multitask_static.py must be
+
+RANK_SCRIPT = textwrap.dedent("""
+    import zlib, os, sys, time
+    sys.path.insert(0, {root!r})
+    from ernie_mtl import watchdog
+    watchdog.install_orphan_guard()                     # first: before paddle is imported
+    import numpy as np
+    import paddle
+    from ernie_mtl.distributed import ProcessInfo, init_distributed
+    info = ProcessInfo.from_env()
+    init_distributed(info)
+    watchdog.start_peer_watch(info, os.environ["OUT"])  # right after the distributed set-up
+    main, start = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, start):
+        x = paddle.static.data("x", [64], "float32")
+        from paddle.base.layer_helper import LayerHelper
+        helper = LayerHelper("c_allreduce_sum")
+        out = helper.create_variable_for_type_inference("float32")
+        helper.append_op(type="c_allreduce_sum", inputs={{"X": [x]}}, outputs={{"Out": [out]}},
+                         attrs={{"ring_id": 0, "use_calc_stream": True}})
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(start)
+    steps = int(os.environ.get("STEPS", "100000"))
+    for step in range(1, steps + 1):
+        total = exe.run(main, feed={{"x": np.ones(64, "float32")}}, fetch_list=[out])[0]
+        assert total[0] == info.world_size
+        if step % 20 == 0:
+            print("step", step, flush=True)
+        time.sleep(0.02)
+    time.sleep(float(os.environ.get("EXTRA_S_RANK_%d" % info.rank, "0")))  # e.g. a rank finishing late
+    print("finished", flush=True)
+""")
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    """Processes of one test job, found by a marker in their environment (ranks run in sessions of
+    their own and outlive a killed launcher); `kill_all` ends every one of them."""
+
+    def __init__(self, tmp_path):
+        self.marker = f"ERNIE_MTL_TEST_JOB={os.getpid()}-{time.monotonic_ns()}"
+        self.tmp = tmp_path
+        self.launchers = []
+
+    def env(self, **extra):
+        key, value = self.marker.split("=", 1)
+        return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", key: value, **extra}
+
+    def launch(self, args, *, log, **env):
+        out = open(self.tmp / f"{log}.out", "w")
+        proc = subprocess.Popen(args, cwd=self.tmp, env=self.env(**env), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.launchers.append(proc)
+        return proc
+
+    def pids(self):
+        found = []
+        needle = self.marker.encode()
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != os.getpid():
+                try:
+                    with open(f"/proc/{entry}/environ", "rb") as f:
+                        if needle in f.read().split(b"\0"):
+                            found.append(int(entry))
+                except OSError:
+                    pass
+        return [p for p in found if _alive(p)]
+
+    def ranks(self):
+        return [p for p in self.pids() if "paddle.distributed.launch" not in _cmd(p)]
+
+    def kill_all(self):
+        for _ in range(3):
+            for pid in self.pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        for proc in self.launchers:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _cmd(pid):
+    return watchdog._cmdline(pid)
+
+
+@pytest.fixture
+def job(tmp_path):
+    j = Job(tmp_path)
+    yield j
+    j.kill_all()
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def launcher_args(log_dir, *rendezvous, nproc=1):
+    return [sys.executable, "-m", "paddle.distributed.launch", *rendezvous, "--nproc_per_node", str(nproc),
+            "--log_dir", str(log_dir), "rank.py"]
+
+
+def two_nodes(job, tmp_path, **env):
+    """Two launchers on this machine joining at one rendezvous address, one process each."""
+    (tmp_path / "rank.py").write_text(RANK_SCRIPT.format(root=str(ROOT)))
+    master = ["--master", f"127.0.0.1:{free_port()}", "--nnodes", "2"]
+    nodes = [job.launch(launcher_args(tmp_path / f"log{n}", *master), log=f"node{n}", OUT=str(tmp_path / "out"), **env)
+             for n in (0, 1)]
+    logs = [tmp_path / f"log{n}" / "workerlog.0" for n in (0, 1)]
+    wait_for(lambda: all(p.exists() and "step 20" in p.read_text(errors="replace") for p in logs), 90,
+             "both nodes to train")
+    rank_of = [int(next(line for line in (tmp_path / f"log{n}" / "envlog.0").read_text().splitlines()
+                        if line.startswith("PADDLE_TRAINER_ID=")).split("=")[1]) for n in (0, 1)]
+    return nodes, logs, rank_of
+
+
+def node_processes(job, launcher):
+    """The launcher and its rank (the rank's parent is the launcher until the launcher dies)."""
+    return [launcher.pid] + [p for p in job.ranks() if _ppid(p) == launcher.pid]
+
+
+def _ppid(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+@pytest.mark.slow
+def test_orphaned_ranks_exit_when_their_launcher_is_killed(job, tmp_path):
+    (tmp_path / "rank.py").write_text(RANK_SCRIPT.format(root=str(ROOT)))
+    launcher = job.launch(launcher_args(tmp_path / "log", nproc=2), log="launcher", OUT=str(tmp_path / "out"))
+    logs = [tmp_path / "log" / f"workerlog.{r}" for r in (0, 1)]
+    wait_for(lambda: all(p.exists() and "step 20" in p.read_text(errors="replace") for p in logs), 90, "training")
+    ranks = job.ranks()
+    assert len(ranks) >= 2
+    os.kill(launcher.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    wait_for(lambda: not any(_alive(p) for p in ranks), 20, "the orphaned ranks to exit")
+    took = time.monotonic() - t0
+    assert took < 10, took  # poll 1 s; generous margin
+    for r, path in enumerate(logs):
+        assert f"ernie_mtl watchdog: rank {r}: its launcher (pid {launcher.pid}) is gone" in path.read_text(), r
+
+
+@pytest.mark.slow
+def test_a_frozen_node_stops_the_survivor_within_the_timeout(job, tmp_path):
+    """SIGSTOP of a node (launcher and rank) keeps its sockets open, as a power loss or a network
+    partition does: gloo would wait 9,999,999 s. The watch stops the survivor after the timeout."""
+    nodes, logs, rank_of = two_nodes(job, tmp_path, ERNIE_MTL_PEER_TIMEOUT="8")
+    lost = rank_of.index(1)  # freeze the node of rank 1: rank 0 (the store's host) survives
+    frozen = node_processes(job, nodes[lost])
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    survivor = nodes[1 - lost]
+    try:
+        code = survivor.wait(timeout=60)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGKILL)
+    took = time.monotonic() - t0
+    assert code == EXIT_PEER_LOST
+    assert 8 <= took < 8 + 2 * 0.8 + 15, took  # timeout + 2 intervals + the launcher's shutdown, with margin
+    text = logs[1 - lost].read_text()
+    assert "ernie_mtl watchdog: rank 0: lost rank 1 (node 127.0.0.1): no heartbeat for" in text
+    assert f"Run the same command again on every node to resume from {tmp_path}/out/model_last" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lost_rank", [1, 0])
+def test_a_killed_node_stops_the_survivor_at_once_naming_it(job, tmp_path, lost_rank):
+    """SIGKILL of a node (launcher and rank): gloo fails at once on the survivor; the diagnosis names
+    the lost rank. Losing rank 0 also loses the job's store, which lives in its process."""
+    nodes, logs, rank_of = two_nodes(job, tmp_path, ERNIE_MTL_PEER_TIMEOUT="60")
+    lost = rank_of.index(lost_rank)
+    for pid in node_processes(job, nodes[lost]):
+        os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    code = nodes[1 - lost].wait(timeout=60)
+    took = time.monotonic() - t0
+    assert code == EXIT_PEER_LOST
+    assert took < 30, took  # far below the 60 s timeout: the failed collective is diagnosed at once
+    text = logs[1 - lost].read_text()
+    if lost_rank == 1:
+        assert "ernie_mtl watchdog: rank 0: lost rank 1 (node 127.0.0.1): no heartbeat for" in text
+    else:
+        assert ("ernie_mtl watchdog: rank 1: lost contact with the job's TCP store at 127.0.0.1:" in text
+                and "which lives in rank 0 (node 127.0.0.1)" in text)
+    assert f"resume from {tmp_path}/out/model_last" in text
+
+
+@pytest.mark.slow
+def test_no_false_alarm_when_a_rank_finishes_long_after_rank_0(job, tmp_path):
+    """Rank 1 works on for longer than the timeout after rank 0 is done: rank 0 (the store's host)
+    waits for it, and nobody is declared lost."""
+    (tmp_path / "rank.py").write_text(RANK_SCRIPT.format(root=str(ROOT)))
+    launcher = job.launch(launcher_args(tmp_path / "log", nproc=2), log="launcher", OUT=str(tmp_path / "out"),
+                          STEPS="40", EXTRA_S_RANK_1="6", ERNIE_MTL_PEER_TIMEOUT="3")
+    assert launcher.wait(timeout=120) == 0, (tmp_path / "launcher.out").read_text()[-3000:]
+    for r in (0, 1):
+        text = (tmp_path / "log" / f"workerlog.{r}").read_text()
+        assert "finished" in text and "lost" not in text
