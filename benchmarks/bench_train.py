@@ -9,8 +9,10 @@ and the model's FLOP/s as a fraction of Paddle's own matmul speed measured in th
 Both sides: same architecture, batch, sequence length, AdamW + global-norm clipping, MLM + NSP
 loss, random batches in the collate layout, the same OMP/MKL threads (ernie_mtl.threads: the
 cores of this process / ranks on this node, unless the environment sets them); each side runs in
-its own processes, `--runs` times, alternating, so drifting machine load hits both. Tokens/s is
-the median over all timed steps of all runs; the range is the spread of the runs' medians.
+its own processes, `--runs` times, alternating, so drifting machine load hits both. Each run times
+its steps while measuring the CPU other processes used (/proc/stat minus this process); disturbed
+steps are repeated (up to 3x) and the least disturbed kept. Tokens/s is the median over the kept
+steps of all runs; the range is the spread of the runs' medians.
 
 The ceiling: before building the static program, its process times `paddle.matmul` on the model's
 matmul shapes (forward, input-gradient and weight-gradient forms of every linear layer, and the
@@ -111,13 +113,14 @@ def run_static(args) -> dict:
     step = sp.build_step("pretrain", args.model, plan["b"], args.seq, variant)
     scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
     step.initialize(exe, scope)
-    times = []
-    for i in range(plan["warmup"] + plan["steps"]):
-        start = time.perf_counter()
+    def train_step(i):
         exe.run(step.main, feed=step.feed(i), fetch_list=[step.loss], scope=scope)
-        if i >= plan["warmup"]:
-            times.append(time.perf_counter() - start)
-    return {"times": times, "threads": threads, "ceiling": ceiling, "flops_per_token": step.flops_per_token(),
+
+    for i in range(plan["warmup"]):
+        train_step(i)
+    kept, _ = sp.timed_steps(train_step, plan["steps"], start=plan["warmup"])
+    times, others = [t for t, _ in kept], [c for _, c in kept]
+    return {"times": times, "other_cores": others, "threads": threads, "ceiling": ceiling, "flops_per_token": step.flops_per_token(),
             "tokens_per_step": plan["b"] * args.seq, "arch": _arch_summary(arch)}
 
 
@@ -139,10 +142,8 @@ def run_dygraph(args) -> dict:
     rng = np.random.RandomState(0)
     feeds = [{k: paddle.to_tensor(v) for k, v in sp.pretrain_batch(rng, plan["b"], args.seq, arch["vocab_size"]).items()}
              for _ in range(4)]
-    times = []
-    for i in range(plan["warmup"] + plan["steps"]):
-        start = time.perf_counter()
-        f = feeds[i % 4]
+
+    def train_step(f):
         scores, rel = model(f["input_ids"], token_type_ids=f["segment_ids"], attention_mask=f["input_mask"],
                             masked_positions=f["masked_lm_positions"])
         loss = F.cross_entropy(scores, f["masked_lm_labels"]).mean() + \
@@ -150,10 +151,13 @@ def run_dygraph(args) -> dict:
         loss.backward()
         opt.step()
         opt.clear_grad()
-        float(loss)
-        if i >= plan["warmup"]:
-            times.append(time.perf_counter() - start)
-    return {"times": times, "threads": threads, "tokens_per_step": plan["b"] * args.seq}
+        return float(loss)
+
+    for i in range(plan["warmup"]):
+        train_step(feeds[i % 4])
+    kept, _ = sp.timed_steps(lambda i: train_step(feeds[i % 4]), plan["steps"], start=plan["warmup"])
+    times, others = [t for t, _ in kept], [c for _, c in kept]
+    return {"times": times, "other_cores": others, "threads": threads, "tokens_per_step": plan["b"] * args.seq}
 
 
 def run_short_docs(args) -> dict:
@@ -206,16 +210,22 @@ def _arch_summary(arch):
 # --- the driver -----------------------------------------------------------------------------------
 
 def child_run(mode, model, variant, args, *, with_ceiling=False) -> dict:
+    idle = sp.wait_for_quiet(args.wait_quiet)
     cmd = [sys.executable, os.path.abspath(__file__), "--_child", mode, "--model", model, "--variant", variant,
            "--seq", str(args.seq), "--matmul_repeats", str(args.matmul_repeats), "--short_min", str(args.short_min)]
     if with_ceiling:
         cmd.append("--with_ceiling")
     env = dict(os.environ) if args.keep_env else \
         {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    before = loadavg()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode:
         sys.exit(f"{mode} {model} {variant} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    other = max(result.get("other_cores") or [float("nan")])
+    print(f"# {mode} {model} {variant}: load {before} ({idle:.0%} idle) -> {loadavg()}; other processes used up to "
+          f"{other:.2f} cores during timed steps", file=sys.stderr)
+    return result
 
 
 def summarize(runs, tokens_per_step):
@@ -240,6 +250,8 @@ def main():
     p.add_argument("--short_min", type=int, default=30, help="shortest sample of --short_docs (default 30: ~62%% fill at 128)")
     p.add_argument("--real_loop", action="store_true", help="instead: the real training loop vs the raw program")
     p.add_argument("--keep_env", action="store_true", help="pass this shell's OMP/MKL_NUM_THREADS to the runs")
+    p.add_argument("--wait_quiet", type=float, default=0,
+                   help="before each run, wait up to this many seconds for the machine to be 90%% idle")
     p.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--model", default=None, help=argparse.SUPPRESS)
     p.add_argument("--variant", default="plain", help=argparse.SUPPRESS)

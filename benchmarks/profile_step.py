@@ -5,8 +5,9 @@
     python benchmarks/profile_step.py --model small --batch 16 --top 15
 
 Each (task, variant) runs in its own process (threads and executor flags must be set before paddle
-is imported): one warm-up step, `--steps` timed steps without the profiler (the step time reported),
-then `--steps` profiled steps (the op table). `pretrain` is flag-mode pretraining (MLM + sentence
+is imported): one warm-up step, `--steps` timed steps without the profiler (the step time reported: steps
+during which other processes used CPU are repeated, up to 3x), then `--steps` profiled steps (the op
+table; the CPU other processes used meanwhile is printed). `pretrain` is flag-mode pretraining (MLM + sentence
 order); `multitask` is masked LM + classification + CRF tagging on one ERNIE, one micro-batch of each
 task per step, reported per micro-batch. Variants are `+`-joined parts (benchmarks/step_programs.py):
 plain (threads from ernie_mtl.threads), threads1 (Paddle's default of one thread), serial, inplace,
@@ -61,24 +62,25 @@ def child(args) -> dict:
             i += 1
 
     run_step()  # warm-up: kernel selection, allocations
-    walls = []
-    for _ in range(args.steps):
-        t = time.perf_counter()
-        run_step()
-        walls.append((time.perf_counter() - t) / per_step)
+    kept, _ = sp.timed_steps(lambda _i: run_step(), args.steps)
+    walls = [t / per_step for t, _ in kept]
+    others = [c for _, c in kept]
+    # the profiled window (paddle's profiler runs once per process: a disturbed window is reported, not redone)
     prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU])
     prof.start()
-    for _ in range(args.steps):
-        run_step()
-        prof.step()
+    with sp.OtherLoad() as other:
+        for _ in range(args.steps):
+            run_step()
+            prof.step()
     prof.stop()
+    others.append(other.cores)
     stats = StatisticData(prof.profiler_result.get_data(), prof.profiler_result.get_extra_info())
     micro = args.steps * per_step
     ops = {name: [item.call / micro, item.cpu_time / 1e6 / micro]
            for name, item in stats.event_summary.items.items()}
     return {"task": args.task, "variant": args.variant, "threads": threads, "applied": applied,
             "step_ms": 1e3 * statistics.median(walls), "step_ms_all": [1e3 * w for w in walls], "ops": ops,
-            "load": loadavg()}
+            "load": loadavg(), "other_cores": others}
 
 
 def _applied(step, variant) -> str:
@@ -140,6 +142,8 @@ def main():
     p.add_argument("--json", help="also write the raw results to this file")
     p.add_argument("--keep_env", action="store_true",
                    help="pass OMP_NUM_THREADS/MKL_NUM_THREADS of this shell to the runs (default: each variant decides)")
+    p.add_argument("--wait_quiet", type=float, default=0,
+                   help="before each run, wait up to this many seconds for the machine to be 90%% idle")
     p.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -151,17 +155,20 @@ def main():
     for task in tasks:
         results = []
         for variant in args.variants.split(","):
-            before = loadavg()
+            idle = sp.wait_for_quiet(args.wait_quiet)
+            before = f"{loadavg()}, {idle:.0%} idle"
             r = run_variant(task, variant, args)
             r["load_before"] = before
             results.append(r)
             print(f"# {task} / {variant}: {r['step_ms']:,.0f} ms per micro-batch (steps {', '.join(f'{x:,.0f}' for x in r['step_ms_all'])}); "
-                  f"{r['threads']}; {r['applied']}; load {before} -> {r['load']}", file=sys.stderr)
+                  f"{r['threads']}; {r['applied']}; load {before} -> {r['load']}; other processes used "
+                  f"{', '.join(f'{c:.2f}' for c in r['other_cores'])} cores during the kept timed steps and the profile",
+                  file=sys.stderr)
         unit = "micro-batch (one of each task per step)" if task == "multitask" else "step"
         print(f"\n### {task}: {args.model}, batch {args.batch} x seq {args.seq}, ms per {unit}\n")
         print(table(results, args.top))
-        print("\nload average (1/5/15 min) before each variant: " + "; ".join(
-            f"{r['variant']} {r['load_before']}" for r in results))
+        print("\nCPU used by other processes during each variant's timed steps (cores, max): " + "; ".join(
+            f"{r['variant']} {max(r['other_cores']):.2f}" for r in results))
         everything += results
     if args.json:
         Path(args.json).write_text(json.dumps(everything, indent=1))

@@ -14,7 +14,7 @@ Variants (a `+`-joined list, applied by `prepare_env` before paddle is imported 
     serial     FLAGS_new_executor_serial_run=1 (ops run in order on the calling thread)
     inplace    FLAGS_new_executor_use_inplace=1
     onednn     ernie_mtl.onednn.use_onednn_ops(main): the exact oneDNN op types
-    onednn=T1,T2  oneDNN on the listed op types (candidates under study)
+    onednn=T1:T2  oneDNN on the listed op types (candidates under study; `:`-separated)
     fusedadam  the per-parameter adamw ops replaced by one fused_adam op per (decay, no decay) group
                (Paddle's multi-tensor op; its CPU kernel loops over the same AdamW kernel)
     seed       every dropout op reads its seed from a Seed input (a CPU int32 tensor fed each step),
@@ -40,8 +40,95 @@ MODELS = {"tiny": "ernie-tiny-test", "small": "ernie-small", "base": "ernie-1.0-
 SEED_PREFIX = "dropout_seed_"
 
 
+def cpu_idle(seconds: float = 3.0) -> float:
+    """Fraction of the machine's CPU time that was idle over the next `seconds` (/proc/stat)."""
+    import time
+
+    def sample():
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, total
+
+    try:
+        idle0, total0 = sample()
+        time.sleep(seconds)
+        idle1, total1 = sample()
+    except OSError:
+        return float("nan")
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
+class OtherLoad:
+    """CPU used by *other* processes while a block runs, in cores: the machine's busy time
+    (/proc/stat) minus this process's own (os.times), over the wall time. 0.0 = nobody else ran.
+
+        with OtherLoad() as other: ...;   other.cores"""
+
+    def _sample(self):
+        import time
+
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        busy = (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+        own = os.times()
+        return time.perf_counter(), busy, own.user + own.system
+
+    def __enter__(self):
+        try:
+            self._start = self._sample()
+        except (OSError, ValueError):
+            self._start = None
+        self.cores = float("nan")
+        return self
+
+    def __exit__(self, *exc):
+        if self._start is not None:
+            end = self._sample()
+            wall = end[0] - self._start[0]
+            self.cores = max(0.0, ((end[1] - self._start[1]) - (end[2] - self._start[2])) / max(wall, 1e-9))
+        return False
+
+
+CLEAN = 0.1  # cores used by other processes below which a timed step counts as undisturbed
+
+
+def timed_steps(run: Callable[[int], None], n: int, *, start: int = 0, max_runs: Optional[int] = None):
+    """Run `run(i)` for i = start, start+1, ... until `n` steps ran while other processes used
+    less than CLEAN cores, or `max_runs` (default 3n) steps ran. Returns the `n` least disturbed
+    steps as (seconds, other-process cores) pairs, in order of running, and the steps run."""
+    import time
+
+    max_runs = max_runs or 3 * n
+    steps = []
+    i = start
+    while len(steps) < max_runs:
+        with OtherLoad() as other:
+            t = time.perf_counter()
+            run(i)
+            seconds = time.perf_counter() - t
+        steps.append((i, seconds, other.cores))
+        i += 1
+        if sum(1 for s in steps if s[2] < CLEAN) >= n:
+            break
+    kept = sorted(sorted(steps, key=lambda s: s[2])[:n])
+    return [(s[1], s[2]) for s in kept], i
+
+
+def wait_for_quiet(max_wait: float, *, idle: float = 0.9, log=None) -> float:
+    """Block until the machine is at least `idle` idle over 3 s (other jobs finished), or `max_wait`
+    seconds passed; returns the last idle fraction seen. 0 disables waiting."""
+    import time
+
+    deadline = time.time() + max_wait
+    seen = cpu_idle()
+    while max_wait > 0 and seen < idle and time.time() < deadline:
+        if log:
+            log(f"waiting for a quiet machine: {seen:.0%} idle")
+        time.sleep(10)
+        seen = cpu_idle()
+    return seen
+
+
 def parse_variant(text: str) -> Dict[str, Optional[str]]:
-    """"serial+onednn=layer_norm,softmax" -> {"serial": None, "onednn": "layer_norm,softmax"}."""
+    """"serial+onednn=layer_norm:softmax" -> {"serial": None, "onednn": "layer_norm:softmax"}."""
     out: Dict[str, Optional[str]] = {}
     for part in filter(None, (text or "plain").split("+")):
         key, _, value = part.partition("=")
@@ -264,7 +351,7 @@ def apply_variant(step: Step, variant: Dict[str, Optional[str]]) -> str:
     if "onednn" in variant:
         from ernie_mtl.onednn import use_onednn_ops
 
-        types = variant["onednn"].split(",") if variant["onednn"] else None
+        types = variant["onednn"].split(":") if variant["onednn"] else None
         changed = use_onednn_ops(step.main, types)
         done.append("onednn " + ",".join(f"{k}:{v}" for k, v in sorted(changed.items())))
     if "fusedadam" in variant:
