@@ -16,7 +16,7 @@ What Paddle 2.6.2 gives by itself (measured on CPU, read in its source for GPU; 
   SIGSTOP), gloo waits: its run timeout is 9,999,999 s. Static-graph NCCL collectives (c_allreduce_sum,
   c_broadcast, ...) have no timeout at all in 2.6 (`PADDLE_PG_TIMEOUT` and
   `FLAGS_enable_async_trace` drive the comm-task watchdog of the dygraph `ProcessGroupNCCL` only).
-- The job's TCP store barrier (`ernie_mtl.distributed.StoreBarrier`) gives up after 1800 s.
+- The job's TCP store barrier (`StoreBarrier`, ernie_mtl/runtime.py) gives up after 1800 s.
 
 So two small mechanisms, both threads in each rank (Paddle releases the GIL while a program runs,
 in collectives and in TCP-store calls, measured):
@@ -27,7 +27,7 @@ in collectives and in TCP-store calls, measured):
    Bound: the poll interval (`ERNIE_MTL_ORPHAN_POLL`, 1 s). Not PR_SET_PDEATHSIG: its signal
    arrives before anything can be logged, and it fires on the death of the parent *thread*.
    A process without a launcher (a plain `python run_multitask_static.py`) is never guarded.
-2. `start_peer_watch(info, output_dir)`, right after the distributed set-up (the store exists):
+2. `start_peer_watch(info, output_dir)`, right after the distributed set-up (`init_distributed`):
    every rank beats a counter in the job's TCP store (its own client connection) every
    `interval` and watches the next live rank in the ring (r+1, r+2, ... mod N), so every rank is
    watched by one other and the store sees O(N) calls per interval. A watched rank whose counter
@@ -101,7 +101,7 @@ def resume_hint(output_dir: Optional[str] = None) -> str:
 def _say(text: str) -> None:
     """One line on stderr, unbuffered (this may run while the main thread holds sys.stderr)."""
     try:
-        os.write(2, f"{PREFIX}: {text}\n".encode("utf-8", "replace"))
+        os.write(2, f"\n{PREFIX}: {text}\n".encode("utf-8", "replace"))  # \n: after a progress bar's \r
     except OSError:
         pass
 
@@ -115,7 +115,9 @@ def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise ValueError(f"{name}={raw!r} must be a positive number of seconds, e.g. {name}={default:g}")
+        from data_tools.cli_utils import UserError
+
+        raise UserError(f"{name}={raw!r} must be a positive number of seconds, e.g. {name}={default:g}")
     return value
 
 
@@ -419,7 +421,7 @@ class PeerWatch:
 
 
 def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:200]
+    return (str(e).strip().splitlines() or [""])[0][:200].rstrip(".")
 
 
 def _exit_peer_lost(message: str) -> None:

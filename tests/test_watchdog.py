@@ -278,7 +278,10 @@ RANK_SCRIPT = textwrap.dedent("""
     watchdog.install_orphan_guard()                     # first: before paddle is imported
     import numpy as np
     import paddle
-    from ernie_mtl.distributed import ProcessInfo, init_distributed
+    try:
+        from ernie_mtl.runtime import ProcessInfo, init_distributed
+    except ImportError:  # before the process set-up moved to ernie_mtl/runtime.py
+        from ernie_mtl.distributed import ProcessInfo, init_distributed
     info = ProcessInfo.from_env()
     init_distributed(info)
     watchdog.start_peer_watch(info, os.environ["OUT"])  # right after the distributed set-up
