@@ -24,6 +24,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -101,7 +102,8 @@ def _json_documents(path: str, key: str) -> Iterator[Document]:
             except json.JSONDecodeError as exc:
                 yield Document(path, lineno, None, len(raw), f"invalid JSON ({exc.msg} at column {exc.colno})")
                 continue
-            if isinstance(obj, dict) and isinstance(obj.get(key), str) and not _encodable(obj[key]):
+            if _SURROGATE_ESCAPE.search(raw) and isinstance(obj, dict) and isinstance(obj.get(key), str) \
+                    and not _encodable(obj[key]):
                 yield Document(path, lineno, None, len(raw), "not valid Unicode (a lone surrogate escape such as "
                                "\\ud800 in the JSON string)")
             elif not isinstance(obj, dict):
@@ -114,6 +116,9 @@ def _json_documents(path: str, key: str) -> Iterator[Document]:
                                f"{key!r} is {type(obj[key]).__name__}, expected a string")
             else:
                 yield Document(path, lineno, obj[key], len(raw))
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # how a lone surrogate gets into a JSON string
 
 
 def _encodable(text: str) -> bool:
@@ -189,32 +194,39 @@ def _encode_chunk(texts: List[str]):
 
 
 def _ordered_results(chunks: Iterator[Tuple[List[str], int, int]], workers: int, init_args: tuple):
-    """Yield (result, nbytes, ndocs) per chunk in input order, with at most 2*workers chunks in
-    flight (Pool.imap would read the whole input ahead of slow workers)."""
-    fork = workers > 1 and "fork" in multiprocessing.get_all_start_methods()
-    if workers == 1 or fork:
-        # built once here; forked workers inherit it (copy-on-write: the memory-mapped jieba
-        # tables and the tokenizer are shared) instead of each building its own
-        _init_worker(*init_args)
+    """Yield (result, nbytes, ndocs) per chunk in input order. `workers` processes encode: this one
+    and workers - 1 helpers (forked where the system can: they inherit the encoder built here).
+    A chunk goes to a helper while fewer than two per helper are waiting, otherwise this process
+    encodes it between reading and writing, so no process idles and none is oversubscribed.
+    At most 4 x workers chunks are held (a stalled helper makes this process wait for it)."""
+    _init_worker(*init_args)
     if workers == 1:
         for texts, nbytes, ndocs in chunks:
             yield _encode_chunk(texts), nbytes, ndocs
         return
-    if fork:
-        pool = multiprocessing.get_context("fork").Pool(workers)
+    helpers = workers - 1
+    if "fork" in multiprocessing.get_all_start_methods():
+        pool = multiprocessing.get_context("fork").Pool(helpers)
     else:
-        pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=init_args)
+        pool = multiprocessing.get_context("spawn").Pool(helpers, initializer=_init_worker, initargs=init_args)
     with pool:
-        pending: collections.deque = collections.deque()
+        pending: collections.deque = collections.deque()  # [helper job or None, result, nbytes, ndocs]
+
+        def finished():
+            job, result, b, d = pending.popleft()
+            return (job.get() if job is not None else result), b, d
+
         for texts, nbytes, ndocs in chunks:
-            pending.append((pool.apply_async(_encode_chunk, (texts,)), nbytes, ndocs))
-            if len(pending) >= 2 * workers:
-                job, b, d = pending.popleft()
-                yield job.get(), b, d
+            waiting = sum(1 for job, *_ in pending if job is not None and not job.ready())
+            if waiting < 2 * helpers:
+                pending.append([pool.apply_async(_encode_chunk, (texts,)), None, nbytes, ndocs])
+            else:
+                pending.append([None, _encode_chunk(texts), nbytes, ndocs])
+            while pending and (pending[0][0] is None or pending[0][0].ready() or len(pending) >= 4 * workers):
+                yield finished()
         while pending:
-            job, b, d = pending.popleft()
-            yield job.get(), b, d
-        pool.close()  # a normal end: let the workers exit (leaving the block terminates them)
+            yield finished()
+        pool.close()  # a normal end: let the helpers exit (leaving the block terminates them)
         pool.join()
 
 
@@ -329,8 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fast: re-implementation of jieba's algorithm, identical output; jieba: jieba.cut")
     p.add_argument("--tokenizer", choices=("fast", "paddlenlp"), default="fast",
                    help="fast: Rust `tokenizers` matching paddlenlp's ErnieTokenizer; paddlenlp: that tokenizer")
-    p.add_argument("--workers", type=int, default=1, help="tokenizer processes")
-    p.add_argument("--chunk_docs", type=int, default=256, help="documents per work unit sent to a worker")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes that tokenize: this one and workers - 1 helpers (the output is the same for any N)")
+    p.add_argument("--chunk_bytes", type=int, default=128 << 10,
+                   help="input bytes per work unit (encoded at once; 128 KiB and up run fastest)")
+    p.add_argument("--chunk_docs", type=int, default=4096, help="at most this many documents per work unit")
     p.add_argument("--max_malformed", default="0.001",
                    help="tolerated malformed lines: a count (10) or a fraction of the records (0.001)")
     p.add_argument("--log_interval", type=int, default=10000,
@@ -408,6 +423,8 @@ def _validate(args) -> Tuple[List[str], Tuple[str, float], dict]:
         problems.append(f"--workers {args.workers}: must be >= 1")
     if args.chunk_docs < 1:
         problems.append(f"--chunk_docs {args.chunk_docs}: must be >= 1")
+    if args.chunk_bytes < 1:
+        problems.append(f"--chunk_bytes {args.chunk_bytes}: must be >= 1")
     if args.log_interval < 1:
         problems.append(f"--log_interval {args.log_interval}: must be >= 1")
     if os.path.isdir(args.output_prefix):
@@ -441,7 +458,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     encoder_kwargs = dict(vocab_file=args.vocab_file, do_lower_case=args.do_lower_case,
                           split_sentences=args.split_sentences, whole_word=args.cn_whole_word_segment,
                           backend=args.tokenizer, segmenter=args.segmenter, hmm=args.jieba_hmm)
-    reader = _Reader(files, args.json_key, limit, args.chunk_docs)
+    reader = _Reader(files, args.json_key, limit, args.chunk_docs, args.chunk_bytes)
     total_bytes = sum(os.path.getsize(f) for f in files)
     tqdm.monitor_interval = 0  # no monitor thread: worker processes are forked while the bar runs
     sentences = tokens = documents = empty = docs_done = bytes_done = 0
