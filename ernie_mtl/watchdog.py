@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 import time
@@ -175,7 +176,7 @@ def _kill_own_group(message: str) -> None:
     pid = os.getpid()
     try:
         if os.getpgid(0) == pid:  # the launcher made this rank a session and group leader
-            os.killpg(pid, 9)  # this process, data-loader workers, gloo's helper processes
+            os.killpg(pid, signal.SIGKILL)  # this process, data-loader workers, gloo's helper processes
     except OSError:
         pass
     os._exit(EXIT_PEER_LOST)
@@ -256,6 +257,7 @@ class PeerWatch:
         self._last_ok = clock()
         self._seen: Dict[int, tuple] = {}  # peer -> (beat count, time it last changed)
         self._threads: List[threading.Thread] = []
+        self._pid = os.getpid()  # a forked child inherits the hooks and the socket, not the watch
 
     # -- store access ------------------------------------------------------------------------
     def _add(self, key: str, value: int) -> int:
@@ -285,7 +287,7 @@ class PeerWatch:
         """Normal exit (atexit): tell the peers this rank leaves on purpose. Rank 0 then waits until
         every other rank has left too, or has stopped beating for the timeout: the store lives in
         its process, and a store that vanished under a rank still finishing would look like a loss."""
-        if self._stopped.is_set():
+        if self._stopped.is_set() or os.getpid() != self._pid:
             return
         self._stopped.set()
         try:
@@ -403,7 +405,7 @@ class PeerWatch:
         (a collective failed because of it): stop with the verdict, status 75. This rank's own
         error: tell every other rank (they stop at once, naming it), linger for an interval so
         they can read it from the store that rank 0 hosts, then return (the usual exit status)."""
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or self._stopped.is_set():
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or self._stopped.is_set() or os.getpid() != self._pid:
             return
         text = self.diagnose()
         if text is not None:

@@ -5,6 +5,7 @@ import zlib  # noqa: F401  (before paddle)
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -213,7 +214,8 @@ def test_real_two_process_cpu_run(tmp_path):
         "micro_batch_size: 2\nmax_steps: 2\neval_freq: 2\neval_iters: 1\nlogging_freq: 1\ncheckpoint_steps: 2\n"
         "save_steps: 2\nnum_workers: 0\nwarmup_rate: 0.0\n")
     out = tmp_path / "out"
-    proc = run("run_cpu", {"CONFIG": str(config), "OUTPUT_DIR": str(out), "PYTHONPATH": str(ROOT)}, "--seed", "7",
+    proc = run("run_cpu", {"CONFIG": str(config), "OUTPUT_DIR": str(out), "PYTHONPATH": str(ROOT),
+                           "PYTHON": sys.executable}, "--seed", "7",
                timeout=180, cwd=tmp_path)  # the launcher's gloo store writes http.log into the working directory
     logs = "".join(p.read_text(errors="replace")[-2000:] for p in sorted((out / "launch_log").glob("workerlog.*")))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs
