@@ -3,6 +3,7 @@ and the model's FLOP/s as a fraction of Paddle's own matmul speed measured in th
 
     python benchmarks/bench_train.py                                   # small and base, 3 runs each
     python benchmarks/bench_train.py --models base --variants threads1,plain,serial+onednn
+    python benchmarks/bench_train.py --models base --paired --variants serial,serial+onednn,serial+fusedadam
     python benchmarks/bench_train.py --models base --short_docs        # padding to the longest sample
     python benchmarks/bench_train.py --models base --real_loop         # the real training loop vs the raw program
 
@@ -160,6 +161,49 @@ def run_dygraph(args) -> dict:
     return {"times": times, "other_cores": others, "threads": threads, "tokens_per_step": plan["b"] * args.seq}
 
 
+def run_paired(args) -> dict:
+    """Program-level variants side by side in ONE process: each variant's program gets its own scope
+    and executor, then rounds run one step of every variant, in a rotated order, so load from other
+    processes falls on all of them alike. Process-level settings (threads, serial, inplace: Paddle's
+    executors share one work queue, so serial and threaded executors cannot be mixed) must be the same
+    in every variant: compare those with separate runs. Also reports whether each variant's losses
+    equal the first variant's bitwise (same initial weights, feeds and dropout seeds)."""
+    variants = [sp.parse_variant(v) for v in args.variant.split(",")]
+    process_level = {frozenset(k for k in v if k in ("threads1", "serial", "inplace")) for v in variants}
+    if len(process_level) != 1:
+        raise SystemExit("--paired: threads1/serial/inplace are per process; give every variant the same ones")
+    threads = sp.prepare_env(variants[0])
+    import paddle
+
+    plan = PLAN[args.model]
+    sides = []
+    for variant in variants:
+        step = sp.build_step("pretrain", args.model, plan["b"], args.seq, variant)
+        if "seed" not in variant and any(op.type == "dropout" and op.attr("dropout_prob") > 0
+                                         for op in step.main.global_block().ops):
+            step.seed_vars = sp.add_dropout_seed_inputs(step.main)  # identical masks on every side
+        scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
+        step.initialize(exe, scope)
+        losses = [float(np.asarray(exe.run(step.main, feed=step.feed(i), fetch_list=[step.loss], scope=scope)[0])
+                        .reshape(-1)[0]) for i in range(plan["warmup"])]
+        sides.append({"step": step, "exe": exe, "scope": scope, "losses": losses, "times": [], "others": []})
+    rounds = args.rounds or plan["steps"] * 2
+    for r in range(rounds):
+        i = plan["warmup"] + r
+        for k in range(len(sides)):
+            side = sides[(k + r) % len(sides)]
+            with sp.OtherLoad() as other:
+                start = time.perf_counter()
+                (loss,) = side["exe"].run(side["step"].main, feed=side["step"].feed(i), fetch_list=[side["step"].loss],
+                                          scope=side["scope"])
+                side["times"].append(time.perf_counter() - start)
+            side["others"].append(other.cores)
+            side["losses"].append(float(np.asarray(loss).reshape(-1)[0]))
+    return {"threads": threads, "variants": args.variant.split(","), "tokens_per_step": plan["b"] * args.seq,
+            "flops_per_token": sides[0]["step"].flops_per_token(),
+            "sides": [{k: s[k] for k in ("times", "others", "losses")} for s in sides]}
+
+
 def run_short_docs(args) -> dict:
     """Real tokens/s on short documents: every micro-batch padded to --seq vs to its longest sample
     (rounded up to a multiple of 8), the same samples either way."""
@@ -212,7 +256,8 @@ def _arch_summary(arch):
 def child_run(mode, model, variant, args, *, with_ceiling=False) -> dict:
     idle = sp.wait_for_quiet(args.wait_quiet)
     cmd = [sys.executable, os.path.abspath(__file__), "--_child", mode, "--model", model, "--variant", variant,
-           "--seq", str(args.seq), "--matmul_repeats", str(args.matmul_repeats), "--short_min", str(args.short_min)]
+           "--seq", str(args.seq), "--matmul_repeats", str(args.matmul_repeats), "--short_min", str(args.short_min),
+           "--rounds", str(args.rounds)]
     if with_ceiling:
         cmd.append("--with_ceiling")
     env = dict(os.environ) if args.keep_env else \
@@ -249,6 +294,10 @@ def main():
                         "to the longest sample of each micro-batch")
     p.add_argument("--short_min", type=int, default=30, help="shortest sample of --short_docs (default 30: ~62%% fill at 128)")
     p.add_argument("--real_loop", action="store_true", help="instead: the real training loop vs the raw program")
+    p.add_argument("--paired", action="store_true",
+                   help="instead: the --variants side by side in one process, alternating steps (robust to load "
+                        "from other processes; program-level variants and serial only)")
+    p.add_argument("--rounds", type=int, default=0, help="rounds of --paired (default: 2 x the timed steps)")
     p.add_argument("--keep_env", action="store_true", help="pass this shell's OMP/MKL_NUM_THREADS to the runs")
     p.add_argument("--wait_quiet", type=float, default=0,
                    help="before each run, wait up to this many seconds for the machine to be 90%% idle")
@@ -258,7 +307,7 @@ def main():
     p.add_argument("--with_ceiling", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._child:
-        fn = {"static": run_static, "dygraph": run_dygraph, "short_docs": run_short_docs,
+        fn = {"static": run_static, "dygraph": run_dygraph, "short_docs": run_short_docs, "paired": run_paired,
               "real_loop": time_real_loop}[args._child]
         print(json.dumps(fn(args)))
         return
@@ -275,6 +324,27 @@ def main():
                 print(f"| {name} | {PLAN[name]['b']} | {r['fill']:.0%} | {variant} | {full:,.0f} | {longest:,.0f} | "
                       f"{longest / full:.2f}x |")
         print(f"load average after: {loadavg()}")
+        return
+    if args.paired:
+        for name in models:
+            r = child_run("paired", name, args.variants, args)
+            print(f"\n{name}, batch {PLAN[name]['b']} x seq {args.seq}, {r['threads']}; {len(r['sides'][0]['times'])} "
+                  "rounds, one step of every variant per round, in one process:\n")
+            print("| variant | ms/step median (min-max) | tokens/s | ratio to the first (median of rounds, IQR) | "
+                  "losses bitwise equal to the first's | other processes, cores (median, max) |")
+            print("|---|---|---|---|---|---|")
+            first = r["sides"][0]
+            for v, side in zip(r["variants"], r["sides"]):
+                t = side["times"]
+                ratios = sorted(a / b for a, b in zip(first["times"], t))  # > 1: this variant is faster
+                q = lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))]  # noqa: E731
+                same = side["losses"] == first["losses"]
+                diff = max(abs(a - b) for a, b in zip(side["losses"], first["losses"]))
+                print(f"| {v} | {1e3 * statistics.median(t):,.0f} ({1e3 * min(t):,.0f}-{1e3 * max(t):,.0f}) | "
+                      f"{r['tokens_per_step'] / statistics.median(t):,.0f} | {statistics.median(ratios):.3f}x "
+                      f"({q(0.25):.3f}-{q(0.75):.3f}) | {'yes' if same else f'no (max diff {diff:.2g})'} | "
+                      f"{statistics.median(side['others']):.2f}, {max(side['others']):.2f} |")
+        print(f"\nload average after: {loadavg()}")
         return
     if args.real_loop:
         for name in models:
