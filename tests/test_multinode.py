@@ -30,6 +30,16 @@ from test_watchdog import Job, _alive, _ppid, free_port, wait_for
 ROOT = Path(__file__).resolve().parents[1]
 RUN_CPU = str(ROOT / "scripts" / "run_cpu.sh")
 ENTRY = str(ROOT / "run_multitask_static.py")
+HOOKS = ROOT / "tests" / "plugins" / "test_hooks.py"
+
+
+def hooks(*names):
+    """The test-only callbacks (kill_at_step, dump_state; driven by ERNIE_MTL_TEST_KILL_AT_STEP and
+    ERNIE_MTL_TEST_DUMP_DIR) as command-line flags, once the trainer takes them from a plugin file;
+    before that, the trainer reads the variables itself and no flag is needed."""
+    return ["--plugins", str(HOOKS), "--callbacks", ",".join(names)] if HOOKS.is_file() else []
+
+
 NEEDS_WIRING = pytest.mark.xfail(reason="needs watchdog wiring in run_multitask_static.py (see docs/launch.md)",
                                  strict=False)
 
@@ -107,7 +117,7 @@ def flag_runs(demo, tmp_path_factory):
     try:
         config = flag_config(demo, tmp / "flag.yaml", max_steps=6, checkpoint_steps=2)
         one_process(job, config, tmp / "one", "--micro_batch_size", 4)
-        nodes = Nodes(job, tmp, config, tmp / "two", "--micro_batch_size", 2).start(
+        nodes = Nodes(job, tmp, config, tmp / "two", "--micro_batch_size", 2, *hooks("dump_state")).start(
             node_env=({"ERNIE_MTL_TEST_DUMP_DIR": str(tmp / "dump")},) * 2)
         codes = nodes.wait()
         assert codes == [0, 0], nodes.report()
@@ -185,8 +195,9 @@ def kill_node(job, nodes, n):
 
 
 def start_and_lose_a_node(job, nodes, at_step=2, node_env=({}, {})):
-    """Both nodes run; node 1's rank SIGKILLs itself right after step `at_step`'s checkpoint (the
-    test hook), and its launcher is SIGKILLed at once: node 1 is gone as after a crash. Returns
+    """Both nodes run (`nodes` built with `hooks("kill_at_step")`, the same command on both); node 1's
+    rank SIGKILLs itself right after step `at_step`'s checkpoint (the test hook, asked for in node
+    1's environment only), and its launcher is SIGKILLed at once: node 1 is gone as after a crash. Returns
     (survivor's exit status, seconds from the loss to its exit, the rank node 1 had)."""
     nodes.start(node_env=(node_env[0], {**node_env[1], "ERNIE_MTL_TEST_KILL_AT_STEP": str(at_step)}), tag="killed")
     lost_rank = nodes.rank_of(1)
@@ -208,7 +219,7 @@ def test_a_lost_node_stops_the_survivor_and_the_same_command_resumes_bitwise(fla
     job = Job(tmp_path)
     out = tmp_path / "resumed"
     try:
-        nodes = Nodes(job, tmp_path, flag_runs["config"], out, "--micro_batch_size", 2)
+        nodes = Nodes(job, tmp_path, flag_runs["config"], out, "--micro_batch_size", 2, *hooks("kill_at_step"))
         code, took, lost_rank = start_and_lose_a_node(job, nodes)
         print(f"lost rank {lost_rank}: the survivor exited with {code} after {took:.1f} s")
         assert code != 0, nodes.report("killed")
@@ -233,7 +244,7 @@ def test_the_survivor_log_names_the_lost_rank_and_how_to_resume(flag_runs, tmp_p
     job = Job(tmp_path)
     out = tmp_path / "lost"
     try:
-        nodes = Nodes(job, tmp_path, flag_runs["config"], out, "--micro_batch_size", 2)
+        nodes = Nodes(job, tmp_path, flag_runs["config"], out, "--micro_batch_size", 2, *hooks("kill_at_step"))
         code, took, lost_rank = start_and_lose_a_node(
             job, nodes, node_env=({"NODE_RANK": str(1 - lost)}, {"NODE_RANK": str(lost)}))
         assert lost_rank == lost
@@ -266,7 +277,7 @@ def test_a_frozen_node_stops_the_survivor_within_the_peer_timeout(demo, tmp_path
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         t0 = time.monotonic()
-        code = nodes.launchers[0].wait(timeout=120)
+        code = nodes.launchers[0].wait(timeout=60)
         took = time.monotonic() - t0
         print(f"frozen node: the survivor exited with {code} after {took:.1f} s")
         text = nodes.worker_log(0)
