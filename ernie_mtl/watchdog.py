@@ -37,8 +37,9 @@ in collectives and in TCP-store calls, measured):
    stops answering (it lives in global rank 0's process) for as long means rank 0's node is lost.
    Fast path: when a collective fails first (a peer's sockets were reset), the uncaught exception
    goes through `diagnose()`, which finds the peers whose beat stopped within a few intervals and
-   names them. Ranks that end normally mark themselves ended; a rank that dies of its own error
-   announces it, and its peers stop at once, naming it.
+   names them. A rank that completes its run says so (`finish()`) and is no longer watched; a rank
+   that dies of its own error, or exits before the end, announces it, and its peers stop at once,
+   naming it (else, on GPUs, they would wait for it in a collective forever).
 
 Bound for a surviving node: `timeout + 2 x interval` (about 124 s by default) from the loss to its
 ranks' exit, then its launcher's own shutdown (about 3 s); a few seconds when the collective fails
@@ -257,6 +258,7 @@ class PeerWatch:
         self._last_ok = clock()
         self._seen: Dict[int, tuple] = {}  # peer -> (beat count, time it last changed)
         self._threads: List[threading.Thread] = []
+        self._finished = False
         self._pid = os.getpid()  # a forked child inherits the hooks and the socket, not the watch
 
     # -- store access ------------------------------------------------------------------------
@@ -283,19 +285,47 @@ class PeerWatch:
             self._threads.append(t)
         return self
 
-    def stop(self) -> None:
-        """Normal exit (atexit): tell the peers this rank leaves on purpose. Rank 0 then waits until
-        every other rank has left too, or has stopped beating for the timeout: the store lives in
-        its process, and a store that vanished under a rank still finishing would look like a loss."""
-        if self._stopped.is_set() or os.getpid() != self._pid:
+    def finish(self) -> None:
+        """The run is complete on this rank: it may now leave at any time, and its peers stop
+        watching it. Call it on the successful path, before the process exits."""
+        if self._finished or os.getpid() != self._pid:
             return
+        self._finished = True
         self._stopped.set()
         try:
             self._add(f"ended/{self.rank}", 1)
             self._add("ended_count", 1)
+        except Exception:  # noqa: BLE001  (rank 0's store is gone: nothing left to tell)
+            pass
+
+    def stop(self) -> None:
+        """Process exit (atexit). Finished: rank 0 waits until every other rank has finished too, or
+        has stopped beating for the timeout (the store lives in its process, and a store that
+        vanished under a rank still finishing would look like a loss). Not finished (a user error,
+        `sys.exit` mid-run): the verdict tells the peers, which would otherwise wait for this rank
+        in a collective; it lingers an interval so they can read it."""
+        if os.getpid() != self._pid:
+            return
+        if self._finished:
             if self.rank == 0:
-                self._wait_for_peers_to_leave()
-        except Exception:  # noqa: BLE001  (leaving anyway)
+                try:
+                    self._wait_for_peers_to_leave()
+                except Exception:  # noqa: BLE001  (leaving anyway)
+                    pass
+            return
+        if self._stopped.is_set():  # a verdict was given or read already
+            return
+        self._stopped.set()
+        self._announce(f"{describe_ranks([self.rank], self.endpoints)} exited before the end of the run; "
+                       "see that rank's log. The job cannot continue.")
+
+    def _announce(self, text: str) -> None:
+        """This rank's own verdict, for the others; stay an interval and a half so they read it."""
+        try:
+            self._set("abort_msg", text)
+            self._add("abort", 1)
+            self._sleep(1.5 * self.interval_s)
+        except Exception:  # noqa: BLE001
             pass
 
     def _wait_for_peers_to_leave(self) -> None:
@@ -405,7 +435,7 @@ class PeerWatch:
         (a collective failed because of it): stop with the verdict, status 75. This rank's own
         error: tell every other rank (they stop at once, naming it), linger for an interval so
         they can read it from the store that rank 0 hosts, then return (the usual exit status)."""
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or self._stopped.is_set() or os.getpid() != self._pid:
+        if isinstance(exc, SystemExit) or self._stopped.is_set() or os.getpid() != self._pid:
             return
         text = self.diagnose()
         if text is not None:
@@ -413,13 +443,8 @@ class PeerWatch:
             return
         reason = f"{type(exc).__name__}: {_first_line(exc)}"[:300]
         self._stopped.set()
-        try:
-            self._set("abort_msg", f"{describe_ranks([self.rank], self.endpoints)} failed with its own error "
-                                   f"({reason}); see that rank's log. The job cannot continue.")
-            self._add("abort", 1)
-            self._sleep(1.5 * self.interval_s)
-        except Exception:  # noqa: BLE001
-            pass
+        self._announce(f"{describe_ranks([self.rank], self.endpoints)} failed with its own error ({reason}); "
+                       "see that rank's log. The job cannot continue.")
 
 
 def _first_line(e: BaseException) -> str:
@@ -454,13 +479,20 @@ def _paddle_store(host: str, port: int, timeout_s: float):
     return store
 
 
+def finish() -> None:
+    """This rank completed its run (call on the successful path of a run that started the watch)."""
+    if _watch is not None:
+        _watch.finish()
+
+
 def start_peer_watch(info, output_dir: Optional[str] = None, *, env: Mapping[str, str] = os.environ,
                      timeout_s: Optional[float] = None, interval_s: Optional[float] = None,
                      install_hooks: bool = True) -> Optional[PeerWatch]:
     """Call once per rank right after the distributed set-up (`init_distributed(info)`: the job's
-    store exists then). Returns the watch, or None with one process. With `install_hooks`, an
-    uncaught exception goes through `PeerWatch.on_uncaught` (sys.excepthook) and a normal exit
-    marks this rank ended (atexit)."""
+    store exists then), and `finish()` when the run has completed on this rank. Returns the watch,
+    or None with one process. With `install_hooks`, an uncaught exception goes through
+    `PeerWatch.on_uncaught` (sys.excepthook) and the process exit through `PeerWatch.stop` (atexit):
+    an exit without `finish()` stops the other ranks, naming this one."""
     global _watch
     set_output_dir(output_dir)
     if info.world_size <= 1:

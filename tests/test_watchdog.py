@@ -88,14 +88,14 @@ def test_a_silent_peer_is_lost_after_the_timeout_and_the_verdict_reaches_every_r
 def test_the_ring_skips_ranks_that_left_normally(tmp_path):
     store, clock, died = FakeStore(), Clock(), []
     r0, r1, r2 = (make(r, 3, store, clock, died) for r in range(3))
-    r1.stop()  # rank 1 finished and left on purpose
+    r1.finish()  # rank 1 completed its run
     assert r0._watched() == 2
     for _ in range(15):
         r0.check_once()
         r2.check_once()
         clock.t += 1.0
     assert died == []  # rank 1's beat stands still, but it left: no verdict
-    r2.stop()
+    r2.finish()
     assert r0._watched() is None
 
 
@@ -157,6 +157,21 @@ def test_a_rank_failing_with_its_own_error_stops_the_others_naming_it(tmp_path):
     r0.on_uncaught(KeyboardInterrupt())  # ignored
 
 
+def test_a_rank_exiting_before_the_end_stops_the_others_naming_it():
+    """A user error or sys.exit mid-run ends the process without an exception: the peers would wait
+    for it in a collective (forever with NCCL); its exit hook tells them."""
+    store, clock, died = FakeStore(), Clock(), []
+    r0, r1, r2 = (make(r, 3, store, clock, died) for r in range(3))
+    for w in (r0, r1, r2):
+        w.check_once()
+    r2._sleep = lambda s: None
+    r2.stop()  # atexit, without finish()
+    assert died == []
+    r1.check_once()
+    assert died == ["rank 1: rank 2 (node 10.0.0.3) exited before the end of the run; see that rank's log. "
+                    "The job cannot continue. " + watchdog.resume_hint()]
+
+
 def test_rank_0_stays_until_its_live_peers_have_left():
     """The store lives in rank 0: leaving first would look like a loss to a rank still finishing."""
     store, clock, died = FakeStore(), Clock(), []
@@ -168,15 +183,17 @@ def test_rank_0_stays_until_its_live_peers_have_left():
         clock.t += 0.5
         store.add("ernie_mtl/watch/beat/1", 1)  # still working ...
         if len(rounds) == 30:
-            r1.stop()  # ... then done
+            r1.finish()  # ... then done
 
     r0._sleep = rank_1_finishing
-    r0.stop()
+    r0.finish()
+    r0.stop()  # at exit
     assert len(rounds) == 30 and died == []
     # a silent peer is not waited for beyond the timeout
     store, clock = FakeStore(), Clock()
     r0 = make(0, 2, store, clock, died)
     r0._sleep = lambda s: setattr(clock, "t", clock.t + 1.0)
+    r0.finish()
     r0.stop()
     assert 10 <= clock.t - 1000.0 <= 13
 
@@ -302,7 +319,10 @@ RANK_SCRIPT = textwrap.dedent("""
         if step % 20 == 0:
             print("step", step, flush=True)
         time.sleep(0.02)
+        if step == int(os.environ.get("EXIT_AT_STEP_RANK_%d" % info.rank, "0")):
+            sys.exit(2)                                 # as a user error ends a rank: no exception
     time.sleep(float(os.environ.get("EXTRA_S_RANK_%d" % info.rank, "0")))  # e.g. a rank finishing late
+    watchdog.finish()                                   # the run is complete on this rank
     print("finished", flush=True)
 """)
 
@@ -480,6 +500,16 @@ def test_a_killed_node_stops_the_survivor_at_once_naming_it(job, tmp_path, lost_
         assert ("ernie_mtl watchdog: rank 1: lost contact with the job's TCP store at 127.0.0.1:" in text
                 and "which lives in rank 0 (node 127.0.0.1)" in text)
     assert f"resume from {tmp_path}/out/model_last" in text
+
+
+@pytest.mark.slow
+def test_a_rank_exiting_mid_run_without_an_exception_stops_the_job(job, tmp_path):
+    (tmp_path / "rank.py").write_text(RANK_SCRIPT.format(root=str(ROOT)))
+    launcher = job.launch(launcher_args(tmp_path / "log", nproc=2), log="launcher", OUT=str(tmp_path / "out"),
+                          EXIT_AT_STEP_RANK_1="30")
+    assert launcher.wait(timeout=120) != 0
+    text = (tmp_path / "log" / "workerlog.0").read_text()
+    assert "ernie_mtl watchdog: rank 0: rank 1 (node 127.0.0.1) exited before the end of the run" in text, text[-2000:]
 
 
 @pytest.mark.slow
