@@ -15,6 +15,7 @@ Variants (a `+`-joined list, applied by `prepare_env` before paddle is imported 
     inplace    FLAGS_new_executor_use_inplace=1
     onednn     ernie_mtl.onednn.use_onednn_ops(main): the exact oneDNN op types
     onednn=T1:T2  oneDNN on the listed op types (candidates under study; `:`-separated)
+    biasgrad   bias gradients by matmul (ernie_mtl.cpu_kernels.bias_grads_by_matmul)
     fusedadam  the per-parameter adamw ops replaced by one fused_adam op per (decay, no decay) group
                (Paddle's multi-tensor op; its CPU kernel loops over the same AdamW kernel)
     seed       every dropout op reads its seed from a Seed input (a CPU int32 tensor fed each step),
@@ -132,7 +133,7 @@ def parse_variant(text: str) -> Dict[str, Optional[str]]:
     out: Dict[str, Optional[str]] = {}
     for part in filter(None, (text or "plain").split("+")):
         key, _, value = part.partition("=")
-        if key not in ("plain", "threads1", "serial", "inplace", "onednn", "seed", "nodrop", "fusedadam"):
+        if key not in ("plain", "threads1", "serial", "inplace", "onednn", "seed", "nodrop", "fusedadam", "biasgrad"):
             raise SystemExit(f"unknown variant part {part!r} in {text!r}")
         if key != "plain":
             out[key] = value or None
@@ -349,11 +350,15 @@ def apply_variant(step: Step, variant: Dict[str, Optional[str]]) -> str:
     """Program-level parts of `variant` (oneDNN ops, dropout seeds); returns what was done."""
     done = []
     if "onednn" in variant:
-        from ernie_mtl.onednn import use_onednn_ops
+        from ernie_mtl.cpu_kernels import use_onednn_ops
 
         types = variant["onednn"].split(":") if variant["onednn"] else None
         changed = use_onednn_ops(step.main, types)
         done.append("onednn " + ",".join(f"{k}:{v}" for k, v in sorted(changed.items())))
+    if "biasgrad" in variant:
+        from ernie_mtl.cpu_kernels import bias_grads_by_matmul
+
+        done.append(f"{len(bias_grads_by_matmul(step.main))} bias gradients by matmul")
     if "fusedadam" in variant:
         done.append("fused_adam " + str(fuse_adamw(step.main)))
     if "seed" in variant:

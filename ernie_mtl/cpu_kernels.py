@@ -1,0 +1,135 @@
+"""Faster CPU kernels for a built static training program: oneDNN on chosen op types, and bias
+gradients by matmul. Both rewrite the program in place after it is built (fleet's minimize done)
+and before its first run; `tune_for_cpu(program)` applies both and returns a line for the log.
+
+**oneDNN per op.** Paddle picks a CPU op's oneDNN kernel when the op carries the attribute
+`use_mkldnn=True` and a oneDNN kernel is registered for its type and dtype
+(`OperatorWithKernel::CanMKLDNNBeUsed`); the executor converts layouts at the boundaries. Setting the
+attribute per op is the only safe way in Paddle 2.6.2 training: the global `FLAGS_use_mkldnn=1`
+puts every op with a oneDNN kernel on it and the program fails (`could not create a primitive
+descriptor for a reorder primitive` in `elementwise_add_grad`), and several oneDNN kernels round
+differently (softmax, layer_norm, matmul, gelu) or are slower (the broadcast `elementwise_add_grad`,
+`matmul_v2`). `EXACT_ONEDNN_OPS` holds the types measured to be bitwise exact and faster
+(benchmarks/bench_onednn_ops.py; docs/performance.md); tests/test_cpu_kernels.py trains with them
+and compares bitwise.
+
+**Bias gradients.** The gradient of a bias added along the last axis is the sum of the output
+gradient over all rows. Paddle's CPU `elementwise_add_grad` computes it in a serial broadcast loop
+(about 46 ms for one [8,128,3072] gradient, measured), the largest non-matmul cost of an ERNIE step
+after dropout. `bias_grads_by_matmul` leaves that op the input gradient only and computes the bias
+gradient as the vector-matrix product ones[T] x dOut[T,n] (MKL, about 1 ms). The sum is then taken in MKL's order instead
+of row by row: the gradients differ in the last bits (relative ~1e-6, the same size as changing the
+thread count moves matmul results), so this pass is exact to float32 rounding, not bitwise;
+the tolerance and its test are in tests/test_cpu_kernels.py.
+
+Neither pass changes what a GPU program runs: `use_mkldnn` selects CPU kernels only, and
+`tune_for_cpu` is meant for CPU runs (GPU reductions are fast; on GPU leave the program alone).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Dict, Iterable, List, Optional
+
+# Kept: measured bitwise exact (training losses and parameters identical to the plain program's) and
+# faster at ERNIE-base shapes (docs/performance.md).
+EXACT_ONEDNN_OPS = frozenset({
+    "elementwise_add", "elementwise_mul",
+    "relu", "relu_grad",
+    "transpose2", "transpose2_grad", "reshape2", "reshape2_grad",
+    "sum", "scale",
+})
+
+
+# op_role bits (paddle's OpRole): ops of the optimizer and the LR schedule are never switched
+_OPTIMIZE, _LR_SCHED = 0x0002, 0x0010
+
+
+def use_onednn_ops(program, op_types: Optional[Iterable[str]] = None) -> Dict[str, int]:
+    """Set `use_mkldnn=True` on the forward and backward ops of `op_types` (default
+    `EXACT_ONEDNN_OPS`) in every block of `program`, in place; return {op type: ops changed}.
+
+    Left alone: ops of other types; optimizer and LR-schedule ops (gradient clipping's per-parameter
+    `elementwise_mul` and its `sum` of squared norms: with oneDNN on both, the global norm changed in
+    its last bit and every parameter with it, and such small ops gain nothing); ops with a float16,
+    bfloat16 or float64 input or output (oneDNN's low-precision kernels are another numeric path)."""
+    import paddle
+
+    types = EXACT_ONEDNN_OPS if op_types is None else frozenset(op_types)
+    other_floats = {paddle.float16, paddle.bfloat16, paddle.float64}
+    changed: Counter = Counter()
+    for block in program.blocks:
+        for op in block.ops:
+            if op.type not in types:
+                continue
+            if op.desc.has_attr("op_role") and int(op.attr("op_role")) & (_OPTIMIZE | _LR_SCHED):
+                continue
+            variables = (block._find_var_recursive(n) for n in op.input_arg_names + op.output_arg_names)
+            if any(v is not None and v.dtype in other_floats for v in variables):
+                continue
+            op._set_attr("use_mkldnn", True)
+            changed[op.type] += 1
+    return dict(changed)
+
+
+def bias_grads_by_matmul(program) -> List[str]:
+    """Compute every bias gradient of `program`'s global block by matmul (module docstring); returns
+    the bias gradients rewritten. A bias here is the 1-D `Y` of a backward `elementwise_add_grad`
+    added along the last axis of a float32 `X`. The new ops go right after the original op, so
+    anything fleet inserted after it (data-parallel all-reduce, gradient merge) sees the result."""
+    import paddle
+
+    block = program.global_block()
+    rewritten: List[str] = []
+    i = 0
+    while i < len(block.ops):
+        op = block.ops[i]
+        i += 1
+        if op.type != "elementwise_add_grad" or not op.output("Y@GRAD") or not op.output("Y@GRAD")[0]:
+            continue
+        if not int(op.attr("op_role")) & 0x0001:  # backward ops only
+            continue
+        x, y = block._find_var_recursive(op.input("X")[0]), block._find_var_recursive(op.input("Y")[0])
+        if x is None or y is None or len(y.shape) != 1 or len(x.shape) < 2 or y.shape[0] <= 0:
+            continue
+        n = y.shape[0]
+        if x.shape[-1] != n or op.attr("axis") not in (-1, len(x.shape) - 1):
+            continue
+        if x.dtype != paddle.float32 or y.dtype != paddle.float32:
+            continue
+        dout, dy = op.input("Out@GRAD")[0], op.output("Y@GRAD")[0]
+        role = op.attr("op_role")
+        op.desc.set_output("Y@GRAD", [])
+
+        def var(suffix, shape, dtype="float32"):
+            return block.create_var(name=f"{dy}@bias_{suffix}", shape=shape, dtype=dtype, persistable=False,
+                                    stop_gradient=True)
+
+        rows, xshape = var("rows", [-1, n]), var("xshape", [0] + list(x.shape))
+        ones = var("ones", [-1])
+        # the last op is a matmul writing dy: a compute kernel fills dy's own memory, which fleet's fused
+        # all-reduce may have made a view into its buffer (a reshape there could share another buffer)
+        new_ops = [
+            ("reshape2", {"X": [dout]}, {"Out": [rows], "XShape": [xshape]}, {"shape": [-1, n]}),
+            ("fill_constant_batch_size_like", {"Input": [rows]}, {"Out": [ones]},
+             {"shape": [-1], "input_dim_idx": 0, "output_dim_idx": 0, "dtype": rows.dtype, "value": 1.0,
+              "str_value": "1.0", "force_cpu": False}),
+            ("matmul_v2", {"X": [ones], "Y": [rows]}, {"Out": [dy]}, {"trans_x": False, "trans_y": False}),
+        ]
+        for k, (type_, inputs, outputs, attrs) in enumerate(new_ops):
+            block._insert_op(i + k, type=type_, inputs=inputs, outputs=outputs, attrs=dict(attrs, op_role=role))
+        i += len(new_ops)
+        rewritten.append(dy)
+    block._sync_with_cpp()
+    return rewritten
+
+
+def tune_for_cpu(program, *, onednn: bool = True, bias_grads: bool = True) -> str:
+    """Both CPU rewrites on a built training program (call once, before its first run); returns a
+    line for the start-up log."""
+    parts = []
+    if onednn:
+        changed = use_onednn_ops(program)
+        parts.append(f"oneDNN kernels on {sum(changed.values())} ops ({', '.join(sorted(changed))})")
+    if bias_grads:
+        parts.append(f"{len(bias_grads_by_matmul(program))} bias gradients by matmul")
+    return "CPU kernels: " + ("; ".join(parts) if parts else "as built")

@@ -1,0 +1,231 @@
+"""ernie_mtl.onednn: oneDNN kernels on the exact op types leave training bitwise unchanged; the
+attribute really switches kernels (a non-exact type changes the numbers); optimizer ops are skipped."""
+import zlib  # noqa: F401  (before paddle)
+
+import numpy as np
+import pytest
+
+from ernie_mtl.config import ModelConfig, OptimConfig
+from ernie_mtl.cpu_kernels import EXACT_ONEDNN_OPS, bias_grads_by_matmul, use_onednn_ops
+
+pytestmark = pytest.mark.usefixtures("static_mode")
+
+NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+STEPS = 4
+
+
+def batch(rng, b=4, seq=16, vocab=1000):
+    ids = rng.randint(5, vocab, (b, seq)).astype("int64")
+    pos = np.array([i * seq + p for i in range(b) for p in sorted(rng.choice(np.arange(1, seq), 3, replace=False))])
+    mask = np.zeros((b, 1, 1, seq), "float32")
+    mask[-1, ..., seq - 4:] = -1e4
+    return {"input_ids": ids, "segment_ids": (np.arange(seq) >= seq // 2).astype("int64")[None].repeat(b, 0),
+            "input_mask": mask, "masked_lm_positions": pos.astype("int64"),
+            "masked_lm_labels": ids.reshape(-1)[pos].reshape(-1, 1),
+            "next_sentence_labels": rng.randint(0, 2, (b, 1)).astype("int64")}
+
+
+def train(build_programs, op_types=None):
+    """(losses, parameters) after STEPS AdamW + global-norm-clip steps of tiny ERNIE pretraining,
+    with oneDNN on `op_types` (None: plain kernels everywhere)."""
+    import paddle
+
+    p = build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test", **NO_DROPOUT),
+                       optim=OptimConfig(max_lr=1e-3, min_lr=1e-4, max_steps=100, warmup_rate=0.0, grad_clip=1.0))
+    changed = use_onednn_ops(p.main, op_types) if op_types is not None else {}
+    scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
+    p.initialize(exe, scope)
+    rng = np.random.RandomState(0)
+    losses = []
+    for _ in range(STEPS):
+        (loss,) = exe.run(p.main, feed=batch(rng), fetch_list=[p.loss], scope=scope)
+        losses.append(float(np.asarray(loss).reshape(-1)[0]))
+        p.lr_scheduler.step()
+    params = {n: np.array(scope.find_var(n).get_tensor()) for n in sorted(set(p.name_map.values()))}
+    return losses, params, changed
+
+
+@pytest.fixture(scope="module")
+def plain(build_programs):
+    return train(build_programs)
+
+
+def test_exact_ops_train_bitwise_like_the_plain_program(build_programs, plain):
+    losses, params, changed = train(build_programs, EXACT_ONEDNN_OPS)
+    assert sum(changed.values()) > 20, changed  # the set really covers the network's ops
+    assert losses == plain[0]
+    assert all(np.array_equal(params[n], plain[1][n]) for n in params)
+    assert losses[-1] < losses[0]  # and it trains
+
+
+def test_the_attribute_switches_kernels(build_programs, plain):
+    """Negative control: oneDNN's layer_norm rounds differently, so with it the parameters move off
+    the plain program's. Were the attribute ignored, this would be bitwise too and the test above
+    would prove nothing."""
+    losses, params, changed = train(build_programs, ["layer_norm"])
+    assert changed == {"layer_norm": 6}
+    assert not all(np.array_equal(params[n], plain[1][n]) for n in params)
+    assert max(abs(a - b) for a, b in zip(losses, plain[0])) < 1e-4  # different rounding, same training
+
+
+def test_optimizer_ops_and_other_types_are_left_alone(build_programs):
+    p = build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test", **NO_DROPOUT),
+                       optim=OptimConfig(max_steps=100, grad_clip=1.0))
+    changed = use_onednn_ops(p.main, ["elementwise_mul", "sum", "relu"])
+    ops = p.main.global_block().ops
+    on = [op for op in ops if op.desc.has_attr("use_mkldnn") and op.attr("use_mkldnn")]
+    assert {op.type for op in on} <= {"elementwise_mul", "sum", "relu"}
+    assert all(not int(op.attr("op_role")) & 2 for op in on)  # no Optimize-role op (clip's mul and sum)
+    clip_muls = [op for op in ops if op.type == "elementwise_mul" and int(op.attr("op_role")) & 2]
+    assert clip_muls and not any(op.attr("use_mkldnn") for op in clip_muls if op.desc.has_attr("use_mkldnn"))
+    assert changed["relu"] == 3  # two encoder layers and the LM head transform
+    assert changed == {t: sum(op.type == t for op in on) for t in changed}
+
+
+def test_multitask_heads_train_bitwise_with_exact_ops(tmp_path):
+    """The multi-task forward (gated losses, classification and CRF heads) through the task harness."""
+    import json
+
+    from ernie_mtl.tasks.base import TaskContext, TaskSpec
+    from ernie_mtl.tasks.classification import ClassificationTask
+    from ernie_mtl.tasks.seq_label import SeqLabelTask
+    from task_harness import TaskHarness
+
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"] +
+                                                  [f"t{i}" for i in range(95)]) + "\n")
+    (tmp_path / "tags.json").write_text(json.dumps({"B": 0, "I": 1, "O": 2}))
+    ctx = TaskContext(vocab_file=str(tmp_path / "vocab.txt"), seed=1, log=lambda s: None)
+
+    def make(cls, name, index, **options):
+        opts = {k: o.default for k, o in cls.options.items()}
+        opts.update(options, dropout=0.0)
+        return cls(TaskSpec(name=name, reader=cls.name, index=index, max_seq_len=16, options=opts), ctx)
+
+    rng = np.random.RandomState(3)
+    ids = rng.randint(5, 100, (4, 16)).astype("int64")
+    batches = [
+        {"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": np.zeros((4, 1, 1, 16), "float32"),
+         "label": rng.randint(0, 2, 4).astype("int64")},
+        {"input_ids": ids[::-1].copy(), "segment_ids": np.zeros_like(ids),
+         "input_mask": np.zeros((4, 1, 1, 16), "float32"), "labels": rng.randint(0, 3, (4, 16)).astype("int64"),
+         "label_weights": np.ones((4, 16), "float32")},
+    ]
+
+    def run(onednn):
+        tasks = [make(ClassificationTask, "cls", 0, n_classes=2),
+                 make(SeqLabelTask, "tag", 1, label_map=str(tmp_path / "tags.json"), use_crf=True)]
+        h = TaskHarness(tasks, vocab_size=100)
+        changed = use_onednn_ops(h.main) if onednn else {}
+        losses = [h.train(i % 2, [batches[i % 2]], steps=1)[0] for i in range(6)]
+        return losses, {p.name: h.param(p.name) for p in h.main.global_block().all_parameters()}, changed
+
+    plain_losses, plain_params, _ = run(False)
+    losses, params, changed = run(True)
+    assert sum(changed.values()) > 20
+    assert losses == plain_losses
+    assert all(np.array_equal(params[n], plain_params[n]) for n in params)
+
+
+# --------------------------------------------------------------------------- bias gradients by matmul
+
+def test_bias_grads_by_matmul_are_the_row_sums_of_the_output_gradient(build_programs):
+    """One step: every rewritten bias gradient equals the float64 row sum of its output gradient
+    (an independent oracle) to float32 rounding, and the plain program's within 1e-5 relative. No
+    gradient clipping: it scales the gradient variables in place before the fetch."""
+    import paddle
+
+    def first_step(rewrite):
+        p = build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test", **NO_DROPOUT),
+                           optim=OptimConfig(max_steps=100, grad_clip=0.0))
+        block = p.main.global_block()
+        pairs = {op.output("Y@GRAD")[0]: op.input("Out@GRAD")[0] for op in block.ops
+                 if op.type == "elementwise_add_grad" and op.output("Y@GRAD") and len(block.var(op.input("Y")[0]).shape) == 1}
+        rewritten = bias_grads_by_matmul(p.main) if rewrite else []
+        scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
+        p.initialize(exe, scope)
+        names = sorted(pairs)
+        values = exe.run(p.main, feed=batch(np.random.RandomState(0)),
+                         fetch_list=names + [pairs[n] for n in names], scope=scope)
+        return rewritten, dict(zip(names, values[:len(names)])), dict(zip(names, values[len(names):]))
+
+    rewritten, grads, douts = first_step(True)
+    _, plain_grads, _ = first_step(False)
+    # per layer q, k, v, out, ffn in, ffn out; pooler, LM transform, LM decoder, sentence-pair classifier
+    assert len(rewritten) == 2 * 6 + 4
+    assert sorted(rewritten) == sorted(grads)
+    for name in rewritten:
+        oracle = douts[name].astype("float64").reshape(-1, grads[name].shape[0]).sum(axis=0)
+        np.testing.assert_allclose(grads[name], oracle, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(grads[name], plain_grads[name], rtol=1e-5, atol=1e-6)
+
+
+def test_training_with_bias_grads_by_matmul_stays_within_rounding_of_the_plain_program(build_programs, plain):
+    """The documented tolerance: after STEPS steps, losses within 1e-6 relative and parameters within
+    1e-6 absolute of the plain program's (changing the thread count from 2 to 1 moved them by ~1e-7
+    on ernie-small)."""
+    import paddle
+
+    p = build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test", **NO_DROPOUT),
+                       optim=OptimConfig(max_lr=1e-3, min_lr=1e-4, max_steps=100, warmup_rate=0.0, grad_clip=1.0))
+    assert bias_grads_by_matmul(p.main)
+    use_onednn_ops(p.main)  # as tune_for_cpu applies them
+    scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
+    p.initialize(exe, scope)
+    rng = np.random.RandomState(0)
+    losses = []
+    for _ in range(STEPS):
+        (loss,) = exe.run(p.main, feed=batch(rng), fetch_list=[p.loss], scope=scope)
+        losses.append(float(np.asarray(loss).reshape(-1)[0]))
+        p.lr_scheduler.step()
+    np.testing.assert_allclose(losses, plain[0], rtol=1e-6)
+    for n, ref in plain[1].items():
+        np.testing.assert_allclose(np.array(scope.find_var(n).get_tensor()), ref, rtol=0, atol=1e-6)
+    assert any(not np.array_equal(np.array(scope.find_var(n).get_tensor()), ref) for n, ref in plain[1].items()), \
+        "bitwise equal: the pass did not change the computation (is it still needed?)"
+
+
+def test_bias_grads_are_ready_before_data_parallel_all_reduce(build_programs):
+    """The program rank 0 of 2 would run (data parallel, fused all-reduce): every rewritten bias
+    gradient is written before any op reads it."""
+    p = build_programs(world=2, rank=0, model=ModelConfig(model_name_or_path="ernie-tiny-test", **NO_DROPOUT),
+                       optim=OptimConfig(max_steps=100))
+    rewritten = bias_grads_by_matmul(p.main)
+    assert rewritten
+    ops = p.main.global_block().ops
+    assert any(op.type == "c_allreduce_sum" for op in ops)
+    for name in rewritten:
+        touching = [(i, op.type, name in op.input_arg_names) for i, op in enumerate(ops)
+                    if name in op.input_arg_names + op.output_arg_names and op.type != "coalesce_tensor"]
+        # first our matmul writes it; everything after (clipping, the optimizer: in place) reads it
+        assert touching[0][1:] == ("matmul_v2", False), (name, touching)
+        assert all(reads for _, _, reads in touching[1:])
+
+
+def test_bias_grads_land_in_a_fused_all_reduce_buffer(build_programs):
+    """Fleet's fused all-reduce makes the gradients views into one buffer (coalesce_tensor without
+    copying) and all-reduces the buffer. Emulated in one process: the rewritten bias gradients must
+    be written into that buffer, not into memory of their own."""
+    import paddle
+
+    p = build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test", **NO_DROPOUT),
+                       optim=OptimConfig(max_steps=100, grad_clip=0.0))
+    grads = sorted(bias_grads_by_matmul(p.main))
+    block = p.main.global_block()
+    fused = block.create_var(name="FusedOutput_bias_grads", dtype="float32", persistable=False)
+    block._insert_op(0, type="coalesce_tensor", inputs={"Input": grads}, outputs={"Output": grads, "FusedOutput": fused},
+                     attrs={"copy_data": False, "use_align": True, "dtype": fused.dtype, "set_constant": False,
+                            "concated_shapes": [d for g in grads for d in block.var(g).shape],
+                            "concated_ranks": [len(block.var(g).shape) for g in grads],
+                            "op_role": 1})  # as fleet's fused all-reduce sets it up (plus the shapes)
+    block._sync_with_cpp()
+    scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
+    p.initialize(exe, scope)
+    values = exe.run(p.main, feed=batch(np.random.RandomState(0)), fetch_list=[fused] + grads, scope=scope)
+    buffer, start = values[0], 0
+    for name, grad in zip(grads, values[1:]):  # each gradient in order, at an aligned offset of the buffer
+        flat = grad.reshape(-1)
+        assert np.abs(flat).max() > 0, name
+        found = next((o for o in range(start, buffer.size - flat.size + 1)
+                      if np.array_equal(buffer[o:o + flat.size], flat)), None)
+        assert found is not None, f"{name} is not in the fused buffer"
+        start = found + flat.size
