@@ -9,7 +9,7 @@ Layout (one folder per key, never modified once it exists)::
 Protocol, in the order that keeps every rank safe:
 
 1. The key is the SHA-1 of the canonical JSON of a description dict that the caller fills with
-   *everything* that changes the arrays: data-file identity (sizes, mtimes, header hash),
+   *everything* that changes the arrays: data-file identity (content: sizes and hashes),
    split, sequence length, probabilities, seed, sample count, pair head and helper version.
    A changed input therefore gets a new folder; a stale cache can never be picked up.
 2. The builder rank (`is_index_builder`: global rank 0 with `--share_folder true`, the default;
@@ -85,6 +85,8 @@ def load_or_build(
             _build(folder, description, build_fn, log)
         except BaseException as exc:  # still meet the other ranks at the barrier below
             build_error = exc
+    elif is_builder:
+        log(f"reusing index cache {folder}")
     if barrier is not None:
         barrier()
     if build_error is not None:
@@ -95,7 +97,7 @@ def load_or_build(
             "failed (see its log: global rank 0, or local rank 0 of this node with --share_folder false) "
             "or this node does not share the cache directory with global rank 0: put the cache on a "
             "shared filesystem, or let each node build its own copy (--share_folder false: local rank 0 "
-            "of every node builds), or prebuild it on every node with `python -m data_tools.prebuild_index`.")
+            "of every node builds), or prebuild it on every node with the run's own command plus `--prebuild_index`.")
     return _load(folder)
 
 

@@ -12,7 +12,6 @@ A *sequence* is one sentence; a document is a run of consecutive sentences (`doc
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import struct
 import tempfile
@@ -76,22 +75,19 @@ def data_file(path_prefix: Union[str, os.PathLike]) -> str:
 
 
 def file_identity(path_prefix: Union[str, os.PathLike]) -> dict:
-    """Identity of a built dataset for cache keys: size and mtime_ns of both files and the
-    sha1 of the 34-byte `.idx` header (dtype and counts). Re-tokenising into the same prefix
-    changes it, so index caches keyed on it are never silently reused."""
+    """Identity of a built dataset for cache keys and resume checks: the content identity of both
+    files (size and a SHA-1 of their content, sampled on large files: data_tools/identity.py).
+    Re-tokenising into the same prefix changes it, so index caches keyed on it are never silently
+    reused; copying the corpus elsewhere or touching it keeps it, so caches and checkpoints follow
+    the data (and nodes with their own copy agree)."""
+    from data_tools.identity import content_identity
+
     idx, bin_ = index_file(path_prefix), data_file(path_prefix)
     try:
-        si, sb = os.stat(idx), os.stat(bin_)
-        with open(idx, "rb") as f:
-            header = f.read(HEADER_SIZE)
+        return {"idx": content_identity(idx), "bin": content_identity(bin_)}
     except FileNotFoundError as exc:
         raise IndexedDatasetError(f"{exc.filename}: file not found (dataset {_prefix(path_prefix)!r} "
                                   "is not built; run `python -m data_tools.create_pretraining_data`)") from None
-    return {
-        "idx_size": si.st_size, "idx_mtime_ns": si.st_mtime_ns,
-        "bin_size": sb.st_size, "bin_mtime_ns": sb.st_mtime_ns,
-        "idx_header_sha1": hashlib.sha1(header).hexdigest(),
-    }
 
 
 class MMapIndexedDataset:

@@ -17,13 +17,14 @@ and enabled with `callbacks: [print_best]` in the global YAML.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Type
+from typing import Any, Callable, Dict, List, Mapping, Type
 
 from ernie_mtl.config import ConfigError
 
 
 class Callback:
-    """Hooks; `trainer` is the running MultiTaskTrainer (read its `step`, `schedule`, `tasks`, ...)."""
+    """Hooks; `trainer` is the running ernie_mtl.trainer.Trainer (read its `step`, `schedule`, `tasks`,
+    `cfg`, `info`, `freeze`, ...)."""
 
     def on_step_end(self, trainer, step: int, tasks: List[str]) -> None:
         """After optimizer step `step`, whose micro-batches came from `tasks`."""
@@ -61,6 +62,10 @@ def register_callback(name: str) -> Callable[[Type[Callback]], Type[Callback]]:
     return wrap
 
 
+def registered_callbacks() -> Dict[str, Type[Callback]]:
+    return dict(_CALLBACKS)
+
+
 def make_callbacks(names) -> List[Callback]:
     out = []
     for name in names:
@@ -81,7 +86,7 @@ class VisualDLLogger(Callback):
         self.writer.scalars(step, logs)
 
     def on_evaluate(self, trainer, task, metrics):
-        self.writer.scalars(trainer.step, {f"eval/{task}/{k}": v for k, v in metrics.items()})
+        self.writer.scalars(trainer.step, trainer.reporter.metrics("eval", task, trainer.step, metrics)[1])
 
 
 class EarlyStopping(Callback):
@@ -141,63 +146,3 @@ class BestCheckpoint(Callback):
     def load_state_dict(self, state):
         self.best = dict(state.get("best", {}))
         self.steps = dict(state.get("steps", {}))
-
-
-class ExponentialMovingAverage:
-    """EMA of the parameters this rank holds (PALM's `use_ema`/`ema_decay`), kept on the host.
-
-    `update()` after every optimizer step: ema = decay * ema + (1 - decay) * param, with PALM/TF's
-    warm-up decay min(decay, (1 + n) / (10 + n)) so early averages are not dominated by the random
-    initialisation. `swapped_in()` is a context manager that puts the averages into the scope (for
-    evaluation and export) and restores the trained values afterwards."""
-
-    def __init__(self, scope, names: List[str], decay: float):
-        self.scope = scope
-        self.names = [n for n in names if scope.find_var(n) is not None and scope.find_var(n).get_tensor()._is_initialized()]
-        self.decay = decay
-        self.updates = 0
-        self.values: Dict[str, Any] = {}
-
-    def _get(self, name):
-        import numpy as np
-
-        return np.array(self.scope.find_var(name).get_tensor())
-
-    def update(self) -> None:
-        import numpy as np
-
-        decay = min(self.decay, (1.0 + self.updates) / (10.0 + self.updates))
-        for name in self.names:
-            value = self._get(name).astype(np.float32)
-            if name not in self.values:
-                self.values[name] = value
-            else:
-                self.values[name] *= decay
-                self.values[name] += (1.0 - decay) * value
-        self.updates += 1
-
-    def swapped_in(self):
-        import contextlib
-
-        import paddle
-
-        @contextlib.contextmanager
-        def swap():
-            saved = {n: self._get(n) for n in self.values}
-            place = paddle.framework._current_expected_place()
-            try:
-                for n, v in self.values.items():
-                    self.scope.find_var(n).get_tensor().set(v.astype(saved[n].dtype), place)
-                yield
-            finally:
-                for n, v in saved.items():
-                    self.scope.find_var(n).get_tensor().set(v, place)
-
-        return swap()
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {"updates": self.updates, "values": self.values}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.updates = int(state["updates"])
-        self.values = dict(state["values"])

@@ -1,6 +1,6 @@
 """Shims that let Paddle 2.6.2's fleet collective programs be built and run on a CPU-only build.
 
-Two uses (facts and evidence: ../shared/notes/platform.md, "Fleet on CPU, several processes"):
+Two uses (verified on Paddle 2.6.2; docs/platform.md records the facts and how they were checked):
 
 * **Running on CPU** (gloo): `apply_cpu_collective_shim()` after `paddle.distributed.init_parallel_env()`,
   then `strip_gpu_sync_ops(main, startup)` before the first `exe.run`. Unmodified fleet fails on a

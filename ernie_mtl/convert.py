@@ -412,8 +412,11 @@ def convert(source: Source, output_dir: os.PathLike, *, overwrite: bool = False)
                     "tied_to_backbone": {k: tied[s] for k, s in static.items() if s in tied},
                     "written_as_cls": origin == f"heads.{group}"}
             _write_json(tmp / "heads" / f"{group}.json", meta)
-        if source.optimizer:
-            paddle.save(source.optimizer, str(tmp / OPTIMIZER))
+        if source.optimizer:  # keyed like the weights: the pretraining head's accumulators under cls.*
+            head = f"{origin}." if origin and origin.startswith("heads.") else None
+            optimizer = {("cls." + k[len(head):] if head and k.startswith(head) else k): v
+                         for k, v in source.optimizer.items()}
+            paddle.save(optimizer, str(tmp / OPTIMIZER))
         _write_json(tmp / REPORT, {
             "source": str(source.path), "kind": source.kind, "step": source.step, "model_type": source.model_type,
             "pretraining_heads_from": origin, "filled_with_zeros": filled, "heads": sorted(heads),
@@ -521,10 +524,10 @@ def build_static_reference(model_type: str, arch: Mapping[str, Any], *, pretrain
 def run_static(ref: StaticReference, weights: Any, batch: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """Run `ref` on `batch` in a fresh scope holding `weights`: a mapping structured name -> array, or
     a PaddleNLP directory, loaded the way the static trainer starts from one
-    (`ernie_mtl.model.load_pretrained_into_scope`)."""
+    (`ernie_mtl.build.load_pretrained_into_scope`)."""
     import paddle
 
-    from ernie_mtl.model import load_pretrained_into_scope
+    from ernie_mtl.build import load_pretrained_into_scope
 
     scope = paddle.static.Scope()
     with _static_mode():
@@ -610,13 +613,19 @@ def _static_mode() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _dygraph_mode() -> Iterator[None]:
+    """Dynamic mode for paddlenlp's dygraph models, without any hybrid-parallel group a training run
+    in this process set up (paddlenlp's from_pretrained would ask it for a tensor-parallel group)."""
     import paddle
+    import paddle.distributed.fleet as fleet
 
     was_static = not paddle.in_dynamic_mode()
+    hcg = getattr(fleet.fleet, "_hcg", None)
     paddle.disable_static()
+    fleet.fleet._hcg = None
     try:
         yield
     finally:
+        fleet.fleet._hcg = hcg
         if was_static:
             paddle.enable_static()
 

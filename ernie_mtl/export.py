@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -54,7 +53,7 @@ def export_task_model(out_dir: Path, *, program, fwd, task: TaskType, exe, vocab
     used = _persistables(tmp / f"{MODEL_PREFIX}.pdmodel")
     manifest = {
         "format": 1, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "task": name, "reader": task.name,
-        "spec": spec_json(task.spec), "model_type": model_type, "arch": dict(arch), "use_task_id": use_task_id,
+        "spec": task.spec.to_json(), "model_type": model_type, "arch": dict(arch), "use_task_id": use_task_id,
         "task_index": task.spec.index,
         "feeds": [{"name": n, "var": fwd.feed_vars[n].name, "shape": list(fwd.feed_vars[n].shape),
                    "dtype": str(fwd.feed_vars[n].dtype).replace("paddle.", "")} for n in feed_names],
@@ -82,11 +81,75 @@ def _persistables(model_file: Path) -> set:
     return {v.name for v in program.list_vars() if v.persistable}
 
 
-def spec_json(spec: TaskSpec) -> Dict[str, Any]:
-    """A TaskSpec as JSON-friendly data (stored in manifests and checkpoints)."""
-    data = asdict(spec)
-    data["options"] = dict(spec.options)
-    return data
+def write_from_scope(writer, scope) -> None:
+    """Run `writer` (export_task_model with its arguments bound) reading parameters from `scope`."""
+    import paddle
+
+    with paddle.static.scope_guard(scope):
+        writer()
+
+
+def float32_scope(values: Mapping[str, np.ndarray], name_map: Mapping[str, str], *, use_ema: bool, place):
+    """A fresh scope with every parameter of the (float32) export program, from a saved program
+    state `values`: the EMA average (`<param>@EMA`) when use_ema, else AMP O2's fp32 master copy
+    where there is one, else the value cast to float32."""
+    import paddle
+
+    from ernie_mtl.ema import averages_from_state
+
+    scope = paddle.static.Scope()
+    averaged = averages_from_state(values) if use_ema else {}
+    for name in set(name_map.values()):
+        value = averaged.get(name, values.get(name + "_fp32_master_0", values.get(name)))
+        if value is None:
+            raise ConfigError([f"the saved state lacks parameter {name}: the checkpoint is incomplete"])
+        scope.var(name).get_tensor().set(np.asarray(value, dtype=np.float32), place)
+    return scope
+
+
+def write_from_state(writer, values: Mapping[str, np.ndarray], name_map: Mapping[str, str], *, use_ema: bool,
+                     place) -> None:
+    """Run `writer` on the parameters of a saved (possibly merged) program state."""
+    write_from_scope(writer, float32_scope(values, name_map, use_ema=use_ema, place=place))
+
+
+def merged_state(folder: Path) -> Dict[str, np.ndarray]:
+    """Every rank's saved program state in `folder` (rank_<r>.pdparams and .pdopt: parameters, AMP O2
+    master weights and EMA averages), merged by name (sharded ranks hold disjoint parts)."""
+    import paddle
+
+    merged: Dict[str, np.ndarray] = {}
+    for path in sorted(Path(folder).glob("rank_*.pdparams")) + sorted(Path(folder).glob("rank_*.pdopt")):
+        merged.update(paddle.load(str(path), return_numpy=True))
+    return merged
+
+
+def gather_program_state(program, output_dir: str, task: str, info, barrier, *, sharded: bool,
+                         scope) -> Optional[Dict[str, np.ndarray]]:
+    """The current program state on rank 0: its own scope's, or under sharding every rank's saved to
+    a temporary folder and merged there (a file system all ranks share is needed, as for
+    checkpoints). Every rank calls it; ranks other than 0 get None."""
+    import paddle
+
+    if not sharded:
+        if info.rank != 0:
+            return None
+        names = {v.name for v in program.list_vars() if v.persistable}
+        return {n: np.array(scope.find_var(n).get_tensor()) for n in names
+                if scope.find_var(n) is not None and scope.find_var(n).get_tensor()._is_initialized()}
+    tmp = Path(output_dir) / f".export-{task}"
+    if info.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True, exist_ok=True)
+    barrier("export dir")
+    paddle.static.save(program, str(tmp / f"rank_{info.rank}"))
+    barrier("export states")
+    if info.rank != 0:
+        return None
+    try:
+        return merged_state(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_manifest(model_dir: os.PathLike) -> Dict[str, Any]:
@@ -113,20 +176,11 @@ def load_task_from_manifest(manifest: Mapping[str, Any], model_dir: os.PathLike,
 
 def _import_plugins(paths: Sequence[str]) -> None:
     """The plugin files the training run imported (a custom task type must be registered to predict)."""
-    import hashlib
-    import importlib.util
-    import sys
+    from ernie_mtl.plugins import import_plugins
 
-    for path in paths:
-        module = "ernie_mtl_plugin_" + hashlib.sha1(path.encode()).hexdigest()[:12]  # as mtl_config names it
-        if module in sys.modules:
-            continue
-        if not os.path.isfile(path):
-            raise ConfigError([f"the exported model needs plugin {path} (its task type), which no longer exists"])
-        spec = importlib.util.spec_from_file_location(module, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[module] = mod
-        spec.loader.exec_module(mod)
+    problems = import_plugins(paths, where="the exported model's manifest (plugins)")
+    if problems:
+        raise ConfigError([p + "; the exported model needs its plugin's task type" for p in problems])
 
 
 def predict(model_dir: os.PathLike, pred_file: str, output: os.PathLike, *, batch_size: Optional[int] = None,

@@ -1,6 +1,6 @@
 """Idle parameters stay bitwise frozen, on the device: heads (and the pooler) of tasks not drawn.
 
-The multi-task loss is `sum_i gate_i * w_i * loss_i` (ernie_mtl/mtl_forward.py), so a parameter
+The multi-task loss is `sum_i gate_i * w_i * loss_i` (ernie_mtl/forward.py), so a parameter
 that only tasks absent from an optimizer step depend on gets a gradient of exactly 0 -- but AdamW
 would still move it through its stale moments and decoupled weight decay. Such a parameter is
 frozen for that step instead: parameter, both moments, both beta powers and (AMP O2) the fp32
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 

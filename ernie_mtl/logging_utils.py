@@ -43,41 +43,57 @@ def get_logger(rank: int) -> logging.Logger:
 
 
 class Window:
-    """Sums over the steps since the last log line: losses (mean per step), tokens, samples, time.
-    The learning rate and the loss scale are reported as their latest values, not means."""
-
-    LATEST = ("lr", "loss_scaling")
+    """What happened since the last log line: per task its micro-batches, summed loss and extra scalars
+    (e.g. mlm_loss, nsp_loss); optimizer steps, non-pad tokens (all ranks), samples (all ranks),
+    time; the learning rate and the loss scale as their latest values."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
         self.steps = 0
-        self.sums: Dict[str, float] = {}
-        self.latest: Dict[str, float] = {}
+        self.micro = 0
+        self.count: Dict[str, int] = {}
+        self.loss: Dict[str, float] = {}
+        self.scalars: Dict[str, Dict[str, float]] = {}
         self.tokens = 0
         self.samples = 0
+        self.lr = 0.0
+        self.loss_scale: Optional[float] = None
         self.started = time.perf_counter()
 
-    def add(self, losses: Mapping[str, float], *, tokens: int, samples: int) -> None:
-        """One global step: its fetched values (losses, lr, ...), non-pad tokens and samples consumed."""
-        self.steps += 1
-        for k, v in losses.items():
-            if k in self.LATEST:
-                self.latest[k] = float(v)
-            else:
-                self.sums[k] = self.sums.get(k, 0.0) + float(v)
+    def add_micro(self, task: str, loss: float, scalars: Mapping[str, float], *, tokens: int) -> None:
+        """One micro-batch of `task` (this rank's loss and scalars; `tokens`: non-pad tokens of all ranks)."""
+        self.micro += 1
+        self.count[task] = self.count.get(task, 0) + 1
+        self.loss[task] = self.loss.get(task, 0.0) + float(loss)
+        sums = self.scalars.setdefault(task, {})
+        for k, v in scalars.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
         self.tokens += tokens
-        self.samples += samples
 
-    def summary(self) -> Dict[str, float]:
-        """Means of the losses and rates per second over the window."""
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        out = {k: v / max(self.steps, 1) for k, v in self.sums.items()}
-        out.update(self.latest)
-        out.update(steps_per_s=self.steps / elapsed, tokens_per_s=self.tokens / elapsed,
-                   samples_per_s=self.samples / elapsed)
-        return out
+    def add_step(self, *, samples: int, lr: float, loss_scale: Optional[float]) -> None:
+        self.steps += 1
+        self.samples += samples
+        self.lr = float(lr)
+        if loss_scale is not None:
+            self.loss_scale = float(loss_scale)
+
+    def mean_loss(self, task: str) -> float:
+        return self.loss[task] / self.count[task]
+
+    def mean_scalars(self, task: str) -> Dict[str, float]:
+        return {k: v / self.count[task] for k, v in self.scalars.get(task, {}).items()}
+
+    @property
+    def elapsed(self) -> float:
+        return max(time.perf_counter() - self.started, 1e-9)
+
+    def rates(self) -> Dict[str, float]:
+        """perf/steps_per_s, perf/tokens_per_s, perf/samples_per_s over the window."""
+        e = self.elapsed
+        return {"perf/steps_per_s": self.steps / e, "perf/tokens_per_s": self.tokens / e,
+                "perf/samples_per_s": self.samples / e}
 
 
 def format_eta(seconds: float) -> str:

@@ -276,42 +276,88 @@ def plan(arch: Mapping[str, Any], parallel: ParallelConfig, amp: AmpConfig, *, w
 
 
 def dry_run(cfg) -> str:
-    """`run_multitask_static.py --dry_run`: the plan of a validated `args.RunConfig`, without training.
+    """`run_multitask_static.py --dry_run`: the plan of a validated RunConfig, without training.
 
     World size: PADDLE_TRAINERS_NUM (set by the launcher, or by hand to plan a cluster job from a
-    laptop). Multi-task runs also read the task files (example counts drive sampling and quotas) and
-    build the forward once on CPU to count every head's parameters exactly."""
+    laptop). The run plan (ernie_mtl/plan.py) reads the task files (example counts drive sampling
+    and quotas); head parameters are counted on heads created lazily (`paddle.LazyGuard`: shapes,
+    no memory, no program)."""
     import os
+
+    from ernie_mtl.plan import prepare
+    from ernie_mtl.runtime import ProcessInfo
 
     world_size = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     resolved = cfg.model.resolve()
     arch = dict(resolved.arch)
-    if not cfg.is_multitask:
-        return plan(arch, cfg.parallel, cfg.amp, world_size=world_size, seq_len=cfg.data.max_seq_len,
-                    masked_tokens_per_seq=cfg.data.max_predictions_per_seq, pretraining_heads=True)
-    from ernie_mtl.distributed import ProcessInfo
-    from ernie_mtl.mtl_trainer import prepare
-
     topo = Topology.from_config(cfg.parallel, world_size)
+    if cfg.flag_mode:
+        text = plan(arch, cfg.parallel, cfg.amp, world_size=world_size, seq_len=cfg.data.max_seq_len,
+                    masked_tokens_per_seq=cfg.data.max_predictions_per_seq, pretraining_heads=True)
+        return text + "\n" + "\n".join(["== data =="] + _corpus_lines(cfg, topo))
     info = ProcessInfo(rank=0, world_size=world_size, local_rank=0)
-    mtl_plan = prepare(cfg, cfg.multitask, info=info, topo=topo, barrier=lambda *a, **k: None, log=lambda m: None)
-    heads = _head_parameter_counts(cfg, arch, mtl_plan.tasks)
-    longest = max(t.spec.max_seq_len for t in mtl_plan.tasks)
-    summary = (f"task schedule (planned {mtl_plan.planned.total_steps} optimizer steps = LR horizon):\n"
-               + mtl_plan.schedule.summary())
+    run_plan = prepare(cfg, info=info, topo=topo, barrier=lambda *a, **k: None, log=lambda m: None,
+                       is_builder=True, load_dev=False)
+    heads = head_parameter_counts(cfg.model.model_type, arch, run_plan.tasks, use_task_id=cfg.setup.mtl.use_task_id)
+    longest = max(t.spec.max_seq_len for t in run_plan.tasks)
+    summary = (f"task schedule (planned {run_plan.planned.total_steps} optimizer steps = LR horizon):\n"
+               + run_plan.schedule.summary())
     return plan(arch, cfg.parallel, cfg.amp, world_size=world_size, seq_len=longest,
                 masked_tokens_per_seq=20, task_heads=heads, pretraining_heads=False, schedule_summary=summary)
 
 
-def _head_parameter_counts(cfg, arch: Mapping[str, Any], tasks) -> Dict[str, int]:
-    """Parameters of every head group, from the forward built once in static mode (exact)."""
+def _corpus_lines(cfg, topo: Topology) -> List[str]:
+    """Per corpus of `--input_dir`: weight, documents, samples planned and epochs (arithmetic and one
+    pass of the compiled helper; nothing is built)."""
+    from ernie_mtl.data.mixture import parse_mixture, plan_mixture
+    from ernie_mtl.data.pretrain import PretrainSampleConfig
+    from ernie_mtl.plan import TEST_ITERS_PER_EVAL_ITER
+
+    d = cfg.data
+    gb = topo.global_batch_size
+    eval_samples = cfg.train.eval_iters * gb
+    counts = [cfg.optim.max_steps * gb, eval_samples, TEST_ITERS_PER_EVAL_ITER * eval_samples]
+    sample_cfg = PretrainSampleConfig(max_seq_len=d.max_seq_len, short_seq_prob=d.short_seq_prob,
+                                      binary_head=cfg.model.binary_head, masked_lm_prob=d.masked_lm_prob,
+                                      max_predictions_per_seq=d.max_predictions_per_seq, max_ngrams=d.max_ngrams,
+                                      seed=cfg.train.seed)
+    mixture = parse_mixture(d.input_dir, what="--input_dir")
+    return plan_mixture(mixture, split=d.split, num_samples=counts, cfg=sample_cfg).lines()
+
+
+def head_parameter_counts(model_type: str, arch: Mapping[str, Any], tasks, *, use_task_id: bool = False
+                          ) -> Dict[str, int]:
+    """Parameters of every head group (shared heads once; a tied embedding counts as the backbone's),
+    from heads created under `paddle.LazyGuard` in dynamic mode: exact shapes, nothing allocated, no
+    program. The heads see the backbone's config and, for a tied LM decoder, a lazily created
+    word-embedding parameter of the backbone's shape (the backbone itself is counted in closed form)."""
+    from types import SimpleNamespace
+
     import numpy as np
     import paddle
 
-    from ernie_mtl.mtl_model import build_forward_program
+    from ernie_mtl.forward import backbone_config, group_of
+    from ernie_mtl.tasks.base import Encoded
 
-    paddle.enable_static()
-    program, fwd = build_forward_program(cfg.model.model_type, {k: v for k, v in arch.items() if k != "model_type"},
-                                         tasks, use_task_id=cfg.multitask.mtl.use_task_id)
-    block = program.global_block()
-    return {f"head {g.name}": int(sum(int(np.prod(block.var(p).shape)) for p in g.params)) for g in fwd.groups}
+    was_static = not paddle.in_dynamic_mode()
+    paddle.disable_static()
+    try:
+        with paddle.LazyGuard():
+            _, config = backbone_config(model_type, {k: v for k, v in arch.items() if k != "model_type"},
+                                        use_task_id=use_task_id, num_tasks=len(tasks))
+            embedding = paddle.create_parameter([config.vocab_size, config.hidden_size], "float32")
+            backbone = SimpleNamespace(embeddings=SimpleNamespace(word_embeddings=SimpleNamespace(weight=embedding)))
+            enc = Encoded(sequence_output=None, pooled_output=None, backbone=backbone, config=config, feeds={})
+            counts: Dict[str, int] = {}
+            groups = group_of(tasks)
+            for t in tasks:
+                group = groups[t.spec.name]
+                if f"head {group}" in counts:
+                    continue
+                head = t.create_head(enc)
+                counts[f"head {group}"] = int(sum(int(np.prod(p.shape)) for p in head.parameters()
+                                                  if p is not embedding))
+        return counts
+    finally:
+        if was_static:
+            paddle.enable_static()

@@ -1,365 +1,486 @@
-"""The static pretraining run: set-up (`run`) and the loop (`Trainer`).
+"""The one training engine: set-up (`run`) and the loop (`Trainer`), for flag-mode pretraining (one
+task, `pretrain`) and multi-task runs alike.
 
-`run(cfg)` does, in order: process info + static mode (+ gloo on CPU), topology, fleet, programs
-(built once), executor + initialisation, datasets (index caches built on rank 0, others wait at a
-TCP-store barrier), resume, `Trainer.train()`, the test split, and a closing line saying where the
-checkpoints and VisualDL logs are.
+`run(cfg)`: process info + static mode (+ gloo on CPU), topology, fleet, the run plan (tasks, data,
+schedule: ernie_mtl/plan.py), the programs (built once: ernie_mtl/build.py), executor and
+initialisation, resume, the loop, the final test evaluation, and a closing line saying where the
+outputs are. `--prebuild_index` stops after the plan (every index cache built, nothing trained);
+`--dry_run` is ernie_mtl/planner.py.
 
-One `exe.run` per micro-batch; `accumulate_steps` micro-batches make one optimizer step (the
-gradient merge is inside the program), after which the LR scheduler steps once and the consumed
-sample count grows by one global batch. Losses shown are rank 0's (its micro-batches, averaged
-over the accumulation and the logging window); they are not all-reduced. tokens/s counts the
-non-pad tokens rank 0 fed, times the data-parallel world size (an estimate: other ranks' batches
-have similar lengths).
+Per optimizer step the schedule draws the task of each of the `accumulate_steps` micro-batches,
+identically on every rank; each rank feeds its slice of that task's global micro-batch, the
+dropout seeds of (step, micro-batch, rank) and the idle-group flags of the step; one `exe.run` per
+micro-batch, the update happening inside the program on the last one (gradient merge). Logged
+losses are rank 0's (not all-reduced); tokens/s counts rank 0's non-pad tokens times the
+data-parallel size.
 
-Test hooks (environment variables, used by tests/test_trainer.py): ERNIE_MTL_TEST_KILL_AT_STEP=k
-makes the process SIGKILL itself right after step k's checkpoints are written (exact-resume
-tests); ERNIE_MTL_TEST_DUMP_DIR=d makes every rank save its final program state to d/rank_<r>
-(checkpoints hold rank 0's state only without sharding, so this shows the other ranks' copies).
+Evaluation is split across the data-parallel ranks (batch j of a split on rank j mod D) and the
+prediction outputs are gathered, so every rank computes the metrics of the whole split, bit for
+bit what one process computes; rank 0's metrics are then handed to every rank, so the decisions
+they drive (best checkpoints, early stopping) agree everywhere.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
-import signal
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ernie_mtl.checkpoint import Checkpointer, TrainState
-from ernie_mtl.logging_utils import MetricWriter, Window, format_eta, get_logger
+from ernie_mtl.callbacks import BestCheckpoint, Callback, EarlyStopping, VisualDLLogger, make_callbacks
+from ernie_mtl.checkpoint import Checkpointer
+from ernie_mtl.logging_utils import MetricWriter, Window
+from ernie_mtl.reporting import reporter_for
 
-KILL_AT_STEP_ENV = "ERNIE_MTL_TEST_KILL_AT_STEP"
-DUMP_DIR_ENV = "ERNIE_MTL_TEST_DUMP_DIR"
-TEST_ITERS_PER_EVAL_ITER = 10  # the final test split takes 10 x eval_iters global batches (PaddleNLP)
-
-
-@dataclass
-class Context:
-    """What the set-up hands to the loop."""
-
-    cfg: Any  # args.RunConfig (typed slices; never the argparse namespace)
-    info: Any  # distributed.ProcessInfo
-    topo: Any  # parallel.Topology
-    programs: Any  # model.Programs
-    exe: Any
-    datasets: Dict[str, Any]
-    pad_id: int
-    checkpointer: Checkpointer
-    log: Any
+TEST_RESULTS = "test_results.json"
 
 
 def run(cfg) -> int:
-    """Train as configured by a validated `args.RunConfig`; returns the exit status."""
-    import paddle
+    """Train as configured by a validated RunConfig; returns the exit status."""
+    from ernie_mtl.plan import prepare
+    from ernie_mtl.runtime import StoreBarrier, make_executor, start_process
 
-    from ernie_mtl.distributed import StoreBarrier
-
+    if cfg.train.prebuild_index:
+        return prebuild(cfg)
     info, log, topo = start_process(cfg)
-    programs = build_programs(cfg, topo)
-    exe = make_executor(cfg, info, programs, log)
+    for line in cfg.setup.reports:
+        log.info(line)
     barrier = StoreBarrier(info)
-    datasets, pad_id = build_datasets(cfg, info, barrier, log)
-    checkpointer = Checkpointer(
-        cfg.train.output_dir, rank=info.rank, world_size=info.world_size,
-        per_rank_state=topo.sharding_degree > 1, keep_last=cfg.train.keep_last, barrier=barrier, log=log.info,
-        save_program_state=lambda prefix: paddle.static.save(programs.main, prefix),
-        load_program_state=lambda prefix: paddle.static.load(programs.main, prefix, exe))
-    trainer = Trainer(Context(cfg, info, topo, programs, exe, datasets, pad_id, checkpointer, log))
+    plan = prepare(cfg, info=info, topo=topo, barrier=barrier, log=log.info)
+    programs = build_programs(cfg, topo, plan)
+    exe = make_executor(cfg, info, programs, log)
+    trainer = Trainer(cfg, info=info, topo=topo, plan=plan, programs=programs, exe=exe, barrier=barrier, log=log)
     try:
         trainer.resume()
         trainer.train()
         trainer.test()
-        if os.environ.get(DUMP_DIR_ENV):
-            paddle.static.save(programs.main, os.path.join(os.environ[DUMP_DIR_ENV], f"rank_{info.rank}"))
     finally:
         trainer.close()
-    log.info(f"checkpoints: {cfg.train.output_dir}/model_last and model_<step>; "
-             f"VisualDL: visualdl --logdir {cfg.train.output_dir}/visualdl")
+    log.info(trainer.reporter.closing(cfg.train.output_dir))
     return 0
 
 
-def start_process(cfg):
-    """(info, logger, topology): who this process is, static mode (+ gloo on CPU), the topology,
-    the flags it needs and fleet, in that order (every entry point that trains starts so)."""
-    import paddle
+def prebuild(cfg) -> int:
+    """`--prebuild_index`: plan the run exactly as training would (same flags, same parser, world
+    size from PADDLE_TRAINERS_NUM) and build every index cache it reads -- train, dev and the final
+    test split -- then exit. No process group, no program."""
+    from ernie_mtl.logging_utils import get_logger
+    from ernie_mtl.parallel import Topology
+    from ernie_mtl.plan import load_eval_split, prepare
+    from ernie_mtl.runtime import ProcessInfo
 
-    from ernie_mtl.distributed import ProcessInfo, init_distributed
-    from ernie_mtl.parallel import Topology, init_fleet, required_flags
-
-    info = ProcessInfo.from_env()
-    log = get_logger(info.rank)
-    init_distributed(info)
-    topo = Topology.from_config(cfg.parallel, info.world_size)
-    paddle.set_flags(required_flags(topo))
-    init_fleet(topo)
-    return info, log, topo
-
-
-def make_executor(cfg, info, programs, log):
-    """The executor for --device, with `programs` made runnable here (CPU: GPU sync ops stripped)
-    and initialised (startup, pretrained weights, AMP O2 cast)."""
-    import paddle
-
-    from ernie_mtl.compat import is_cpu_build, strip_gpu_sync_ops
-
-    if is_cpu_build():
-        strip_gpu_sync_ops(programs.main, programs.startup, programs.test)
-    device = resolve_device(cfg.train.device)
-    if cfg.amp.use_amp and device == "cpu":
-        log.warning("--use_amp on CPU: a CPU build inserts no float16 casts, so this run computes in float32 "
-                    "(with loss scaling); AMP takes effect on GPUs")
-    place = paddle.CPUPlace() if device == "cpu" else paddle.CUDAPlace(info.local_rank)
-    exe = paddle.static.Executor(place)
-    programs.initialize(exe)
-    return exe
+    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    info = ProcessInfo(rank=0, world_size=world, local_rank=0)
+    log = get_logger(0)
+    topo = Topology.from_config(cfg.parallel, world)
+    plan = prepare(cfg, info=info, topo=topo, barrier=lambda *a, **k: None, log=log.info, is_builder=True)
+    for t in plan.tasks:
+        if t.spec.test_file and t.sized_by_run:
+            load_eval_split(t, "test", plan.eval_batches)
+    log.info(f"index caches ready for {plan.planned.total_steps} optimizer steps of {len(plan.tasks)} task(s) "
+             f"(world size {world}); the run with the same flags reuses them")
+    return 0
 
 
-def resolve_device(device: str) -> str:
-    """"cpu" or "gpu" for a --device value ("auto" = gpu when paddle is built with CUDA)."""
-    if device != "auto":
-        return device
-    from paddle.base import core
+def build_programs(cfg, topo, plan):
+    """The run's programs, the LR horizon being the planned number of optimizer steps. Built with
+    the working directory set to `<output_dir>/program_desc`: fleet's sharding dumps its programs
+    into the cwd."""
+    import contextlib as _contextlib
 
-    return "gpu" if core.is_compiled_with_cuda() else "cpu"
-
-
-def build_programs(cfg, topo):
-    """Pretraining programs for `topo`. Built with the working directory set to
-    `<output_dir>/program_desc`: fleet's ShardingOptimizer dumps its programs into the cwd."""
-    from ernie_mtl.model import build_pretrain_programs
+    from ernie_mtl.build import build_programs as build
     from ernie_mtl.parallel import build_strategy
 
+    optim = replace(cfg.optim, max_steps=plan.planned.total_steps)
     dump_dir = os.path.join(cfg.train.output_dir, "program_desc")
     os.makedirs(dump_dir, exist_ok=True)
     strategy = functools.partial(build_strategy, topo, cfg.parallel, cfg.amp)
-    with contextlib.chdir(dump_dir):
-        return build_pretrain_programs(cfg.model, cfg.optim, strategy, topo, seed=cfg.train.seed, amp_cfg=cfg.amp)
-
-
-def build_datasets(cfg, info, barrier, log):
-    """train/valid/test datasets sized for the run (every rank calls; rank 0 builds the caches)."""
-    from ernie_mtl.data.masking import VocabInfo
-    from ernie_mtl.data.pretrain import build_pretrain_datasets, required_samples
-
-    vocab = VocabInfo.from_file(cfg.data.vocab_file)
-    counts = required_samples(global_batch_size=_global_batch(cfg, info), max_steps=cfg.optim.max_steps,
-                              eval_freq=cfg.train.eval_freq, eval_iters=cfg.train.eval_iters,
-                              test_iters=TEST_ITERS_PER_EVAL_ITER * cfg.train.eval_iters)
-    datasets = build_pretrain_datasets(cfg.data.input_dir, split=cfg.data.split, num_samples=counts,
-                                       cfg=cfg.sample_config(),
-                                       vocab=vocab, is_builder=info.rank == 0, barrier=barrier, log=log.info)
-    return datasets, vocab.pad_id
-
-
-def _global_batch(cfg, info) -> int:
-    from ernie_mtl.parallel import Topology
-
-    return Topology.from_config(cfg.parallel, info.world_size).global_batch_size
+    m = cfg.setup.mtl
+    with _contextlib.chdir(dump_dir):
+        return build(cfg.model, optim, strategy, topo, plan.tasks, seed=cfg.train.seed, amp_cfg=cfg.amp,
+                     use_task_id=m.use_task_id, ema_decay=m.ema_decay if m.use_ema else None)
 
 
 class Trainer:
-    """The loop over optimizer steps: train_step, maybe_log, maybe_eval, maybe_save."""
+    """The loop over optimizer steps: step, log, evaluate, export finished targets, save."""
 
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-        self.cfg = ctx.cfg
-        self.topo = ctx.topo
-        self.p = ctx.programs
-        self.log = ctx.log
-        self.step = 0
-        self.consumed_samples = 0
-        self.is_rank0 = ctx.info.rank == 0
-        self.data_rank = self.topo.data_rank(ctx.info.rank)
-        self.fetch_names = list(self.p.fetches)
-        self.metrics = MetricWriter(self.cfg.train.output_dir, enabled=self.is_rank0)
-        self.window = Window()
-        self.bar = None
-
-    # -- state ---------------------------------------------------------------------------
-    def resume(self) -> None:
-        """Continue from the checkpoint `--resume` designates, if any (auto: the newest complete one)."""
-        ref = self.ctx.checkpointer.resolve(self.cfg.train.resume)
-        if ref is None:
-            self.log.info(f"starting a new run in {self.cfg.train.output_dir} (no checkpoint to resume)")
-            np.random.seed(self.cfg.train.seed)
-            return
-        state = self.ctx.checkpointer.load(ref, topology=self.topo.to_dict(), check=self._resume_checks())
-        self.step, self.consumed_samples = state.step, state.consumed_samples
-        self.p.lr_scheduler.set_state_dict(state.lr_scheduler)
-        np.random.set_state(_rng_from_json(state.rng["numpy"]))
-        self.log.info(f"resumed from {ref.path} at step {self.step} ({self.consumed_samples} samples consumed, "
-                      f"next lr {self.p.lr_scheduler.last_lr:.3e})")
-
-    def _resume_checks(self) -> Dict[str, Any]:
-        """What must not change for the run to continue exactly (besides the topology)."""
-        from data_tools.indexed_dataset import file_identity
-
-        d, o = self.cfg.data, self.cfg.optim
-        return {"seed": self.cfg.train.seed, "max_seq_len": d.max_seq_len, "split": d.split,
-                "masked_lm_prob": d.masked_lm_prob, "max_ngrams": d.max_ngrams, "short_seq_prob": d.short_seq_prob,
-                "binary_head": self.cfg.model.binary_head, "max_steps": o.max_steps,
-                "decay_steps": o.resolved_decay_steps, "warmup_steps": o.warmup_steps,
-                "input": file_identity(d.input_dir)}
-
-    def _train_state(self) -> TrainState:
-        return TrainState(
-            step=self.step, consumed_samples=self.consumed_samples, lr_scheduler=self.p.lr_scheduler.state_dict(),
-            rng={"numpy": _rng_to_json(np.random.get_state())},
-            sampler={"consumed_samples": self.consumed_samples, "valid_consumed_samples": self._valid_consumed()},
-            config=self.cfg.to_dict(), topology=self.topo.to_dict(), name_map=self.p.name_map,
-            extra={"resume_checks": self._resume_checks(), "arch": dict(self.p.arch)})
-
-    # -- the loop ------------------------------------------------------------------------
-    def train(self) -> None:
-        """Run optimizer steps until --max_steps."""
-        max_steps = self.cfg.optim.max_steps
-        if self.is_rank0:
-            self.metrics.hparams(self.cfg.to_dict(), ["eval/loss", "eval/mlm_loss", "eval/nsp_loss"])
-            self.log.info(f"training steps {self.step + 1}..{max_steps}: {self.topo.to_dict()}; losses are rank 0's "
-                          f"(not all-reduced); tokens/s = rank 0's non-pad tokens x data world "
-                          f"{self.topo.data_world_size}")
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=max_steps, initial=self.step, unit="step", dynamic_ncols=True, mininterval=1.0)
-        batches = self._micro_batches("train", self.consumed_samples)
-        kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0") or 0)
-        self.window.reset()
-        while self.step < max_steps:
-            values, tokens = self.train_step(batches)
-            self.window.add(values, tokens=tokens * self.topo.data_world_size, samples=self.topo.global_batch_size)
-            self.maybe_log()
-            self.maybe_eval()
-            self.maybe_save()
-            if self.step == kill_at:  # test hook: die like a crashed node, right after the checkpoint
-                os.kill(os.getpid(), signal.SIGKILL)
-        if self.step % self.cfg.train.eval_freq:
-            self.evaluate()  # the final model is always evaluated
-
-    def train_step(self, batches: Iterator[Dict[str, Any]]) -> tuple:
-        """One optimizer step: `accumulate_steps` micro-batches; returns (fetched values averaged over the
-        micro-batches: losses, lr, loss scale; this rank's non-pad tokens)."""
-        from ernie_mtl.randomness import DROPOUT_SEEDS, draw_dropout_seeds
-
-        sums: Dict[str, float] = {}
-        tokens = 0
-        for micro in range(self.topo.accumulate_steps):
-            feed = next(batches)
-            if self.p.dropout_seeds:
-                feed[DROPOUT_SEEDS] = draw_dropout_seeds(self.cfg.train.seed, self.step, micro, self.data_rank,
-                                                         self.p.dropout_seeds)
-            tokens += int((np.asarray(feed["input_mask"]) == 0).sum())
-            values = self.ctx.exe.run(self.p.main, feed=feed, fetch_list=list(self.p.fetches.values()))
-            for name, value in zip(self.fetch_names, values):
-                sums[name] = sums.get(name, 0.0) + float(np.asarray(value).reshape(-1)[0])
-        self.p.lr_scheduler.step()
-        self.step += 1
-        self.consumed_samples += self.topo.global_batch_size
-        return {k: v / self.topo.accumulate_steps for k, v in sums.items()}, tokens
-
-    def maybe_log(self) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-        if self.step % self.cfg.train.logging_freq and self.step != self.cfg.optim.max_steps:
-            return
-        w = self.window.summary()
-        self.window.reset()
-        if not self.is_rank0:
-            return
-        eta = (self.cfg.optim.max_steps - self.step) / w["steps_per_s"] if w["steps_per_s"] > 0 else float("inf")
-        scalars = {"train/loss": w["loss"], "train/mlm_loss": w["mlm_loss"], "train/nsp_loss": w.get("nsp_loss"),
-                   "train/lr": w["lr"], "amp/loss_scale": w.get("loss_scaling"),
-                   "perf/steps_per_s": w["steps_per_s"], "perf/tokens_per_s": w["tokens_per_s"],
-                   "perf/samples_per_s": w["samples_per_s"]}
-        self.metrics.scalars(self.step, scalars)
-        parts = [f"step {self.step}/{self.cfg.optim.max_steps}", f"loss {w['loss']:.4f}",
-                 f"mlm {w['mlm_loss']:.4f}"]
-        if "nsp_loss" in w:
-            parts.append(f"nsp {w['nsp_loss']:.4f}")
-        parts.append(f"lr {w['lr']:.3e}")
-        if "loss_scaling" in w:
-            parts.append(f"loss scale {w['loss_scaling']:.0f}")
-        parts += [f"{w['steps_per_s']:.2f} steps/s", f"{w['tokens_per_s']:.0f} tokens/s",
-                  f"{w['samples_per_s']:.1f} samples/s", f"ETA {format_eta(eta)}"]
-        self._print(" | ".join(parts))
-
-    def maybe_eval(self) -> None:
-        if self.step % self.cfg.train.eval_freq == 0:
-            self.evaluate()
-
-    def maybe_save(self) -> None:
-        t = self.cfg.train
-        if self.step % t.checkpoint_steps == 0 or self.step == self.cfg.optim.max_steps:
-            self.ctx.checkpointer.save("model_last", self._train_state())
-        if self.step % t.save_steps == 0:
-            self.ctx.checkpointer.save(f"model_{self.step}", self._train_state())
-
-    # -- evaluation ----------------------------------------------------------------------
-    def _valid_consumed(self) -> int:
-        """Valid samples used by the evaluations before the one at the current step (each
-        evaluation continues where the previous stopped; derived from the step so resume is exact)."""
-        done = (self.step - 1) // self.cfg.train.eval_freq if self.step else 0
-        return done * self.cfg.train.eval_iters * self.topo.global_batch_size
-
-    def evaluate(self) -> Dict[str, float]:
-        """`eval_iters` global batches of the valid split through the test program."""
-        return self._run_split("valid", "eval", self._valid_consumed(), self.cfg.train.eval_iters)
-
-    def test(self) -> Dict[str, float]:
-        """The test split at the end: 10 x eval_iters global batches."""
-        return self._run_split("test", "test", 0, TEST_ITERS_PER_EVAL_ITER * self.cfg.train.eval_iters)
-
-    def _run_split(self, split: str, prefix: str, consumed: int, iters: int) -> Dict[str, float]:
-        batches = self._micro_batches(split, consumed)
-        names = [n for n in ("loss", "mlm_loss", "nsp_loss") if n in self.p.fetches]
-        sums = dict.fromkeys(names, 0.0)
-        count = iters * self.topo.accumulate_steps
-        for _ in range(count):
-            values = self.ctx.exe.run(self.p.test, feed=next(batches), fetch_list=[self.p.fetches[n] for n in names])
-            for name, value in zip(names, values):
-                sums[name] += float(np.asarray(value).reshape(-1)[0])
-        means = {f"{prefix}/{k}": v / count for k, v in sums.items()}
-        self.metrics.scalars(self.step, means)
-        self._print(f"{prefix} at step {self.step} ({iters} global batches of {split}, rank 0's share): "
-                    + " | ".join(f"{k.split('/')[1]} {v:.4f}" for k, v in means.items()))
-        return means
-
-    # -- helpers -------------------------------------------------------------------------
-    def _micro_batches(self, split: str, consumed: int) -> Iterator[Dict[str, Any]]:
-        """This rank's micro-batches of `split`, in global order, after `consumed` samples."""
+    def __init__(self, cfg, *, info, topo, plan, programs, exe, barrier, log):
         import paddle
 
-        from ernie_mtl.data.pretrain import collate_pretrain
-        from ernie_mtl.data.sampler import ConsumedSamplesBatchSampler
+        self.cfg, self.info, self.topo, self.plan = cfg, info, topo, plan
+        self.p, self.exe, self.barrier, self.log = programs, exe, barrier, log
+        self.setup = cfg.setup
+        self.tasks = plan.tasks
+        self.schedule = plan.schedule
+        self.step = 0
+        self.is_rank0 = info.rank == 0
+        self.data_rank = topo.data_rank(info.rank)
+        self.scope = paddle.static.global_scope()
+        self.reporter = reporter_for(cfg)
+        self.exported: Dict[str, int] = {}  # task -> step of its export
+        self.evaluated_at: Dict[str, int] = {}  # task -> step of its latest evaluation
+        self.window = Window()
+        self.bar = None
+        self.writer = MetricWriter(cfg.train.output_dir, enabled=self.is_rank0)
+        m = self.setup.mtl
+        self.callbacks: List[Callback] = [VisualDLLogger(self.writer), BestCheckpoint()]
+        if m.early_stopping_patience:
+            self.callbacks.append(EarlyStopping(m.early_stopping_patience))
+        self.callbacks += make_callbacks(m.callbacks)
+        self.ema = programs.ema  # on the device (ernie_mtl/ema.py), or None
+        self.freeze = programs.freeze  # idle parameter groups (ernie_mtl/idle_heads.py)
+        self.group_of = {t: g.name for g in programs.groups for t in g.tasks}
+        self.checkpointer = Checkpointer(
+            cfg.train.output_dir, rank=info.rank, world_size=info.world_size, per_rank_state=topo.sharding_degree > 1,
+            keep_last=cfg.train.keep_last, barrier=barrier, log=self.print,
+            save_program_state=lambda prefix: paddle.static.save(self.p.main, prefix),
+            load_program_state=lambda prefix: paddle.static.load(self.p.main, prefix, self.exe))
+        self._resume_checks = None
 
-        dataset = self.ctx.datasets[split]
-        sampler = ConsumedSamplesBatchSampler(len(dataset), micro_batch_size=self.topo.micro_batch_size,
-                                              data_rank=self.data_rank, data_world_size=self.topo.data_world_size,
-                                              consumed_samples=consumed)
-        loader = paddle.io.DataLoader(dataset, batch_sampler=sampler,
-                                      collate_fn=functools.partial(collate_pretrain, pad_id=self.ctx.pad_id),
-                                      num_workers=self.cfg.data.num_workers, return_list=True)
-        yield from loader
-        raise RuntimeError(f"the {split} split ran out of samples after {consumed} + {len(sampler)} micro-batches; "
-                           "the index was sized by required_samples(): this is a bug")
+    # -- small accessors ---------------------------------------------------------------------
+    def task(self, name: str):
+        return next(t for t in self.tasks if t.spec.name == name)
 
-    def _print(self, message: str) -> None:
+    def print(self, message: str) -> None:
         if self.is_rank0:
             self.log.info(message)
+
+    _print = print  # callbacks written against the multi-task trainer call _print
+
+    def _emit(self, hook: str, *args) -> None:
+        for cb in self.callbacks:
+            getattr(cb, hook)(self, *args)
+
+    @property
+    def consumed_samples(self) -> int:
+        """Training samples read so far by all ranks."""
+        return int(sum(c * t.spec.batch_size for c, t in zip(self.schedule.counts, self.tasks))
+                   * self.topo.data_world_size)
+
+    # -- state -------------------------------------------------------------------------------
+    def resume(self) -> None:
+        from ernie_mtl.resume import resume
+
+        resume(self)
+
+    def save_checkpoint(self, name: str, note: str = "") -> None:
+        from ernie_mtl.resume import train_state
+
+        path = self.checkpointer.save(name, train_state(self))
+        if note:
+            self.print(f"{note}: {path}")
+        self._emit("on_save", str(path))
+
+    # -- the loop ----------------------------------------------------------------------------
+    def train(self) -> None:
+        total = self.plan.planned.total_steps
+        if self.is_rank0:
+            for line in self.reporter.start_lines(self):
+                self.log.info(line)
+            self.writer.hparams(self.cfg.to_dict(), self.reporter.hparam_metrics(self))
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=self.step, unit="step", dynamic_ncols=True, mininterval=1.0)
+        t = self.cfg.train
+        self.window.reset()
+        while not self.schedule.done:
+            drawn = self.train_step()
+            self._emit("on_step_end", self.step, drawn)
+            if self.bar is not None:
+                self.bar.update(1)
+            if self.step % t.logging_freq == 0 or self.schedule.done:
+                self.log_window()
+            if self.step % t.eval_freq == 0:
+                self.evaluate()
+            self.export_finished()
+            if self.step % t.checkpoint_steps == 0 or self.schedule.done:
+                self.save_checkpoint("model_last")
+            if self.step % t.save_steps == 0:
+                self.save_checkpoint(f"model_{self.step}")
+        self._emit("on_train_end")
+        if self.step % t.eval_freq:
+            self.evaluate()
+        self.export_finished(final=True)
+        for line in self.reporter.finished_lines(self):
+            self.print(line)
+
+    def train_step(self) -> List[str]:
+        """One optimizer step: the schedule's next `accumulate_steps` micro-batches."""
+        from ernie_mtl.forward import make_feed
+        from ernie_mtl.randomness import DROPOUT_SEEDS, draw_dropout_seeds
+
+        read = list(self.schedule.counts)  # per task: micro-batches read before this step
+        drawn = [self.schedule.next_task() for _ in range(self.topo.accumulate_steps)]
+        names = [self.tasks[i].spec.name for i in drawn]
+        idle = self.freeze.feed(names)  # groups no drawn task uses: frozen by the update (on the device)
+        extra = [self.p.lr] + ([self.p.loss_scaling] if self.p.loss_scaling is not None else [])
+        w = self.window
+        for m, i in enumerate(drawn):
+            task = self.tasks[i]
+            name = task.spec.name
+            k = read[i]
+            read[i] += 1
+            features = [self.plan.train[name].get(idx, epoch) for idx, epoch in self.plan.streams[i].indices(k)]
+            batch = task.collate(features)
+            feed = make_feed(self.tasks, i, batch, use_task_id=self.setup.mtl.use_task_id)
+            feed.update(idle)
+            if self.p.dropout_seeds:
+                feed[DROPOUT_SEEDS] = draw_dropout_seeds(self.cfg.train.seed, self.step, m, self.data_rank,
+                                                         self.p.dropout_seeds)
+            scalars = self.p.fwd.task_scalars[name]
+            values = self.exe.run(self.p.main, feed=feed,
+                                  fetch_list=[self.p.fwd.task_losses[name], *scalars.values(), *extra])
+            values = [float(np.asarray(v).reshape(-1)[0]) for v in values]
+            w.add_micro(name, values[0], dict(zip(scalars, values[1:1 + len(scalars)])),
+                        tokens=int((np.asarray(batch["input_mask"]) == 0).sum()) * self.topo.data_world_size)
+            lr_and_scale = values[1 + len(scalars):]
+        self.p.lr_scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.exe, self.step)  # update number = steps completed before this one
+        self.step += 1
+        w.add_step(samples=sum(self.tasks[i].spec.batch_size for i in drawn) * self.topo.data_world_size,
+                   lr=lr_and_scale[0], loss_scale=lr_and_scale[1] if len(lr_and_scale) > 1 else None)
+        return names
+
+    def log_window(self) -> None:
+        lines, logs = self.reporter.window(self, self.window)
+        for line in lines:
+            self.print(line)
+        self._emit("on_log", self.step, logs)
+        self.window.reset()
+
+    def _ema_swapped_in(self):
+        """Evaluation and export with the averaged weights when use_ema (swapped on the device)."""
+        return self.ema.swapped_in(self.exe) if self.ema is not None else contextlib.nullcontext()
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def evaluate(self, only: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, float]]:
+        """Tasks with a dev file through the evaluation program (EMA weights when enabled): every task
+        but finished targets, or the tasks `only`. The metrics of rank 0 are handed to every rank
+        (`StoreBarrier.share`), so best checkpoints and early stopping decide identically everywhere."""
+        names = [t.spec.name for t in self.tasks if t.spec.name in self.plan.dev and
+                 (t.spec.name in only if only is not None else
+                  not (t.spec.is_target and self.schedule.is_finished(t.spec.index)))]
+        local = {}
+        with self._ema_swapped_in():
+            for name in names:
+                t = self.task(name)
+                local[name] = self.evaluate_split(t, self.plan.dev[name])
+        results = self.barrier.share("evaluation", local)
+        for name in names:
+            self.evaluated_at[name] = self.step
+            line, _ = self.reporter.metrics("eval", name, self.step, results[name])
+            self.print(line)
+            self._emit("on_evaluate", name, results[name])
+        return results
+
+    def evaluate_split(self, task, data) -> Dict[str, float]:
+        """`task`'s metrics on `data` (all of it, or the first `eval_batches` batches of a corpus)."""
+        limit = None if task.full_dev_eval else self.plan.eval_batches
+        outputs = self.predict_split(task, data, limit=limit)
+        used = data if limit is None else _Prefix(data, min(len(data), limit * task.spec.batch_size))
+        return {k: float(v) for k, v in task.evaluate(used, outputs).items()}
+
+    def predict_split(self, task, data, limit: Optional[int] = None) -> Dict[str, List[np.ndarray]]:
+        """Prediction variables of `task` over `data` in order, per batch of its batch size (`limit`
+        batches at most). Batch j runs on data rank j mod D; every rank runs the same number of
+        batches (a rank without one re-runs batch 0 and drops it: under sharding all ranks must run
+        the evaluation program together) and the outputs are gathered, so every rank returns all of
+        them, each computed exactly as one process computes it."""
+        from ernie_mtl.forward import make_feed
+
+        preds = self.p.fwd.predictions[task.spec.name]
+        names = list(preds)
+        bs = task.spec.batch_size
+        n_batches = -(-len(data) // bs)
+        if limit is not None:
+            n_batches = min(n_batches, limit)
+        world = self.topo.data_world_size
+        mine: Dict[int, Dict[str, np.ndarray]] = {}
+        for round_ in range(-(-n_batches // world)):
+            j = round_ * world + self.data_rank
+            run_j = j if j < n_batches else 0
+            batch = task.collate([data.get(x) for x in range(run_j * bs, min(run_j * bs + bs, len(data)))])
+            feed = make_feed(self.tasks, task.spec.index, batch, use_task_id=self.setup.mtl.use_task_id)
+            values = self.exe.run(self.p.test, feed=feed, fetch_list=[preds[n].name for n in names])
+            if j < n_batches:
+                mine[j] = {n: np.asarray(v) for n, v in zip(names, values)}
+        gathered: Dict[int, Dict[str, np.ndarray]] = {}
+        for part in self.barrier.gather("predictions", mine):
+            gathered.update(part)
+        return {n: [gathered[j][n] for j in range(n_batches)] for n in names}
+
+    def test(self) -> Dict[str, Any]:
+        """The final test evaluation: every target with a test split, with the final weights and with
+        its best checkpoint's weights (when it has one); logged, written to VisualDL (`test/...`,
+        `test_best/...`) and to `<output_dir>/test_results.json`."""
+        from ernie_mtl.plan import load_eval_split
+
+        tasks = [t for t in self.tasks if t.spec.is_target and t.spec.test_file]
+        if not tasks:
+            return {}
+        data = {t.spec.name: load_eval_split(t, "test", self.plan.eval_batches) for t in tasks}
+        results: Dict[str, Any] = {t.spec.name: {} for t in tasks}
+        with self._ema_swapped_in():
+            final = {t.spec.name: self.evaluate_split(t, data[t.spec.name]) for t in tasks}
+        final = self.barrier.share("test", final)
+        for t in tasks:
+            results[t.spec.name]["last"] = {"step": self.step, "metrics": final[t.spec.name]}
+        best = self._best_test(tasks, data)
+        for name, entry in best.items():
+            results[name]["best"] = entry
+        for t in tasks:
+            name = t.spec.name
+            for which, prefix in (("last", "test"), ("best", "test_best")):
+                if which not in results[name]:
+                    continue
+                entry = results[name][which]
+                line, scalars = self.reporter.metrics(prefix, name, entry["step"], entry["metrics"],
+                                                      what=f" ({which} weights, {len(data[name])} examples)")
+                self.print(line)
+                self.writer.scalars(self.step, scalars)
+        if self.is_rank0:
+            _write_json(Path(self.cfg.train.output_dir) / TEST_RESULTS, results)
+        return results
+
+    def _best_test(self, tasks, data) -> Dict[str, Any]:
+        """Each task's test metrics with its best checkpoint's weights (loaded into the scope: the
+        run is over, its last state is in model_last)."""
+        import paddle
+
+        out = {}
+        for t in tasks:
+            name = t.spec.name
+            folder = Path(self.cfg.train.output_dir) / f"best_{name}"
+            found = self.barrier.share("best exists", (folder / "train_state.json").is_file())
+            if not found:
+                continue
+            step = json.loads((folder / "train_state.json").read_text(encoding="utf-8"))["step"]
+            source = self.info.rank if self.topo.sharding_degree > 1 else 0
+            paddle.static.load(self.p.main, str(folder / "state" / f"rank_{source}"), self.exe)
+            with self._ema_swapped_in():
+                metrics = self.evaluate_split(t, data[name])
+            out[name] = {"step": step, "metrics": self.barrier.share("best test", metrics)}
+        return out
+
+    # -- finishing targets and exporting -----------------------------------------------------------
+    def finish_task(self, name: str, reason: str) -> None:
+        """End a target early (early stopping): it leaves the sampler, is no longer evaluated and is
+        exported (its best weights). The run is then shorter than planned: unless --decay_steps was
+        given, the LR decay is re-aimed at the new end (optim.WarmupLinearDecay.replan)."""
+        self.schedule.finish(self.task(name).spec.index)
+        self.print(f"task {name} finished at step {self.step}: {reason}")
+        if self.cfg.optim.decay_steps is None:
+            horizon = self.schedule.plan().total_steps
+            if horizon != self.p.lr_scheduler.decay_steps:
+                self.p.lr_scheduler.replan(horizon)
+                self.print(f"the run now ends at step {horizon}: learning rate re-planned to reach "
+                           f"{self.cfg.optim.min_lr:g} there")
+
+    def export_finished(self, final: bool = False) -> None:
+        """Export every target that finished (or, at the end, every target) not yet exported, after a
+        last evaluation of it at this step if it has a dev file and was not just evaluated."""
+        due = [t for t in self.tasks if t.spec.is_target and t.spec.name not in self.exported
+               and (final or self.schedule.is_finished(t.spec.index))]
+        last_eval = [t.spec.name for t in due if t.spec.name in self.plan.dev
+                     and self.evaluated_at.get(t.spec.name) != self.step]
+        if last_eval:
+            self.evaluate(only=last_eval)
+        for t in due:
+            if t.exportable:
+                self.export(t)
+            else:
+                note = self.reporter.note_unexportable(t, self.step)
+                if note:
+                    self.print(note)
+            self.exported[t.spec.name] = self.step
+
+    def export(self, task) -> Path:
+        from ernie_mtl import export
+
+        name = task.spec.name
+        out = export.export_dir(self.cfg.train.output_dir, name)
+        best = Path(self.cfg.train.output_dir) / f"best_{name}"
+        choice = task.spec.export_from or ("best" if task.spec.dev_file else "last")
+        source = "best" if choice == "best" and (best / "train_state.json").is_file() else "last"
+        step = json.loads((best / "train_state.json").read_text(encoding="utf-8"))["step"] if source == "best" \
+            else self.step
+        source, step = self.barrier.share("export source", [source, step])  # rank 0 decides for all
+        writer = functools.partial(export.export_task_model, out, program=self.p.forward, fwd=self.p.export_fwd,
+                                   task=task, exe=self.exe, vocab_file=str(self.cfg.data.vocab_file),
+                                   arch=self.p.arch, model_type=self.cfg.model.model_type,
+                                   use_task_id=self.setup.mtl.use_task_id,
+                                   extra={"step": step, "export_from": source, "best_metric": self._best_metric(name),
+                                          "ema": self.ema is not None, "exported_by": "ernie_mtl",
+                                          "plugins": list(self.setup.mtl.plugins)})
+        if source == "best":
+            self.barrier("export")  # every rank's files of the best checkpoint are complete
+            if self.is_rank0:
+                export.write_from_state(writer, export.merged_state(best / "state"), self.p.name_map,
+                                        use_ema=self.ema is not None, place=self.exe.place)
+        else:
+            with self._ema_swapped_in():
+                if self.topo.sharding_degree > 1 or self.p.amp_level == "O2":
+                    state = export.gather_program_state(self.p.main, self.cfg.train.output_dir, name, self.info,
+                                                        self.barrier, sharded=self.topo.sharding_degree > 1,
+                                                        scope=self.scope)
+                    if self.is_rank0:
+                        export.write_from_state(writer, state, self.p.name_map, use_ema=self.ema is not None,
+                                                place=self.exe.place)
+                elif self.is_rank0:
+                    export.write_from_scope(writer, self.scope)
+        self.barrier("export")
+        self.print(f"exported task {name} ({source} weights, step {step}) to {out}")
+        self._emit("on_save", str(out))
+        return out
+
+    def _best_metric(self, name: str) -> Optional[Dict[str, Any]]:
+        t = self.task(name)
+        best = next((cb for cb in self.callbacks if isinstance(cb, BestCheckpoint)), None)
+        if best is None or name not in best.best:
+            return None
+        return {"name": t.main_metric, "value": best.best[name], "step": best.steps.get(name)}
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        self.metrics.close()
+        self.writer.close()
 
 
-def _rng_to_json(state: tuple) -> List[Any]:
-    kind, keys, pos, has_gauss, cached = state
-    return [kind, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)]
+class _Prefix:
+    """The first `n` examples of a TaskData (what an evaluation limited to some batches read)."""
+
+    def __init__(self, data, n: int):
+        self._data, self._n = data, n
+        self.split, self.examples, self.has_labels = data.split, data.examples, data.has_labels
+        self.features = _Head(data.features, n)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def get(self, index: int, epoch: int = 0):
+        return self._data.get(index, epoch)
 
 
-def _rng_from_json(data: List[Any]) -> tuple:
-    kind, keys, pos, has_gauss, cached = data
-    return kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached
+class _Head:
+    def __init__(self, seq, n):
+        self._seq, self._n = seq, n
+
+    def __len__(self):
+        return self._n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._seq[i]
+
+
+def _write_json(path: Path, data: Mapping) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)

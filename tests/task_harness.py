@@ -1,5 +1,5 @@
 """Test harness for task types: a tiny ERNIE + the task's head through the real multi-task forward
-(`ernie_mtl.mtl_forward`), trained with plain Adam on one process (no fleet).
+(`ernie_mtl.forward`), trained with plain Adam on one process (no fleet).
 
     harness = TaskHarness([task_a, task_b])           # TaskType instances
     losses = harness.train(task_index, batches, steps=30)
@@ -15,7 +15,7 @@ import paddle
 from paddle.utils import unique_name
 
 from ernie_mtl.config import ARCHITECTURES
-from ernie_mtl.mtl_forward import build_multitask_forward, make_feed
+from ernie_mtl.forward import build_forward, make_feed
 
 TINY = {k: v for k, v in ARCHITECTURES["ernie-tiny-test"].items() if k != "model_type"}
 
@@ -31,7 +31,7 @@ class TaskHarness:
         self.main, self.startup = paddle.static.Program(), paddle.static.Program()
         self.main.random_seed = self.startup.random_seed = seed
         with paddle.static.program_guard(self.main, self.startup), unique_name.guard():
-            self.fwd = build_multitask_forward(model_type, arch, self.tasks, use_task_id=use_task_id)
+            self.fwd = build_forward(model_type, arch, self.tasks, use_task_id=use_task_id)
             self.test = self.main.clone(for_test=True)
             paddle.optimizer.Adam(learning_rate=lr).minimize(self.fwd.loss)
         self.scope = paddle.static.Scope()

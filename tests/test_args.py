@@ -8,11 +8,21 @@ import run_multitask_static
 from ernie_mtl.config import ConfigError
 
 
+def make_corpus(folder):
+    from data_tools.indexed_dataset import IndexedDatasetBuilder
+
+    builder = IndexedDatasetBuilder(str(folder / "corpus"))
+    for doc in range(3):
+        builder.add_sentence([5, 6, 7 + doc])
+        builder.add_sentence([8, 9])
+        builder.end_document()
+    builder.finalize()
+
+
 @pytest.fixture()
 def corpus(tmp_path):
-    """A corpus prefix and a 40-token vocab: validation only checks that they exist and sizes."""
-    (tmp_path / "corpus.bin").write_bytes(b"")
-    (tmp_path / "corpus.idx").write_bytes(b"")
+    """A tiny real corpus (validation reads its header) and a 40-token vocab."""
+    make_corpus(tmp_path)
     (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
                                                   + [f"t{i}" for i in range(35)]) + "\n")
     return tmp_path
@@ -94,7 +104,7 @@ def test_bad_flags_exit_2_with_one_message_listing_each(corpus, capsys):
         "--eval_iters 0 must be >= 1",
         f"--resume {corpus / 'nowhere'}: not a complete checkpoint",
     ]
-    assert err.startswith(f"run_multitask_static.py: {len(expected)} configuration problems:"), err
+    assert err.startswith(f"run_multitask_static.py: error: {len(expected)} configuration problems:"), err
     for line in expected:
         assert line in err, line
     # the topology is checked once the parallel slice is consistent: nearest valid global batches
@@ -111,9 +121,9 @@ def test_vocab_larger_than_model_and_missing_corpus(corpus):
         args.parse_config(argv)
     assert e.value.problems == [
         f"--input_dir {corpus / 'corpus'}: {corpus / 'corpus.idx'} not found; give the corpus prefix (the path "
-        "without .bin/.idx)",
+        "without .bin/.idx), weight/prefix pairs, or a folder of corpora",
         f"--tokenizer_name_or_path {big} has 1500 tokens but the model's vocab_size is 1000; pass --vocab_size 1500"]
-    (corpus / "corpus.idx").write_bytes(b"")
+    make_corpus(corpus)
     assert args.parse_config(argv + ["--vocab_size", "1500"]).model.vocab_size == 1500
 
 

@@ -59,7 +59,7 @@ def test_failed_build_leaves_nothing_and_still_meets_the_barrier(tmp_path):
 
 def test_non_builder_without_cache_gets_a_clear_error(tmp_path):
     met = []
-    with pytest.raises(IndexCacheError, match="does not exist after the builder rank finished.*prebuild_index"):
+    with pytest.raises(IndexCacheError, match="does not exist after the builder rank finished.*--prebuild_index"):
         load_or_build(tmp_path, "c", DESC, _arrays, is_builder=False, barrier=lambda: met.append(1))
     assert met == [1]
 

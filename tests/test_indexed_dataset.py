@@ -153,10 +153,15 @@ def test_failed_rebuild_keeps_previous_complete_pair(tmp_path):
 def test_file_identity_changes_with_content(tmp_path):
     _write(tmp_path / "i", EXAMPLE)
     first = file_identity(tmp_path / "i")
-    assert set(first) == {"idx_size", "idx_mtime_ns", "bin_size", "bin_mtime_ns", "idx_header_sha1"}
+    assert set(first) == {"idx", "bin"} and set(first["bin"]) == {"size", "sha1"}
     assert file_identity(str(tmp_path / "i") + ".idx") == first
+    os.utime(tmp_path / "i.bin", ns=(1, 1))  # touched, same bytes: the same data
+    assert file_identity(tmp_path / "i") == first
+    import hashlib
+
+    assert first["bin"]["sha1"] == hashlib.sha1((tmp_path / "i.bin").read_bytes()).hexdigest()  # small: whole file
     _write(tmp_path / "i", EXAMPLE + [[[1, 2]]])
-    assert file_identity(tmp_path / "i")["idx_header_sha1"] != first["idx_header_sha1"]
+    assert file_identity(tmp_path / "i")["idx"] != first["idx"]
     with pytest.raises(IndexedDatasetError, match="not built"):
         file_identity(tmp_path / "missing")
 

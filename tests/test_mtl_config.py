@@ -7,10 +7,10 @@ import textwrap
 
 import pytest
 
-from args import _FLAGS
-from ernie_mtl import mtl_config
+from ernie_mtl.config.cli import _FLAGS
+from ernie_mtl.config import palm as mtl_config
 from ernie_mtl.config import ConfigError
-from ernie_mtl.mtl_config import is_multitask_yaml, load_multitask_config, split_task_overrides
+from ernie_mtl.config.palm import is_multitask_yaml, load_multitask_config, split_task_overrides
 from ernie_mtl.tasks.base import Option, TaskType, get_task_type, register_task_type
 
 FLAGS = set(_FLAGS)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from data_tools import create_pretraining_data
-from test_trainer import ok, state  # the pretraining trainer's run helpers
+from test_trainer import ok, state, with_hooks  # the pretraining trainer's run helpers
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = str(ROOT / "run_multitask_static.py")
@@ -148,6 +148,7 @@ def global_yaml(root, name, **keys):
 
 
 def run(argv, *, cwd, env=None, launch_procs=0, timeout=400):
+    argv = with_hooks([str(a) for a in argv], env)
     prefix = [sys.executable]
     if launch_procs:
         prefix += ["-m", "paddle.distributed.launch", "--nproc_per_node", str(launch_procs),
@@ -442,9 +443,9 @@ def test_command_line_reaches_tasks_and_bad_inputs_are_clear(data, tmp_path):
 
     cfg = global_yaml(data, "g11.yaml", save_path=str(tmp_path / "o"), masked_lm_prob=0.3)
     parsed = parse_config(["--config", str(cfg), "--masked_lm_prob", "0.5", "--use_ema", "--max_seq_len", "48"])
-    corpus = next(t for t in parsed.multitask.tasks if t.name == "corpus")
-    assert corpus.options["masked_lm_prob"] == 0.5 and parsed.multitask.mtl.use_ema
-    assert {t.max_seq_len for t in parsed.multitask.tasks} == {48}
+    corpus = next(t for t in parsed.setup.tasks if t.name == "corpus")
+    assert corpus.options["masked_lm_prob"] == 0.5 and parsed.setup.mtl.use_ema
+    assert {t.max_seq_len for t in parsed.setup.tasks} == {48}
     (data / "empty_dev.tsv").write_text("label\ttext_a\n", encoding="utf-8")
     proc = run(["--config", cfg, "--tasks.sentiment.dev_file=empty_dev.tsv"], cwd=data)
     assert proc.returncode == 2 and "task sentiment: dev file" in proc.stderr and "has no examples" in proc.stderr

@@ -87,25 +87,20 @@ def test_shard_sizes_replays_fleets_greedy_split():
 
 
 @pytest.mark.parametrize("world,rank", [(2, 0), (2, 1), (4, 3)])
-def test_shard_sizes_equal_parameters_kept_by_fleet(world, rank):
+def test_shard_sizes_equal_parameters_kept_by_fleet(world, rank, tmp_path):
     """What rank r of a sharded GPU job keeps (persistable parameters of its startup program, built on
     CPU as the GPU program) is what shard_sizes predicts."""
     import paddle
 
-    from ernie_mtl.compat import emulate_gpu_program
-    from ernie_mtl.config import ModelConfig, OptimConfig
-    from ernie_mtl.model import build_pretrain_programs
-    from ernie_mtl.parallel import build_strategy
+    from ernie_mtl.config import OptimConfig
+    from helpers import pretraining_programs
 
     parallel = ParallelConfig(use_sharding=True, sharding_degree=world, micro_batch_size=2)
-    topo = Topology.from_config(parallel, world)
     was_dynamic = paddle.in_dynamic_mode()
     paddle.enable_static()
     try:
-        with emulate_gpu_program(rank, world):
-            programs = build_pretrain_programs(
-                ModelConfig(model_name_or_path="ernie-tiny-test"), OptimConfig(max_steps=10),
-                lambda **kw: build_strategy(topo, parallel, FP32_AMP, **kw), topo, seed=1, amp_cfg=FP32_AMP)
+        programs = pretraining_programs(tmp_path, world=world, rank=rank, gpu=True, parallel=parallel,
+                                        optim=OptimConfig(max_steps=10), amp=FP32_AMP)
     finally:
         if was_dynamic:
             paddle.disable_static()

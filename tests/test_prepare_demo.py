@@ -1,11 +1,11 @@
-"""`make demo`'s data step end to end on a capped real corpus, and the offline index prebuild."""
+"""`make demo`'s data step end to end on a capped real corpus."""
 import zlib  # noqa: F401
 import json
 
 import numpy as np
 import pytest
 
-from data_tools import prebuild_index, prepare_demo_data
+from data_tools import prepare_demo_data
 from data_tools.indexed_dataset import MMapIndexedDataset
 from ernie_mtl.data.masking import VocabInfo
 from ernie_mtl.data.pretrain import PretrainSampleConfig, build_pretrain_datasets
@@ -28,8 +28,7 @@ def test_demo_outputs_exist_and_agree(demo, capsys):
     assert int(tokens.max()) < vocab.size and int(corpus.sizes.sum()) == len(tokens)
     sidecar = json.loads((demo / "corpus.json").read_text())
     assert sidecar["documents"] == 400 and sidecar["vocab_sha1"] == vocab.sha1
-    caches = sorted(p.name.rsplit("-", 1)[0] for p in (demo / "index-cache").iterdir() if not p.name.startswith("."))
-    assert caches == ["corpus-test", "corpus-train", "corpus-valid"]
+    assert not (demo / "index-cache").exists()  # built by the run (or its --prebuild_index), not here
     for task, n_fields in (("sentiment", 2), ("wordseg", 2)):
         for split in ("train", "dev", "test"):
             lines = (demo / "tasks" / task / f"{split}.tsv").read_text(encoding="utf-8").splitlines()
@@ -39,21 +38,7 @@ def test_demo_outputs_exist_and_agree(demo, capsys):
 def test_demo_is_rerunnable_without_rebuilding(demo, capsys):
     assert prepare_demo_data.main(["--output_dir", str(demo), "--max_documents", "400", "--workers", "1"]) == 0
     out = capsys.readouterr().out
-    assert "built index cache" not in out and "train sample 0" in out
-
-
-def test_prebuild_index_fills_the_cache_a_run_then_hits(demo, capsys, tmp_path):
-    flags = ["--input_prefix", str(demo / "corpus"), "--cache_dir", str(tmp_path), "--split", "90,5,5",
-             "--max_seq_len", "64", "--global_batch_size", "4", "--max_steps", "30", "--eval_freq", "10",
-             "--eval_iters", "1", "--seed", "5"]
-    assert prebuild_index.main(flags) == 0
-    assert "index caches ready" in capsys.readouterr().out
-    logs = []
-    datasets = build_pretrain_datasets(str(demo / "corpus"), split="90,5,5", num_samples=(120, 16, 40),
-                                       cfg=PretrainSampleConfig(max_seq_len=64, seed=5),
-                                       vocab=VocabInfo.from_file(demo / "vocab.txt"), cache_dir=str(tmp_path),
-                                       log=logs.append)
-    assert logs == [] and len(datasets["train"]) >= 120
+    assert "corpus sentence 0" in out and "corpus: 400 documents" in out
 
 
 def test_a_corpus_tokenized_with_another_vocab_is_refused(demo, tmp_path):
@@ -63,11 +48,3 @@ def test_a_corpus_tokenized_with_another_vocab_is_refused(demo, tmp_path):
         build_pretrain_datasets(str(demo / "corpus"), split="90,5,5", num_samples=(10, 0, 0),
                                 cfg=PretrainSampleConfig(max_seq_len=64), vocab=VocabInfo.from_file(other),
                                 cache_dir=str(tmp_path / "c"), log=lambda m: None)
-
-
-def test_prebuild_index_rejects_bad_flags(demo, capsys):
-    with pytest.raises(SystemExit):
-        prebuild_index.main(["--input_prefix", str(demo / "corpus")])
-    assert "give either --num_samples" in capsys.readouterr().err
-    assert prebuild_index.main(["--input_prefix", str(demo / "missing"), "--num_samples", "1,0,0"]) == 2
-    assert "missing" in capsys.readouterr().err

@@ -181,7 +181,11 @@ def test_cache_is_reused_and_invalidated_by_a_changed_corpus(corpus, tmp_path):
     build_pretrain_datasets(str(prefix), **kwargs)
     build_pretrain_datasets(str(prefix), **kwargs)
     assert sum("built index cache" in m for m in logs) == 1
-    os.utime(tmp_path / "copy.bin", ns=(1, 1))  # same bytes, other mtime: identity changed
+    os.utime(tmp_path / "copy.bin", ns=(1, 1))  # same bytes, other mtime: the same data, the same cache
+    build_pretrain_datasets(str(prefix), **kwargs)
+    assert sum("built index cache" in m for m in logs) == 1
+    with open(tmp_path / "copy.bin", "r+b") as f:  # other bytes: identity changed
+        f.write(b"\x01\x00")
     build_pretrain_datasets(str(prefix), **kwargs)
     assert sum("built index cache" in m for m in logs) == 2
     assert len(list((tmp_path / "cache").iterdir())) >= 2

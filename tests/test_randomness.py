@@ -14,7 +14,7 @@ import pytest
 
 from ernie_mtl.config import AmpConfig, ModelConfig, OptimConfig, ParallelConfig
 from ernie_mtl.randomness import DROPOUT_SEEDS, draw_dropout_seeds, dropout_ops, parameter_seed
-from test_model_program import make_batch, params, scope_and_exe, seeded
+from helpers import make_batch, params, scope_and_exe
 
 pytestmark = pytest.mark.usefixtures("static_mode")
 
@@ -35,7 +35,7 @@ def test_dropout_masks_differ_across_steps_micro_batches_layers_and_ranks(build_
     feed = make_batch()
 
     def run(**where):
-        return [np.array(v) for v in exe.run(p.main, feed=seeded(p, feed, **where), fetch_list=masks, scope=scope)]
+        return [np.array(v) for v in exe.run(p.main, feed=p.feed(feed, **where), fetch_list=masks, scope=scope)]
 
     first, again = run(step=0), run(step=0)
     for m0, m1 in zip(first, again):  # a pure function of (seed, step, micro-batch, op, rank)
@@ -75,7 +75,7 @@ def test_dropout_changes_the_loss_and_recompute_replays_the_same_masks(build_pro
         scope, exe = scope_and_exe(p)
         run = []
         for step in range(3):
-            (loss,) = exe.run(p.main, feed=seeded(p, make_batch(step), step=step), fetch_list=[p.loss], scope=scope)
+            (loss,) = exe.run(p.main, feed=p.feed(make_batch(step), step=step), fetch_list=[p.loss], scope=scope)
             run.append(float(np.asarray(loss).reshape(-1)[0]))
             p.lr_scheduler.step()
         losses[name] = (run, params(p, scope))
@@ -163,7 +163,7 @@ def make_tasks(root, *, cls_name="sentiment", use_crf=False):
 
 def build_mtl(tasks, *, world=1, rank=0, gpu=False, parallel=None, amp=None, dropout=0.1, ema_decay=None):
     from ernie_mtl.compat import emulate_gpu_program
-    from ernie_mtl.mtl_model import build_multitask_programs
+    from ernie_mtl.build import build_programs as build_multitask_programs
     from ernie_mtl.parallel import Topology, build_strategy, init_fleet
 
     parallel = parallel or ParallelConfig(micro_batch_size=4)
@@ -193,7 +193,7 @@ def _persistables(p, scope, group):
 def test_idle_groups_are_heads_and_the_pooler_and_stay_bitwise_frozen(task_files):
     import paddle
 
-    from ernie_mtl.mtl_forward import make_feed
+    from ernie_mtl.forward import make_feed
     from ernie_mtl.randomness import draw_dropout_seeds
 
     tasks = make_tasks(task_files)
@@ -271,7 +271,7 @@ def test_coverage_check_fails_a_program_whose_update_ignores_the_flags(task_file
     from paddle.utils import unique_name
 
     from ernie_mtl.idle_heads import FreezeCoverageError, check_coverage, plan_freeze
-    from ernie_mtl.mtl_forward import build_multitask_forward
+    from ernie_mtl.forward import build_forward as build_multitask_forward
 
     tasks = make_tasks(task_files)
     main, startup = paddle.static.Program(), paddle.static.Program()
@@ -311,7 +311,7 @@ def test_device_ema_matches_the_formula_swaps_in_and_restores(task_files):
     import paddle
 
     from ernie_mtl.ema import ema_name, warmup_decay
-    from ernie_mtl.mtl_forward import make_feed
+    from ernie_mtl.forward import make_feed
 
     tasks = make_tasks(task_files)
     p = build_mtl(tasks, dropout=0.0, ema_decay=0.9)

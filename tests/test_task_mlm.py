@@ -247,7 +247,7 @@ def test_pretrain_splits_sizes_and_collate(vocab_file, corpus_prefix):
         pre.load("pred")
     with pytest.raises(ConfigError, match="split 'x' is not a valid train,valid,test ratio"):
         _task("pretrain", vocab_file, train_file=corpus_prefix, options={"split": "x"})
-    with pytest.raises(ConfigError, match=r"train split of .*missing: .*index file not found"):
+    with pytest.raises(ConfigError, match=r"train_file .*missing': no corpus .*missing.bin/.idx"):
         _task("pretrain", vocab_file, train_file=corpus_prefix + "-missing").load("train")
 
 
@@ -265,4 +265,8 @@ def test_pretrain_loss_decreases_and_evaluate_by_hand(vocab_file, corpus_prefix)
     real = np.concatenate(outputs["mlm_label"]) >= 0
     slots = np.concatenate([train.get(i)[3] for i in range(16)])
     assert metrics["mlm_acc"] == pytest.approx(np.mean(np.concatenate(outputs["mlm_pred"])[real] == slots))
-    assert set(metrics) == {"mlm_acc", "mlm_loss", "nsp_acc"}
+    assert set(metrics) == {"mlm_acc", "mlm_loss", "nsp_acc", "nsp_loss", "loss"}
+    # the evaluation loss is the training loss's definition: token-weighted MLM + per-sequence pair loss
+    nsp_nll = np.concatenate(outputs["nsp_nll"])
+    assert metrics["nsp_loss"] == pytest.approx(float(nsp_nll.mean()))
+    assert metrics["loss"] == pytest.approx(metrics["mlm_loss"] + metrics["nsp_loss"])

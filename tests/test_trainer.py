@@ -39,8 +39,19 @@ def tiny_args(demo, output_dir, **flags):
     return argv
 
 
+HOOKS = str(ROOT / "tests" / "plugins" / "test_hooks.py")
+
+
+def with_hooks(argv, env):
+    """The test-only callbacks (tests/plugins/test_hooks.py) when the environment asks for them."""
+    names = [n for n, var in (("kill_at_step", "ERNIE_MTL_TEST_KILL_AT_STEP"), ("dump_state", "ERNIE_MTL_TEST_DUMP_DIR"))
+             if (env or {}).get(var)]
+    return list(argv) + (["--plugins", HOOKS, "--callbacks", ",".join(names)] if names else [])
+
+
 def train(argv, *, cwd, env=None, launch_procs=0, timeout=240):
     """Run the trainer (or `paddle.distributed.launch` of it) and return the completed process."""
+    argv = with_hooks(argv, env)
     prefix = [sys.executable]
     if launch_procs:
         prefix += ["-m", "paddle.distributed.launch", "--nproc_per_node", str(launch_procs),
@@ -82,7 +93,12 @@ def test_single_process_loss_falls_checkpoints_and_visualdl(demo, tmp_path):
     assert sorted(metrics(out, "eval/loss")) == [10, 20, 30]
     # layout: rolling model_last, kept model_<step> pruned to the newest 2, nothing half-written
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["model_20", "model_30", "model_last", "program_desc", "train_metrics.jsonl", "visualdl"]
+    assert names == ["best_pretrain", "model_20", "model_30", "model_last", "program_desc", "test_results.json",
+                     "train_metrics.jsonl", "visualdl"]
+    # flag mode gained best checkpoints (by valid mlm_acc) and the test results file
+    results = json.loads((out / "test_results.json").read_text())
+    assert results["pretrain"]["last"]["step"] == 30 and "mlm_acc" in results["pretrain"]["last"]["metrics"]
+    assert results["pretrain"]["best"]["step"] == json.loads((out / "best_pretrain/train_state.json").read_text())["step"]
     saved = json.loads((out / "model_last" / "train_state.json").read_text())
     assert saved["step"] == 30 and saved["consumed_samples"] == 240
     assert saved["topology"]["global_batch_size"] == 8 and saved["config"]["optim"]["max_lr"] == 5e-3
@@ -184,3 +200,17 @@ def test_two_processes_sharded_sigkill_and_resume_is_bitwise_exact(demo, tmp_pat
             assert np.array_equal(a[name], b[name]), (rank, name)
     assert (tmp_path / "straight/program_desc/main_sharding_1").is_file()  # fleet's dumps, not in the cwd
     assert not glob.glob(str(tmp_path / "main_sharding*"))
+
+
+@pytest.mark.slow
+def test_prebuild_index_with_the_runs_flags_then_the_run_builds_nothing(demo, tmp_path):
+    """`--prebuild_index` plans with the run's own parser and defaults (eval_freq, seed, ...), so the
+    run that follows finds every index cache it reads and builds none."""
+    argv = tiny_args(demo, tmp_path / "run", micro_batch_size=4, max_steps=3, seed=77)
+    pre = ok(train(argv + ["--prebuild_index"], cwd=tmp_path))
+    log = pre.stdout + pre.stderr
+    assert log.count("built index cache") == 3 and "index caches ready" in log  # train, valid, test splits
+    assert not (tmp_path / "run" / "model_last").exists()  # nothing trained
+    run = ok(train(argv, cwd=tmp_path))
+    log = run.stdout + run.stderr
+    assert "built index cache" not in log and log.count("reusing index cache") == 3

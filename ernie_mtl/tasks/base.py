@@ -29,18 +29,11 @@ from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from ernie_mtl.config import ConfigError
-from ernie_mtl.model import FeedSpec
+from ernie_mtl.config import ConfigError, TaskSpec
+from ernie_mtl.feeds import FeedSpec
 
-# Inputs of the shared backbone, identical for every task (see ernie_mtl/model.py FEED_SPECS).
-BACKBONE_FEEDS: Tuple[FeedSpec, ...] = (
-    FeedSpec("input_ids", (-1, -1), "int64", "token ids [batch, seq]"),
-    FeedSpec("segment_ids", (-1, -1), "int64", "segment (token type) ids [batch, seq]"),
-    FeedSpec("input_mask", (-1, 1, 1, -1), "float32", "additive attention mask: 0 keep, -1e4 padding"),
-)
 ATTENTION_PAD = -1e4
 PAD_MULTIPLE = 8  # sequence lengths of a batch are padded to a multiple of 8 (tensor-core friendly)
-SPLITS = ("train", "dev", "test", "pred")
 
 
 @dataclass(frozen=True)
@@ -50,36 +43,6 @@ class Option:
     default: Any
     help: str
     required: bool = False
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """One task as resolved from the global and task YAMLs (file paths absolute)."""
-
-    name: str
-    reader: str
-    index: int  # position in `task_instance`: the task id (task embedding, gate, RNG streams)
-    train_file: Optional[str] = None
-    dev_file: Optional[str] = None
-    test_file: Optional[str] = None
-    pred_file: Optional[str] = None
-    max_seq_len: int = 128
-    batch_size: int = 32  # per rank and micro-batch
-    loss_weight: float = 1.0
-    is_target: bool = True
-    mix_ratio: float = 1.0
-    reuse_tag: Optional[int] = None  # tasks with the same tag share one head
-    num_epochs: Optional[float] = None
-    do_lower_case: bool = True
-    for_cn: bool = True
-    export_from: Optional[str] = None  # "best" or "last" weights in the exported model (default: best with a dev_file)
-    options: Mapping[str, Any] = field(default_factory=dict)  # the type's own keys, defaults filled in
-
-    def file(self, split: str) -> Optional[str]:
-        """The data file of `split` (train/dev/test/pred), or None."""
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
-        return getattr(self, f"{split}_file")
 
 
 @dataclass
@@ -93,6 +56,7 @@ class TaskContext:
     world_size: int = 1
     barrier: Callable[..., None] = lambda *a, **k: None  # every rank calls it the same number of times
     log: Callable[[str], None] = print
+    is_builder: bool = True  # builds index caches (global rank 0, or each node's local rank 0: --share_folder)
     extra: Dict[str, Any] = field(default_factory=dict)  # e.g. sample counts the pretrain task needs
 
     _tokenizer: Any = field(default=None, repr=False)
@@ -149,6 +113,7 @@ class HeadOutputs:
 
     loss: Any  # float32 scalar
     predictions: Dict[str, Any]  # name -> variable (exported to the inference model in this order)
+    scalars: Dict[str, Any] = field(default_factory=dict)  # extra float32 scalars fetched for the training log
 
 
 class TaskType(abc.ABC):
@@ -166,6 +131,12 @@ class TaskType(abc.ABC):
     # True: load("train") generates `ctx.extra["num_samples"]["train"]` samples when set (pretraining
     # corpora); the trainer sets it to what the planned run reads
     sized_by_run: ClassVar[bool] = False
+    # False: read the training examples in their stored order every epoch (a corpus whose sample
+    # index is already shuffled); True: a seeded permutation per epoch (ernie_mtl/schedule.TaskStream)
+    shuffle_examples: ClassVar[bool] = True
+    # "cls.": the head is PaddleNLP's pretraining head, whose weights a PaddleNLP model directory
+    # (--model_name_or_path) holds under that prefix; they are loaded when present
+    pretrained_head_prefix: ClassVar[Optional[str]] = None
 
     def __init__(self, spec: TaskSpec, ctx: TaskContext):
         self.spec = spec

@@ -17,12 +17,10 @@ import numpy as np
 from ernie_mtl.config import ConfigError
 from ernie_mtl.data.masking import VocabInfo, mask_whole_word_ngrams
 from ernie_mtl.data.pretrain import PretrainSampleConfig, collate_pretrain
-from ernie_mtl.model import FEED_SPECS, IGNORE_LABEL, FeedSpec, pretraining_losses, remove_variable
+from ernie_mtl.feeds import IGNORE_LABEL, MLM_FEEDS, FeedSpec
 from ernie_mtl.tasks.base import (Encoded, HeadOutputs, Option, TaskData, TaskSpec, TaskType, read_tsv,
                                   register_task_type)
 
-MLM_FEEDS: Tuple[FeedSpec, ...] = tuple(s for s in FEED_SPECS if s.name in ("masked_lm_positions", "masked_lm_labels"))
-NSP_FEED: FeedSpec = next(s for s in FEED_SPECS if s.name == "next_sentence_labels")
 MASKING_OPTIONS: Dict[str, Option] = {
     "masked_lm_prob": Option(0.15, "fraction of a sequence's tokens to predict (whole words, rounded)"),
     "max_predictions_per_seq": Option(20, "at most this many masked tokens per sequence"),
@@ -48,6 +46,32 @@ def sample_config(spec: TaskSpec, seed: int, **extra: Any) -> PretrainSampleConf
 
 
 # -- head ------------------------------------------------------------------------------------------------
+def pretraining_losses(prediction_scores, seq_relationship_score, masked_lm_labels,
+                       next_sentence_labels=None):
+    """(mlm_loss, nsp_loss or None), both float32 means.
+
+    The MLM mean is over real masked tokens only: padding slots (label -1, added to make the
+    masked count a multiple of 8) neither add loss nor count, unlike ErniePretrainingCriterion,
+    whose mean divides by all slots. A batch without masked tokens gives 0, not NaN.
+    """
+    import paddle
+    import paddle.nn.functional as F
+
+    per_token = F.cross_entropy(_fp32(prediction_scores), masked_lm_labels, ignore_index=IGNORE_LABEL,
+                                reduction="none")
+    real = paddle.cast(masked_lm_labels != IGNORE_LABEL, "float32")
+    mlm_loss = paddle.sum(per_token) / paddle.clip(paddle.sum(real), min=1.0)
+    if next_sentence_labels is None:
+        return mlm_loss, None
+    return mlm_loss, F.cross_entropy(_fp32(seq_relationship_score), next_sentence_labels)
+
+
+def _fp32(x):
+    import paddle
+
+    return x if x.dtype == paddle.float32 else paddle.cast(x, "float32")
+
+
 def _paddlenlp_heads(model_type: str):
     """(LM prediction head class, pretraining heads class) of the backbone family."""
     if model_type == "bert":
@@ -78,6 +102,8 @@ def tie_decoder_to_embedding(lm_head: Any, enc: Encoded) -> None:
         return
     name = orphan.name  # read once: removing the variable frees the object's description
     del orphan
+    from ernie_mtl.build import remove_variable
+
     remove_variable(name, (paddle.static.default_main_program(), paddle.static.default_startup_program()))
 
 
@@ -98,7 +124,7 @@ def build_mlm_head(enc: Encoded, model_type: str, *, with_pair_classifier: bool 
 
 
 def mlm_outputs(head: Any, enc: Encoded, feeds: Mapping[str, Any], next_sentence: bool = False) -> HeadOutputs:
-    """Loss (ernie_mtl.model.pretraining_losses: MLM over real masked tokens [+ NSP]) and the
+    """Loss (pretraining_losses: MLM over real masked tokens [+ NSP]) and the
     evaluation outputs: per masked slot the argmax id, the label (-1 = padding slot) and the
     negative log-likelihood of the label (0 on padding slots); per sequence the pair prediction."""
     import paddle
@@ -113,10 +139,13 @@ def mlm_outputs(head: Any, enc: Encoded, feeds: Mapping[str, Any], next_sentence
     predictions = {"mlm_pred": paddle.argmax(scores, axis=-1), "mlm_label": paddle.reshape(labels, [-1]),
                    "mlm_nll": paddle.reshape(nll, [-1])}
     if not next_sentence:
-        return HeadOutputs(loss=mlm_loss, predictions=predictions)
+        return HeadOutputs(loss=mlm_loss, predictions=predictions, scalars={"mlm_loss": mlm_loss})
     predictions["nsp_pred"] = paddle.argmax(pair_scores, axis=-1)
     predictions["nsp_label"] = paddle.reshape(feeds["next_sentence_labels"], [-1])
-    return HeadOutputs(loss=mlm_loss + nsp_loss, predictions=predictions)
+    pair_nll = F.cross_entropy(paddle.cast(pair_scores, "float32"), feeds["next_sentence_labels"], reduction="none")
+    predictions["nsp_nll"] = paddle.reshape(pair_nll, [-1])
+    return HeadOutputs(loss=mlm_loss + nsp_loss, predictions=predictions,
+                       scalars={"mlm_loss": mlm_loss, "nsp_loss": nsp_loss})
 
 
 def mlm_dummy_labels() -> Dict[str, np.ndarray]:
@@ -178,6 +207,7 @@ class MaskedLMTask(TaskType):
     options = dict(MASKING_OPTIONS)
     main_metric = "mlm_acc"
     exportable = False  # predictions need masked positions, not only the backbone inputs
+    pretrained_head_prefix = "cls."
 
     def __init__(self, spec: TaskSpec, ctx):
         super().__init__(spec, ctx)

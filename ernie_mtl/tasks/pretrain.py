@@ -4,7 +4,7 @@ as one task type among the others, so pretraining alone is a one-task config.
 Samples come from ernie_mtl.data.pretrain (ErniePretrainDataset: sample i is a pure function of
 the seed, the corpus split and i, masks included), the head is PaddleNLP's ErniePretrainingHeads /
 BertPretrainingHeads with the LM decoder tied to the word embedding (shared with `mlm`, see
-ernie_mtl/tasks/mlm.py), the loss ernie_mtl.model.pretraining_losses (MLM + pair loss).
+ernie_mtl/tasks/mlm.py), the loss ernie_mtl.tasks.mlm.pretraining_losses (MLM + pair loss).
 """
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import numpy as np
 
 from ernie_mtl.config import ConfigError
 from ernie_mtl.data.masking import VocabInfo
-from ernie_mtl.data.pretrain import SPLIT_NAMES, build_pretrain_datasets, collate_pretrain, parse_split
-from ernie_mtl.model import FeedSpec
+from ernie_mtl.data.pretrain import SPLIT_NAMES, collate_pretrain, parse_split
+from ernie_mtl.feeds import FeedSpec
 from ernie_mtl.tasks.base import Encoded, HeadOutputs, Option, TaskData, TaskSpec, TaskType, register_task_type
-from ernie_mtl.tasks.mlm import (MASKING_OPTIONS, MLM_FEEDS, NSP_FEED, Sample, build_mlm_head, concat_outputs,
+from ernie_mtl.feeds import NSP_FEED
+from ernie_mtl.tasks.mlm import (MASKING_OPTIONS, MLM_FEEDS, Sample, build_mlm_head, concat_outputs,
                                  masked_slots_per_example, mlm_dummy_labels, mlm_metrics, mlm_outputs,
                                  sample_config)
 
@@ -39,7 +40,9 @@ class PretrainTask(TaskType):
     }
     main_metric = "mlm_acc"
     exportable = False  # predictions need masked positions, not only the backbone inputs
+    pretrained_head_prefix = "cls."
     sized_by_run = True
+    shuffle_examples = False  # sample i is already a random document span: the stored order is shuffled
     full_dev_eval = False  # the valid split of a corpus is large: evaluate --eval_iters batches of it
 
     def __init__(self, spec: TaskSpec, ctx):
@@ -56,6 +59,18 @@ class PretrainTask(TaskType):
             raise ConfigError([f"task {spec.name!r} (pretrain): train_file is not set; give the corpus prefix "
                                "(the path of <prefix>.bin / <prefix>.idx without the extension)"])
         self.vocab = VocabInfo.from_file(ctx.vocab_file)
+        self._mixtures: Dict[str, Any] = {}
+
+    def mixture(self, split: str):
+        """The corpus (or weighted corpus mixture, ernie_mtl/data/mixture.py) that `split` reads."""
+        from ernie_mtl.data.mixture import parse_mixture
+
+        spec = self.spec.file(split) or self.spec.train_file
+        key = repr(spec)
+        if key not in self._mixtures:
+            self._mixtures[key] = parse_mixture(spec, what=f"task {self.spec.name!r} {split}_file",
+                                                vocab_file=self.ctx.vocab_file)
+        return self._mixtures[key]
 
     # -- data ----------------------------------------------------------------------------------
     def load(self, split: str) -> TaskData:
@@ -67,16 +82,19 @@ class PretrainTask(TaskType):
         if split not in CORPUS_SPLITS:
             raise ConfigError([f"task {self.spec.name!r} (pretrain) has no {split} split: it reads train/dev/test "
                                "from the corpus; use --do_predict with a text task type"])
-        prefix = self.spec.file(split) or self.spec.train_file
-        # one sample requested = the first epoch, the split's natural size
-        wanted = int(self.ctx.extra.get("num_samples", {}).get(split) or 1)
+        from ernie_mtl.data.mixture import build_mixture_datasets
+
+        mixture = self.mixture(split)
+        # None = the split's natural size (one epoch of each corpus)
+        wanted = self.ctx.extra.get("num_samples", {}).get(split)
         counts = [wanted if name == CORPUS_SPLITS[split] else 0 for name in SPLIT_NAMES]
         try:
-            datasets = build_pretrain_datasets(prefix, split=str(self.spec.options["split"]), num_samples=counts,
-                                               cfg=self.cfg, vocab=self.vocab, is_builder=self.ctx.rank == 0,
-                                               barrier=self.ctx.barrier, log=self.ctx.log)
+            datasets = build_mixture_datasets(mixture, split=str(self.spec.options["split"]), num_samples=counts,
+                                              cfg=self.cfg, vocab=self.vocab, is_builder=self.ctx.is_builder,
+                                              barrier=self.ctx.barrier, log=self.ctx.log)
         except (ValueError, OSError) as e:  # missing/corrupt corpus, vocab mismatch, empty split
-            raise ConfigError([f"task {self.spec.name!r} (pretrain), {split} split of {prefix}: {e}"]) from None
+            raise ConfigError([f"task {self.spec.name!r} (pretrain), {split} split of {mixture.spec()}: {e}"]) from None
+        self.last_datasets = datasets
         return TaskData(split, datasets[CORPUS_SPLITS[split]])
 
     def collate(self, features: Sequence[Sample]) -> Dict[str, np.ndarray]:
@@ -108,10 +126,16 @@ class PretrainTask(TaskType):
 
     # -- evaluation and prediction -------------------------------------------------------------
     def evaluate(self, data: TaskData, outputs: Mapping[str, List[np.ndarray]]) -> Dict[str, float]:
+        """mlm_acc, mlm_loss (token-weighted over the evaluated samples) and loss; with the pair head
+        also nsp_acc and nsp_loss (per sample), loss = mlm_loss + nsp_loss (the training loss)."""
         metrics = mlm_metrics(outputs)
+        metrics["loss"] = metrics["mlm_loss"]
         if self.binary_head:
             pred, label = concat_outputs(outputs, "nsp_pred"), concat_outputs(outputs, "nsp_label")
             metrics["nsp_acc"] = float((pred == label).mean()) if len(label) else 0.0
+            nll = concat_outputs(outputs, "nsp_nll")
+            metrics["nsp_loss"] = float(nll.mean()) if len(nll) else 0.0
+            metrics["loss"] = metrics["mlm_loss"] + metrics["nsp_loss"]
         return metrics
 
     def predictions(self, data: TaskData, outputs: Mapping[str, List[np.ndarray]]) -> List[Dict[str, Any]]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ernie_mtl.callbacks import Callback, register_callback
 from ernie_mtl.config import ConfigError
-from ernie_mtl.model import FeedSpec
+from ernie_mtl.feeds import FeedSpec
 from ernie_mtl.tasks.base import (HeadOutputs, TaskData, TaskType, pad_backbone_inputs, read_tsv,
                                   register_task_type)
 

@@ -1,4 +1,7 @@
-"""The multi-task forward: one shared backbone, one head per reuse group, gated task losses.
+"""The forward of every run: one shared backbone, one head per reuse group, gated task losses.
+
+A flag-mode pretraining run is the one task `pretrain` (its head: ErnieForPretraining's heads);
+a multi-task run has several.
 
 Mechanism (why every head runs on every micro-batch). A micro-batch belongs to one task. All
 heads run on the backbone output of every micro-batch (other tasks' label feeds get finite
@@ -7,8 +10,8 @@ with `gate` the one-hot of the micro-batch's task (fed) and `w_i` the task's `lo
 So every rank runs exactly the same ops every step (no control flow: gradient all-reduce,
 gradient merge and sharding see one static program), micro-batches of different tasks can be
 accumulated into one update, and a head whose task is absent gets a gradient of exactly 0.
-(Adam would still move it through stale moments and weight decay; the trainer restores such
-heads after the update: see `HeadGroup` and ernie_mtl/mtl_trainer.py.) The cost is the heads'
+(Adam would still move it through stale moments and weight decay; such parameters are frozen for
+that update on the device: see ernie_mtl/idle_heads.py.) With a single task there is no gate. The cost is the heads'
 forward/backward on foreign batches, small next to the backbone.
 
 Parameter names. Built under a fresh `unique_name.guard()` in a fixed order (backbone, then
@@ -21,21 +24,14 @@ for the backbone (PaddleNLP's ErnieForPretraining keys) and `heads.<group>.<...>
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
 
 import numpy as np
 
-from ernie_mtl.model import FeedSpec
-from ernie_mtl.tasks.base import BACKBONE_FEEDS, Encoded, HeadOutputs, TaskType
+from ernie_mtl.feeds import BACKBONE_FEEDS, TASK_GATE, TASK_TYPE_IDS, FeedSpec, feed_name
+from ernie_mtl.tasks.base import Encoded, HeadOutputs, TaskType
 
-TASK_GATE = "task_gate"
-TASK_TYPE_IDS = "task_type_ids"
 _FAMILIES = {"ernie": ("ErnieConfig", "ErnieModel"), "bert": ("BertConfig", "BertModel")}
-
-
-def feed_name(task: str, name: str) -> str:
-    """Program name of a task's own feed."""
-    return f"{task}.{name}"
 
 
 @dataclass
@@ -55,6 +51,7 @@ class Forward:
     feed_vars: Dict[str, Any]
     loss: Any  # gated, weighted sum of task losses
     task_losses: Dict[str, Any]
+    task_scalars: Dict[str, Dict[str, Any]]  # task -> extra scalar fetches for logs (e.g. mlm_loss, nsp_loss)
     predictions: Dict[str, Dict[str, Any]]  # task -> prediction name -> variable
     name_map: Dict[str, str]
     groups: List[HeadGroup]
@@ -76,8 +73,8 @@ def group_of(tasks: Sequence[TaskType]) -> Dict[str, str]:
     return out
 
 
-def build_backbone(model_type: str, arch: Mapping[str, Any], *, use_task_id: bool = False, num_tasks: int = 1):
-    """paddlenlp ErnieModel / BertModel for `arch` (a resolved architecture dict)."""
+def backbone_config(model_type: str, arch: Mapping[str, Any], *, use_task_id: bool = False, num_tasks: int = 1):
+    """(paddlenlp model class, config) of ErnieModel / BertModel for `arch` (a resolved architecture dict)."""
     import paddlenlp.transformers as T
 
     if model_type not in _FAMILIES:
@@ -88,19 +85,26 @@ def build_backbone(model_type: str, arch: Mapping[str, Any], *, use_task_id: boo
         if model_type != "ernie":
             raise ValueError("use_task_id needs the ERNIE backbone (BERT has no task embedding)")
         kwargs.update(use_task_id=True, task_type_vocab_size=max(num_tasks, int(kwargs.get("task_type_vocab_size", 3))))
-    config = getattr(T, cfg_name)(**kwargs)
-    return getattr(T, model_name)(config), config
+    return getattr(T, model_name), getattr(T, cfg_name)(**kwargs)
 
 
-def build_multitask_forward(model_type: str, arch: Mapping[str, Any], tasks: Sequence[TaskType], *,
-                            use_task_id: bool = False) -> Forward:
+def build_backbone(model_type: str, arch: Mapping[str, Any], *, use_task_id: bool = False, num_tasks: int = 1):
+    """paddlenlp ErnieModel / BertModel for `arch` (a resolved architecture dict), and its config."""
+    model_cls, config = backbone_config(model_type, arch, use_task_id=use_task_id, num_tasks=num_tasks)
+    return model_cls(config), config
+
+
+def build_forward(model_type: str, arch: Mapping[str, Any], tasks: Sequence[TaskType], *,
+                  use_task_id: bool = False) -> Forward:
     """Build the forward into the current `program_guard` (call it under a fresh `unique_name.guard()`)."""
     import paddle
 
     specs: List[FeedSpec] = list(BACKBONE_FEEDS)
     if use_task_id:
         specs.append(FeedSpec(TASK_TYPE_IDS, (-1, -1), "int64", "task id of every token (task embedding)"))
-    specs.append(FeedSpec(TASK_GATE, (len(tasks),), "float32", "one-hot of the micro-batch's task"))
+    gated = len(tasks) > 1
+    if gated:
+        specs.append(FeedSpec(TASK_GATE, (len(tasks),), "float32", "one-hot of the micro-batch's task"))
     own: Dict[str, Dict[str, FeedSpec]] = {}
     for t in tasks:
         own[t.spec.name] = {s.name: s for s in t.label_feeds()}
@@ -134,8 +138,9 @@ def build_multitask_forward(model_type: str, arch: Mapping[str, Any], tasks: Seq
     signatures: Dict[str, Tuple] = {}
     groups: Dict[str, HeadGroup] = {}
     task_losses: Dict[str, Any] = {}
+    task_scalars: Dict[str, Dict[str, Any]] = {}
     predictions: Dict[str, Dict[str, Any]] = {}
-    gate = feed_vars[TASK_GATE]
+    gate = feed_vars.get(TASK_GATE)
     total = None
     for i, t in enumerate(tasks):
         group = groups_by_task[t.spec.name]
@@ -158,8 +163,10 @@ def build_multitask_forward(model_type: str, arch: Mapping[str, Any], tasks: Seq
         out: HeadOutputs = t.head_forward(heads[group], enc, task_feeds)
         loss = out.loss if out.loss.dtype == paddle.float32 else paddle.cast(out.loss, "float32")
         task_losses[t.spec.name] = loss
+        task_scalars[t.spec.name] = dict(out.scalars)
         predictions[t.spec.name] = dict(out.predictions)
-        term = gate[i] * float(t.spec.loss_weight) * loss
+        weighted = loss if t.spec.loss_weight == 1.0 else float(t.spec.loss_weight) * loss
+        term = gate[i] * weighted if gated else weighted
         total = term if total is None else total + term
     if len(captured) != len(layers):
         raise RuntimeError(f"captured {len(captured)} layer outputs for {len(layers)} encoder layers")
@@ -167,7 +174,7 @@ def build_multitask_forward(model_type: str, arch: Mapping[str, Any], tasks: Seq
     from ernie_mtl.optim import no_decay_parameters
 
     return Forward(feeds=tuple(specs), feed_vars=feed_vars, loss=paddle.reshape(total, [1]), task_losses=task_losses,
-                   predictions=predictions, name_map=name_map, groups=list(groups.values()),
+                   task_scalars=task_scalars, predictions=predictions, name_map=name_map, groups=list(groups.values()),
                    recompute_checkpoints=[captured[i] for i in range(len(layers))],
                    backbone_feed_names=backbone_feed_names,
                    no_decay=no_decay_parameters([backbone, *heads.values()]))
@@ -182,9 +189,10 @@ def make_feed(tasks: Sequence[TaskType], task_index: int, batch: Mapping[str, np
     feed: Dict[str, np.ndarray] = {k: batch[k] for k in ("input_ids", "segment_ids", "input_mask")}
     if use_task_id:
         feed[TASK_TYPE_IDS] = np.full((b, s), task_index, dtype=np.int64)
-    gate = np.zeros(len(tasks), dtype=np.float32)
-    gate[task_index] = 1.0
-    feed[TASK_GATE] = gate
+    if len(tasks) > 1:
+        gate = np.zeros(len(tasks), dtype=np.float32)
+        gate[task_index] = 1.0
+        feed[TASK_GATE] = gate
     for i, t in enumerate(tasks):
         names = [f.name for f in t.label_feeds()]
         source = batch if i == task_index else t.dummy_labels(b, s)

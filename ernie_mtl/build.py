@@ -1,231 +1,166 @@
-"""Build (never run) the static pretraining programs of ERNIE/BERT with fleet.
+"""Build (never run) the programs of a run: training (fleet), evaluation, and a plain forward.
 
-The network is paddlenlp's `ErnieForPretraining` (or `BertForPretraining`) built inside
-`program_guard`, so its structured parameter names are PaddleNLP's and weights stay compatible.
-Static variable names (`linear_3.w_0`, ...) depend on build order; `Programs.name_map` records
-structured name -> static name, and the build runs under a fresh `unique_name` guard so the same
-configuration always yields the same names.
+One builder for every run: a flag-mode pretraining run is the one task `pretrain`, a multi-task
+run has several (ernie_mtl/forward.py). `main` is that forward minimized by AdamW through fleet
+(data parallel, sharding, AMP, gradient merge, recompute, as the strategy says); `test` is its
+forward part with dropout off, taken *after* minimize so it carries fleet's rewrites (sharding's
+broadcasts: every rank runs it together; AMP's casts); `forward` is the same network built again
+without fleet or optimizer, for exporting inference models. All three use the same static
+parameter names, because they are built in the same order under a fresh `unique_name.guard()`;
+`Programs.name_map` maps structured names (PaddleNLP's `ernie.*` / `bert.*`, `heads.<group>.*`)
+to them: store it with every checkpoint.
 
-Order of use: `programs = build_pretrain_programs(...)`; `programs.initialize(exe)` (startup,
-pretrained weights, AMP O2 cast); then `exe.run(programs.main, feed=..., fetch_list=...)`.
+Besides the network: dropout seeds fed per micro-batch (ernie_mtl/randomness.py), idle parameter
+groups frozen through AdamW's SkipUpdate (ernie_mtl/idle_heads.py; the build fails if the freeze
+does not cover a group's whole optimizer state), the prediction-only ops removed from the training
+program, per-parameter initialisation seeds, and the EMA programs (ernie_mtl/ema.py).
+
+Order of use: `programs = build_programs(...)`; `programs.initialize(exe)` (startup, pretrained
+weights, AMP O2 cast, EMA); then `exe.run(programs.main, feed=..., fetch_list=...)`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 from paddle.utils import unique_name
 
 from ernie_mtl.config import AmpConfig, ConfigError, ModelConfig, OptimConfig
-from ernie_mtl.optim import WarmupLinearDecay, make_optimizer, no_decay_parameters
+from ernie_mtl.ema import DeviceEMA
+from ernie_mtl.forward import Forward, HeadGroup, build_forward
+from ernie_mtl.idle_heads import FreezePlan, check_coverage, plan_freeze, strip_idle_flags
+from ernie_mtl.optim import WarmupLinearDecay, make_optimizer
 from ernie_mtl.parallel import Topology
 from ernie_mtl.randomness import seed_initializers, strip_dropout_seeds, wire_dropout_seeds
+from ernie_mtl.tasks.base import TaskType
 
-
-@dataclass(frozen=True)
-class FeedSpec:
-    """One input of the program: what the collate function must produce."""
-
-    name: str
-    shape: Tuple[int, ...]
-    dtype: str
-    doc: str
-
-
-FEED_SPECS: Tuple[FeedSpec, ...] = (
-    FeedSpec("input_ids", (-1, -1), "int64", "token ids [batch, seq]"),
-    FeedSpec("segment_ids", (-1, -1), "int64", "segment (token type) ids [batch, seq]"),
-    FeedSpec("input_mask", (-1, 1, 1, -1), "float32", "additive attention mask: 0 keep, -1e4 padding"),
-    FeedSpec("masked_lm_positions", (-1,), "int64", "flattened positions b*seq+pos of masked tokens"),
-    FeedSpec("masked_lm_labels", (-1, 1), "int64", "original ids of masked tokens; -1 = padding slot"),
-    FeedSpec("next_sentence_labels", (-1, 1), "int64", "sentence-pair label (binary head only)"),
-)
-IGNORE_LABEL = -1
-
-# model_type -> (paddlenlp config class, pretraining class, attribute of the backbone)
-_FAMILIES = {
-    "ernie": ("ErnieConfig", "ErnieForPretraining", "ernie"),
-    "bert": ("BertConfig", "BertForPretraining", "bert"),
-}
-
-_BACKBONES = {base for _, _, base in _FAMILIES.values()}
+_BACKBONES = ("ernie", "bert")
 StrategyBuilder = Callable[..., Any]  # f(*, recompute_checkpoints) -> DistributedStrategy
 
 
 @dataclass
 class Programs:
-    """Everything the trainer needs to run pretraining: programs, feeds, fetches, schedule, names.
-
-    `main` trains on one micro-batch per run (the update happens every `topo.accumulate_steps`
-    runs); `test` evaluates the loss; `lr_scheduler.step()` once per optimizer step; `name_map`
-    maps PaddleNLP structured names (`ErnieForPretraining.state_dict()` keys, tied weights under
-    each of their names) to static variable names: store it with every checkpoint.
-    """
+    """Everything the trainer needs: programs, variables, LR schedule, names, and the on-device state
+    helpers (dropout seeds, idle groups, EMA)."""
 
     main: paddle.static.Program
     startup: paddle.static.Program
     test: paddle.static.Program
-    feeds: Tuple[FeedSpec, ...]
-    feed_vars: List[Any]
-    loss: Any
-    mlm_loss: Any
-    nsp_loss: Optional[Any]
+    forward: paddle.static.Program  # plain forward, no fleet: inference export
+    fwd: Forward  # variables of `main` (feeds, losses, predictions)
+    export_fwd: Forward  # the same variables in `forward`
     lr: Any
     loss_scaling: Optional[Any]
     lr_scheduler: WarmupLinearDecay
-    name_map: Dict[str, str]
-    recompute_checkpoints: List[str]
     strategy: Any
     topo: Topology
     arch: Dict[str, Any]
-    weights: Optional[Path]
+    weights: Any
     amp_level: Optional[str] = None
     dropout_seeds: int = 0  # length of the `dropout_seeds` feed (ernie_mtl/randomness.py)
-    _amp_optimizer: Any = field(default=None, repr=False)
+    freeze: Optional[FreezePlan] = None  # idle parameter groups (ernie_mtl/idle_heads.py)
+    ema: Optional[DeviceEMA] = None  # use_ema (ernie_mtl/ema.py)
+    pretrained_heads: Dict[str, str] = field(default_factory=dict)  # e.g. cls.* -> a pretrain head's parameters
+    _amp_optimizer: Any = None
 
     @property
-    def feed_names(self) -> List[str]:
-        """Names to feed, in order."""
-        return [f.name for f in self.feeds]
+    def name_map(self) -> Dict[str, str]:
+        return self.fwd.name_map
 
     @property
-    def fetches(self) -> Dict[str, Any]:
-        """Named fetch variables: loss, mlm_loss, nsp_loss (binary head), lr, loss_scaling (AMP)."""
-        named = {"loss": self.loss, "mlm_loss": self.mlm_loss, "nsp_loss": self.nsp_loss, "lr": self.lr,
-                 "loss_scaling": self.loss_scaling}
-        return {k: v for k, v in named.items() if v is not None}
+    def groups(self) -> List[HeadGroup]:
+        return self.fwd.groups
 
     def initialize(self, exe: paddle.static.Executor, scope: Optional[paddle.static.Scope] = None) -> None:
-        """Run the startup program, load the pretrained weights (local directory), and for AMP O2
-        cast the float32 parameters to low precision, in that order. Resuming a checkpoint comes
-        after this."""
+        """Startup, pretrained backbone weights (a PaddleNLP directory), AMP O2's cast, the EMA's
+        zeros, in that order."""
         scope = scope or paddle.static.global_scope()
         exe.run(self.startup, scope=scope)
         if self.weights is not None:
-            load_pretrained_into_scope(self.weights, self.name_map, scope, program=self.main, place=exe.place)
+            backbone = {k: v for k, v in self.name_map.items() if not k.startswith("heads.")}
+            load_pretrained_into_scope(self.weights, backbone, scope, program=self.main, place=exe.place,
+                                       optional=self.pretrained_heads)
         if self.amp_level == "O2":
             self._amp_optimizer.amp_init(exe.place, scope=scope)
+        if self.ema is not None:
+            self.ema.initialize(exe, scope=scope)
 
 
-def _paddlenlp_classes(model_type: str):
-    import paddlenlp.transformers as T
-
-    cfg_cls, model_cls, base = _FAMILIES[model_type]
-    return getattr(T, cfg_cls), getattr(T, model_cls), base
-
-
-def pretraining_losses(prediction_scores, seq_relationship_score, masked_lm_labels,
-                       next_sentence_labels=None):
-    """(mlm_loss, nsp_loss or None), both float32 means.
-
-    The MLM mean is over real masked tokens only: padding slots (label -1, added to make the
-    masked count a multiple of 8) neither add loss nor count, unlike ErniePretrainingCriterion,
-    whose mean divides by all slots. A batch without masked tokens gives 0, not NaN.
-    """
-    per_token = F.cross_entropy(_fp32(prediction_scores), masked_lm_labels, ignore_index=IGNORE_LABEL,
-                                reduction="none")
-    real = paddle.cast(masked_lm_labels != IGNORE_LABEL, "float32")
-    mlm_loss = paddle.sum(per_token) / paddle.clip(paddle.sum(real), min=1.0)
-    if next_sentence_labels is None:
-        return mlm_loss, None
-    return mlm_loss, F.cross_entropy(_fp32(seq_relationship_score), next_sentence_labels)
-
-
-def _fp32(x):
-    return x if x.dtype == paddle.float32 else paddle.cast(x, "float32")
-
-
-def _feed_vars(binary_head: bool) -> Tuple[Tuple[FeedSpec, ...], List[Any]]:
-    specs = tuple(s for s in FEED_SPECS if binary_head or s.name != "next_sentence_labels")
-    return specs, [paddle.static.data(s.name, list(s.shape), s.dtype) for s in specs]
-
-
-def _forward(model, base: str, feeds: Mapping[str, Any]) -> Tuple[Any, Any, List[str]]:
-    """Run the model's forward in the current program; also returns the recompute checkpoints:
-    every encoder layer's output, captured by forward hooks. Fleet recomputes each segment between
-    checkpoints and the one before the first, so every layer is recomputed once."""
-    layers = getattr(model, base).encoder.layers
-    captured: Dict[int, str] = {}
-    hooks = [layer.register_forward_post_hook(
-        lambda layer, inputs, output, i=i: captured.__setitem__(i, output.name)) for i, layer in enumerate(layers)]
-    try:
-        prediction_scores, seq_relationship_score = model(
-            feeds["input_ids"], token_type_ids=feeds["segment_ids"], attention_mask=feeds["input_mask"],
-            masked_positions=feeds["masked_lm_positions"])
-    finally:
-        for hook in hooks:
-            hook.remove()
-    if len(captured) != len(layers):
-        raise RuntimeError(f"captured {len(captured)} layer outputs for {len(layers)} encoder layers")
-    return prediction_scores, seq_relationship_score, [captured[i] for i in range(len(layers))]
-
-
-def build_pretrain_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig,
-                            strategy: Union[StrategyBuilder, Any], topo: Topology, *, seed: int,
-                            amp_cfg: Optional[AmpConfig] = None) -> Programs:
-    """Build the main, startup and test programs of pretraining with fleet (fleet must be
-    initialised: `parallel.init_fleet`, or `compat.emulate_gpu_program` for GPU programs on CPU).
+def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Union[StrategyBuilder, Any],
+                   topo: Topology, tasks: Sequence[TaskType], *, seed: int, amp_cfg: Optional[AmpConfig] = None,
+                   use_task_id: bool = False, ema_decay: Optional[float] = None) -> Programs:
+    """The programs of a run (fleet initialised first: `parallel.init_fleet`, or
+    `compat.emulate_gpu_program` for GPU programs on CPU; static mode).
 
     `strategy` is a `DistributedStrategy`, or a builder `f(*, recompute_checkpoints) -> strategy`
     such as `functools.partial(parallel.build_strategy, topo, parallel_cfg, amp_cfg)`: recompute
-    checkpoints are variables of this forward, so a strategy with recompute must come from a
-    builder. `amp_cfg` is needed only for what fleet cannot express: bfloat16 (decorated here with
-    the static AMP API) and AMP O2's initial cast (`Programs.initialize`).
-
-    The test program is the forward of `main` taken *after* minimize (see `_forward_only`):
-    fleet rewrites the forward (sharding broadcasts every parameter from its owner before use,
-    and a non-owner holds no persistable copy; AMP inserts casts), so a clone taken before
-    minimize would read parameters a sharded rank does not have and would evaluate other
-    numerics. Under sharding every rank must run the test program together (it broadcasts).
-
+    checkpoints (every encoder layer's output) are variables of this forward, so a strategy with
+    recompute must come from a builder. `amp_cfg` is needed for what fleet cannot express:
+    bfloat16 (the static AMP API) and AMP O2's initial cast (`Programs.initialize`).
+    `optim_cfg.max_steps` is the planned number of optimizer steps (the LR schedule's horizon).
     `seed` seeds initialisation (each parameter its own seed, from its structured name) and is the
-    base of the dropout seeds fed per micro-batch (ernie_mtl/randomness.py). Give every rank the
-    same seed: data parallelism broadcasts rank 0's initial values but sharding keeps each
-    owner's, so only equal seeds make the initial model independent of the topology.
-    """
+    base of the dropout seeds fed per micro-batch; give every rank the same seed (data
+    parallelism broadcasts rank 0's initial values but sharding keeps each owner's).
+    `ema_decay`: keep an EMA of the weights on the device."""
     import paddle.distributed.fleet as fleet
 
     if paddle.in_dynamic_mode():
-        raise RuntimeError("build_pretrain_programs needs static mode: call paddle.enable_static() first")
+        raise RuntimeError("build_programs needs static mode: call paddle.enable_static() first")
     if fleet.fleet._role_maker is None:
         raise RuntimeError("fleet is not initialised: call ernie_mtl.parallel.init_fleet(topo) first")
     if fleet.worker_num() != topo.world_size:
         raise ValueError(f"fleet runs {fleet.worker_num()} workers but the topology has {topo.world_size}")
     resolved = model_cfg.resolve()
     optim_cfg.validate()
-    config_cls, model_cls, base = _paddlenlp_classes(model_cfg.model_type)
     amp_cfg = amp_cfg or AmpConfig()
     amp_cfg.validate()
+    arch = {k: v for k, v in resolved.arch.items() if k != "model_type"}
     main, startup = paddle.static.Program(), paddle.static.Program()
-    startup.random_seed = seed  # per-parameter seeds are set below; main's stays 0 (see ernie_mtl/randomness.py)
+    startup.random_seed = seed  # per-parameter seeds are set below; main's stays 0 (ernie_mtl/randomness.py)
     with paddle.static.program_guard(main, startup), unique_name.guard():
-        specs, feed_vars = _feed_vars(model_cfg.binary_head)
-        feeds = dict(zip((s.name for s in specs), feed_vars))
-        arch = {k: v for k, v in resolved.arch.items() if k != "model_type"}
-        model = model_cls(config_cls(**arch))
-        prediction_scores, seq_relationship_score, checkpoints = _forward(model, base, feeds)
-        mlm_loss, nsp_loss = pretraining_losses(prediction_scores, seq_relationship_score,
-                                                feeds["masked_lm_labels"], feeds.get("next_sentence_labels"))
-        loss = mlm_loss + nsp_loss if nsp_loss is not None else mlm_loss
-        name_map = {k: v.name for k, v in model.state_dict().items()}
-        _drop_untied_duplicates(main, startup, set(name_map.values()))
+        fwd = build_forward(model_cfg.model_type, arch, tasks, use_task_id=use_task_id)
+        _drop_untied_duplicates(main, startup, set(fwd.name_map.values()))
         n_seeds = wire_dropout_seeds(main)
-
-        minimized = minimize_with_fleet(loss, name_map, optim_cfg, strategy, amp_cfg, checkpoints,
-                                        no_decay=no_decay_parameters([model]))
-        test = _forward_only(main, loss)
-    seed_initializers(startup, name_map, seed)
-
+        freeze = plan_freeze(main, fwd.task_losses, fwd.name_map)
+        minimized = minimize_with_fleet(fwd.loss, fwd.name_map, optim_cfg, strategy, amp_cfg,
+                                        fwd.recompute_checkpoints, no_decay=fwd.no_decay,
+                                        skip_flags=freeze.param_flags)
+        test = forward_only(main, fwd.loss)
+    check_coverage(main, freeze)
+    fetched = [v.name for v in fwd.task_losses.values()] + [fwd.loss.name]
+    fetched += [v.name for scalars in fwd.task_scalars.values() for v in scalars.values()]
+    prune_unused_forward_ops(main, keep=fetched)
+    seed_initializers(startup, fwd.name_map, seed)
+    ema = DeviceEMA(main, sorted(set(fwd.name_map.values())), ema_decay) if ema_decay is not None else None
+    forward, export_fwd = build_forward_program(model_cfg.model_type, arch, tasks, seed=seed, use_task_id=use_task_id)
+    if export_fwd.name_map != fwd.name_map:  # the export would read other parameters: never expected
+        raise RuntimeError("the export program's parameter names differ from the training program's")
+    pretrained_heads = {}
+    for group in fwd.groups:  # heads that are PaddleNLP's pretraining heads load its `cls.*` weights when present
+        prefix = getattr(next(t for t in tasks if t.spec.name == group.tasks[0]), "pretrained_head_prefix", None)
+        if prefix and not pretrained_heads:
+            head = f"heads.{group.name}."
+            pretrained_heads = {prefix + k[len(head):]: v for k, v in fwd.name_map.items() if k.startswith(head)}
     return Programs(
-        main=main, startup=startup, test=test, feeds=specs, feed_vars=feed_vars, loss=loss, mlm_loss=mlm_loss,
-        nsp_loss=nsp_loss, lr=minimized.lr_var, loss_scaling=minimized.loss_scaling,
-        lr_scheduler=minimized.lr_scheduler, name_map=name_map, recompute_checkpoints=checkpoints,
-        strategy=minimized.strategy, topo=topo, arch=resolved.arch, weights=resolved.weights,
-        amp_level=minimized.amp_level, dropout_seeds=n_seeds, _amp_optimizer=minimized.amp_optimizer)
+        main=main, startup=startup, test=test, forward=forward, fwd=fwd, export_fwd=export_fwd, lr=minimized.lr_var,
+        loss_scaling=minimized.loss_scaling, lr_scheduler=minimized.lr_scheduler, strategy=minimized.strategy,
+        topo=topo, arch=resolved.arch, weights=resolved.weights, amp_level=minimized.amp_level,
+        dropout_seeds=n_seeds, freeze=freeze, ema=ema, pretrained_heads=pretrained_heads,
+        _amp_optimizer=minimized.amp_optimizer)
+
+
+def build_forward_program(model_type: str, arch: Dict[str, Any], tasks: Sequence[TaskType], *, seed: int = 0,
+                          use_task_id: bool = False):
+    """(program, Forward): the multi-task forward alone, dropout off (for export and verification)."""
+    program, startup = paddle.static.Program(), paddle.static.Program()
+    startup.random_seed = seed
+    with paddle.static.program_guard(program, startup), unique_name.guard():
+        fwd = build_forward(model_type, arch, tasks, use_task_id=use_task_id)
+        _drop_untied_duplicates(program, startup, set(fwd.name_map.values()))
+    return program.clone(for_test=True), fwd
 
 
 @dataclass
@@ -305,7 +240,7 @@ def remove_variable(name: str, programs) -> None:
         block._sync_with_cpp()
 
 
-def _forward_only(main: paddle.static.Program, loss) -> paddle.static.Program:
+def forward_only(main: paddle.static.Program, loss) -> paddle.static.Program:
     """An evaluation copy of `main`: its ops up to the one that produces `loss`, with dropout off.
 
     Cutting at the loss rather than relying on `clone(for_test=True)` alone, because gradient
@@ -319,8 +254,6 @@ def _forward_only(main: paddle.static.Program, loss) -> paddle.static.Program:
     for idx in reversed(range(last + 1, len(block.ops))):
         block._remove_op(idx, sync=False)
     block._sync_with_cpp()
-    from ernie_mtl.idle_heads import strip_idle_flags
-
     strip_dropout_seeds(program)  # dropout is off in evaluation: nothing to feed
     strip_idle_flags(program)
     return program.clone(for_test=True)
@@ -364,13 +297,16 @@ def prune_unused_forward_ops(program: paddle.static.Program, keep: Sequence[str]
 
 def load_pretrained_into_scope(path: Union[str, Path], name_map: Mapping[str, str],
                                scope: paddle.static.Scope, *,
-                               program: Optional[paddle.static.Program] = None, place: Any = None) -> List[str]:
+                               program: Optional[paddle.static.Program] = None, place: Any = None,
+                               optional: Optional[Mapping[str, str]] = None) -> List[str]:
     """Copy PaddleNLP weights (a model directory or its `model_state.pdparams`) into `scope`.
 
     Keys are structured names (`ernie.encoder.layers.0.linear1.weight`); a tied parameter may
     appear under any of its names; files saved from the backbone alone (keys without the
     `ernie.`/`bert.` prefix) are accepted. Every parameter of `name_map` must be in the file and
-    match its shape, else ConfigError listing all problems. With `program`, only parameters that
+    match its shape, else ConfigError listing all problems. `optional` (structured -> static) is
+    loaded too when the file holds every one of its keys (e.g. PaddleNLP's `cls.*` pretraining heads
+    for a `pretrain` task's head), and skipped otherwise. With `program`, only parameters that
     program holds are written (a sharded rank holds its own shard only). Returns the static names
     written. Run it after the startup program and before AMP O2's `amp_init`. `place`: where the
     parameters live (default: the current device).
@@ -384,6 +320,8 @@ def load_pretrained_into_scope(path: Union[str, Path], name_map: Mapping[str, st
 
     place = place if place is not None else paddle.framework._current_expected_place()
     state = paddle.load(str(weights_file), return_numpy=True)
+    if optional and all(k in state for k in optional):
+        name_map = {**name_map, **optional}
     by_static: Dict[str, List[str]] = {}
     for structured, static in name_map.items():
         by_static.setdefault(static, []).append(structured)

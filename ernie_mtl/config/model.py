@@ -1,44 +1,14 @@
-"""Typed configuration slices for the static trainer.
-
-Each component receives only its slice (design habit 1). Every field carries its `--help` text in
-`field.metadata["help"]`; the command-line flag is `--<field name>`. `validate()` reports every
-problem of a slice at once as one `ConfigError` whose `problems` a caller can merge with others.
-
-Defaults follow PaddleNLP's ERNIE 1.0 reference launch (`run_gb512_s1m_static.sh`) where its
-`args.py` defaults are not sane (it has `max_lr` 1e-5 below `min_lr` 5e-5).
-"""
+"""Which network to build: known architectures (random initialisation) or a local PaddleNLP directory."""
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-from data_tools.cli_utils import UserError
-
-
-class ConfigError(UserError):
-    """Bad user configuration. Each problem names the flag, the bad value and the fix."""
-
-    def __init__(self, problems: Sequence[str]):
-        problems = [problems] if isinstance(problems, str) else list(problems)
-        if len(problems) == 1:
-            message = problems[0]
-        else:
-            message = f"{len(problems)} configuration problems:\n" + "\n".join(f"  - {p}" for p in problems)
-        ValueError.__init__(self, message)
-        self.problems = problems
-
-
-def _f(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
-
-
-def _raise_if(problems: List[str]) -> None:
-    if problems:
-        raise ConfigError(problems)
-
+from ernie_mtl.config.errors import ConfigError, raise_if as _raise_if
+from ernie_mtl.config.values import cfg_field as _f
 
 # Architectures known by name: PaddleNLP's configurations (`pretrained_init_configuration`) plus tiny
 # sizes for tests and CPU demos. A name always means random initialisation: weights are never
@@ -194,127 +164,3 @@ def _read_model_dir(path: Path) -> Tuple[Dict[str, Any], Path]:
         raw = {**raw["init_args"][0], **{k: v for k, v in raw.items() if k != "init_args"}}  # older layout
     # keep every key (use_task_id, layer_norm_eps, ...): the weights were trained with them
     return {k: v for k, v in raw.items() if k not in ("init_class", "architectures", "paddlenlp_version")}, weights
-
-
-@dataclass(frozen=True)
-class ParallelConfig:
-    """How the work is spread over processes and memory."""
-
-    dp_degree: int = _f(-1, "Data-parallel degree; -1 = number of processes / sharding degree.")
-    sharding_degree: int = _f(1, "Sharding degree (parameters, gradients and optimizer states split across "
-                                 "this many ranks); needs --use_sharding.")
-    use_sharding: bool = _f(False, "Enable fleet sharding (requires --sharding_degree >= 2).")
-    sharding_stage: int = _f(1, "Sharding stage; Paddle 2.6's static ShardingOptimizer has a single mode, "
-                                "so only 1 is accepted.")
-    micro_batch_size: int = _f(8, "Samples per process per executor run (one micro-batch).")
-    global_batch_size: Optional[int] = _f(None, "Samples per optimizer step over all processes; default: "
-                                                "micro batch x data-parallel world (no accumulation).")
-    use_recompute: bool = _f(False, "Recompute every encoder layer in the backward pass (less memory, "
-                                    "about a third more compute).")
-
-    def validate(self) -> None:
-        """Raise ConfigError listing every problem (topology arithmetic is checked by Topology)."""
-        problems = []
-        if self.use_sharding and self.sharding_degree < 2:
-            problems.append(f"--use_sharding with --sharding_degree {self.sharding_degree} shards nothing; "
-                            "set --sharding_degree >= 2 or drop --use_sharding")
-        if not self.use_sharding and self.sharding_degree != 1:
-            problems.append(f"--sharding_degree {self.sharding_degree} needs --use_sharding; add it or set "
-                            "--sharding_degree 1")
-        if self.sharding_stage != 1:
-            problems.append(f"--sharding_stage {self.sharding_stage} is not available in static graphs "
-                            "(Paddle 2.6's static ShardingOptimizer has one mode); use --sharding_stage 1")
-        _raise_if(problems)
-
-
-AMP_DTYPES = ("float16", "bfloat16")
-AMP_LEVELS = ("O1", "O2")
-
-
-@dataclass(frozen=True)
-class AmpConfig:
-    """Automatic mixed precision (GPU only: CPU builds insert no casts)."""
-
-    use_amp: bool = _f(False, "Train with automatic mixed precision.")
-    amp_dtype: str = _f("float16", 'Low-precision type: "float16" (with loss scaling) or "bfloat16".')
-    amp_level: str = _f("O1", '"O1": white-listed ops in low precision; "O2": the whole model in low '
-                              'precision with fp32 master weights.')
-    custom_white_list: Tuple[str, ...] = _f(("softmax", "layer_norm", "gelu"),
-                                            "Extra ops to run in low precision (PaddleNLP ERNIE's list).")
-    custom_black_list: Tuple[str, ...] = _f(("c_softmax_with_cross_entropy",),
-                                            "Extra ops to keep in float32.")
-    init_loss_scaling: float = _f(32768.0, "Initial loss scale (float16).")
-    use_dynamic_loss_scaling: bool = _f(True, "Adapt the loss scale to overflows (float16).")
-
-    def validate(self) -> None:
-        """Raise ConfigError listing every problem."""
-        problems = []
-        if self.amp_dtype not in AMP_DTYPES:
-            problems.append(f"--amp_dtype {self.amp_dtype!r} is not supported; use one of {list(AMP_DTYPES)}")
-        if self.amp_level not in AMP_LEVELS:
-            problems.append(f"--amp_level {self.amp_level!r} is not supported; use one of {list(AMP_LEVELS)}")
-        overlap = sorted(set(self.custom_white_list) & set(self.custom_black_list))
-        if overlap:
-            problems.append(f"--custom_white_list and --custom_black_list both name {overlap}; keep each op in "
-                            "one list")
-        if self.init_loss_scaling <= 0:
-            problems.append(f"--init_loss_scaling {self.init_loss_scaling} must be > 0, e.g. 32768")
-        _raise_if(problems)
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """AdamW, gradient clipping and the learning-rate schedule (in optimizer steps)."""
-
-    max_lr: float = _f(1e-4, "Peak learning rate, reached at the end of warm-up.")
-    min_lr: float = _f(1e-5, "Final learning rate, reached at --decay_steps and held after.")
-    warmup_rate: float = _f(0.01, "Fraction of --max_steps spent warming up linearly from 0 to --max_lr.")
-    decay_steps: Optional[int] = _f(None, "Step at which linear decay reaches --min_lr; default: --max_steps.")
-    max_steps: int = _f(500000, "Total optimizer steps.")
-    weight_decay: float = _f(0.01, "AdamW decoupled weight decay (never applied to biases and norms).")
-    grad_clip: float = _f(1.0, "Clip gradients to this global L2 norm; 0 disables clipping.")
-    adam_beta1: float = _f(0.9, "AdamW beta1.")
-    adam_beta2: float = _f(0.999, "AdamW beta2.")
-    adam_epsilon: float = _f(1e-8, "AdamW epsilon.")
-
-    @property
-    def warmup_steps(self) -> int:
-        """Warm-up length in optimizer steps."""
-        return int(self.warmup_rate * self.max_steps)
-
-    @property
-    def resolved_decay_steps(self) -> int:
-        """Step at which the learning rate reaches min_lr."""
-        return self.max_steps if self.decay_steps is None else self.decay_steps
-
-    def validate(self) -> None:
-        """Raise ConfigError listing every problem."""
-        problems = []
-        if self.max_steps < 1:
-            problems.append(f"--max_steps {self.max_steps} must be >= 1")
-        if self.max_lr <= 0:
-            problems.append(f"--max_lr {self.max_lr} must be > 0, e.g. 1e-4")
-        if not 0 <= self.min_lr <= self.max_lr:
-            problems.append(f"--min_lr {self.min_lr} must be within [0, --max_lr {self.max_lr}], e.g. 1e-5")
-        if not 0 <= self.warmup_rate < 1:
-            problems.append(f"--warmup_rate {self.warmup_rate} must be within [0, 1), e.g. 0.01")
-        elif self.max_steps >= 1 and self.resolved_decay_steps <= self.warmup_steps:
-            problems.append(f"--decay_steps {self.resolved_decay_steps} must be greater than the warm-up "
-                            f"steps {self.warmup_steps} (--warmup_rate {self.warmup_rate} x --max_steps "
-                            f"{self.max_steps})")
-        if self.weight_decay < 0:
-            problems.append(f"--weight_decay {self.weight_decay} must be >= 0, e.g. 0.01")
-        if self.grad_clip < 0:
-            problems.append(f"--grad_clip {self.grad_clip} must be >= 0 (0 disables clipping)")
-        for name in ("adam_beta1", "adam_beta2"):
-            value = getattr(self, name)
-            if not 0 <= value < 1:
-                problems.append(f"--{name} {value} must be within [0, 1)")
-        if self.adam_epsilon <= 0:
-            problems.append(f"--adam_epsilon {self.adam_epsilon} must be > 0, e.g. 1e-8")
-        _raise_if(problems)
-
-
-def field_help(cls: type) -> Dict[str, str]:
-    """`{field name: help text}` of a config slice (for building the command line)."""
-    return {f.name: f.metadata.get("help", "") for f in fields(cls)}

@@ -18,19 +18,18 @@ used and reported.
 """
 from __future__ import annotations
 
-import difflib
-import hashlib
-import importlib.util
-import math
 import os
 import re
-import sys
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ernie_mtl.config import ConfigError
-from ernie_mtl.schedule import SAMPLING_STRATEGIES
-from ernie_mtl.tasks.base import TaskSpec, get_task_type
+from ernie_mtl.config.errors import ConfigError
+from ernie_mtl.config.multitask import MTL_DEFAULTS, MTL_KEYS, MultiTaskConfig, MultiTaskSetup
+from ernie_mtl.config.task import TaskSpec
+from ernie_mtl.config.values import coerce as _coerce
+from ernie_mtl.config.values import kind_of_default as _option_kind
+from ernie_mtl.config.values import read_yaml, suggest, yaml_value as _yaml_value
+
+SAMPLING_STRATEGIES = ("palm", "proportional", "temperature")  # ernie_mtl/schedule.py implements them
 
 # PALM v0.3 name -> our run flag (args.py). `optimizer` is checked, not mapped (we have AdamW only).
 PALM_ALIASES: Dict[str, str] = {
@@ -63,159 +62,10 @@ PATH_OPTION_SUFFIXES = ("_file", "_path", "_config", "_dir", "label_map")
 _TASK_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-@dataclass(frozen=True)
-class MultiTaskConfig:
-    """The multi-task keys of the global YAML (one value per task where a tuple)."""
+def get_task_type(name: str):
+    from ernie_mtl.tasks.base import get_task_type as lookup  # lazy: the task types import paddle
 
-    task_instance: Tuple[str, ...]
-    mix_ratio: Tuple[float, ...]
-    target_tag: Tuple[bool, ...]
-    task_reuse_tag: Optional[Tuple[int, ...]]
-    task_dir: str
-    sampling: str = "palm"
-    temperature: float = 1.0
-    examples_cap: Optional[int] = None
-    num_epochs: float = 1.0
-    use_task_id: bool = False
-    plugins: Tuple[str, ...] = ()
-    early_stopping_patience: int = 0
-    use_ema: bool = False
-    ema_decay: float = 0.9999
-    callbacks: Tuple[str, ...] = ()  # names registered with ernie_mtl.callbacks.register_callback
-
-    def to_dict(self) -> Dict[str, Any]:
-        """JSON-friendly copy (tuples become lists)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-
-
-# key -> (kind, default); task_instance has no default, the per-task lists are filled per task.
-MTL_KEYS: Dict[str, Tuple[str, Any]] = {
-    "task_instance": ("strlist", None), "mix_ratio": ("floatlist", None), "target_tag": ("intlist", None),
-    "task_reuse_tag": ("intlist", None), "task_dir": ("str", None), "sampling": ("str", "palm"),
-    "temperature": ("posfloat", 1.0), "examples_cap": ("optposint", None), "num_epochs": ("posfloat", 1.0),
-    "use_task_id": ("bool", False), "plugins": ("strlist", ()), "early_stopping_patience": ("nonnegint", 0),
-    "use_ema": ("bool", False), "ema_decay": ("unit", 0.9999), "callbacks": ("strlist", ()),
-}
-
-
-@dataclass
-class MultiTaskSetup:
-    """Result of `load_multitask_config`."""
-
-    tasks: Tuple[TaskSpec, ...]
-    mtl: MultiTaskConfig
-    run_flags: Dict[str, Any]  # args.py flag -> value as written (args.py types and validates it)
-    reports: List[str] = field(default_factory=list)  # overrides, aliases, fallbacks: log them
-
-    @property
-    def names(self) -> Tuple[str, ...]:
-        return tuple(t.name for t in self.tasks)
-
-
-# -- value handling -------------------------------------------------------------------------------------
-def _as_list(value: Any) -> List[Any]:
-    """PALM lists: a YAML list, or a string "a, b c" split on commas and whitespace, or one scalar."""
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    if isinstance(value, str):
-        return value.replace(",", " ").split()
-    return [value]
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "y", "on"):
-        return True
-    if text in ("false", "0", "no", "n", "off"):
-        return False
-    raise ValueError("is not true or false")
-
-
-def _number(value: Any, integer: bool) -> Any:
-    if isinstance(value, bool):
-        raise ValueError
-    number = float(value)  # PALM wrote 3e-5, which YAML 1.1 reads as a string
-    if not math.isfinite(number):
-        raise ValueError
-    if integer:
-        if not number.is_integer():
-            raise ValueError
-        return int(number)
-    return number
-
-
-def _coerce(kind: str, value: Any) -> Any:
-    """Typed value of `kind`; ValueError with the expectation (the caller names file and key)."""
-    try:
-        if kind in ("str", "path"):
-            if value is None or isinstance(value, (list, dict)):
-                raise ValueError
-            return str(value)
-        if kind == "bool":
-            return _bool(value)
-        if kind == "exportfrom":
-            if str(value) not in ("best", "last"):
-                raise ValueError
-            return str(value)
-        if kind in ("posint", "nonnegint", "optposint"):
-            if kind == "optposint" and (value is None or str(value).strip().lower() in ("none", "null", "")):
-                return None
-            number = _number(value, True)
-            if number < (0 if kind == "nonnegint" else 1):
-                raise ValueError
-            return number
-        if kind in ("posfloat", "nonneg", "unit"):
-            number = _number(value, False)
-            if (kind == "posfloat" and number <= 0) or (kind == "nonneg" and number < 0) or (
-                    kind == "unit" and not 0 < number < 1):
-                raise ValueError
-            return number
-        if kind == "strlist":
-            return tuple(str(v) for v in _as_list(value))
-        if kind == "floatlist":
-            items = tuple(_number(v, False) for v in _as_list(value))
-            if any(v < 0 for v in items):
-                raise ValueError
-            return items
-        if kind == "intlist":
-            return tuple(_number(v, True) for v in _as_list(value))
-        return value  # "any": an option without a typed default
-    except (ValueError, TypeError):
-        expected = {"str": "a string", "path": "a file path", "bool": "true or false", "posint": "an integer >= 1",
-                    "nonnegint": "an integer >= 0", "optposint": "an integer >= 1 (or none)",
-                    "posfloat": "a number > 0", "nonneg": "a number >= 0", "unit": "a number in (0, 1)",
-                    "strlist": "a list", "floatlist": "numbers >= 0 (a list or \"a, b, c\")",
-                    "intlist": "integers (a list or \"0, 1, 0\")",
-                    "exportfrom": "best or last"}[kind]
-        raise ValueError(f"{value!r} is not {expected}") from None
-
-
-def _option_kind(default: Any) -> str:
-    if isinstance(default, bool):
-        return "bool"
-    if isinstance(default, int):
-        return "int"
-    if isinstance(default, float):
-        return "float"
-    if isinstance(default, str):
-        return "str"
-    return "any"
-
-
-def _coerce_option(kind: str, value: Any) -> Any:
-    if kind == "float":
-        try:
-            return _number(value, False)
-        except (ValueError, TypeError):
-            raise ValueError(f"{value!r} is not a number") from None
-    if kind == "int":
-        try:
-            return _number(value, True)
-        except (ValueError, TypeError):
-            raise ValueError(f"{value!r} is not an integer") from None
-    return _coerce(kind, value)
+    return lookup(name)
 
 
 def _backbone_family(value: Any) -> Optional[str]:
@@ -224,41 +74,16 @@ def _backbone_family(value: Any) -> Optional[str]:
     return family if family in ("ernie", "bert") else None
 
 
-def _yaml_value(text: Any) -> Any:
-    """A command-line string typed like a YAML value ("32" -> 32, "true" -> True, "a.tsv" -> "a.tsv")."""
-    if not isinstance(text, str):
-        return text
-    import yaml
-
-    try:
-        return yaml.safe_load(text) if text.strip() else text
-    except yaml.YAMLError:
-        return text
+def _coerce_option(kind: str, value: Any) -> Any:
+    return _coerce(kind, value)
 
 
-def _suggest(key: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, sorted(set(known)), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def _suggest(key: str, known) -> str:
+    return suggest(key, known)
 
 
 def _read_yaml(path: str, what: str, problems: List[str]) -> Optional[Dict[str, Any]]:
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as e:
-        problems.append(f"{path}: cannot read the {what} ({e.strerror})")
-        return None
-    except yaml.YAMLError as e:
-        problems.append(f"{path}: the {what} is not valid YAML: {e}")
-        return None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        problems.append(f"{path}: the {what} must be a mapping of keys to values, got {type(data).__name__}")
-        return None
-    return {str(k).lstrip("-"): v for k, v in data.items()}
+    return read_yaml(path, problems, what=what)
 
 
 def _exists(path: str) -> bool:
@@ -399,7 +224,7 @@ class _Loader:
     def _mtl(self, raw: Dict[str, Tuple[Any, str]]) -> Optional[MultiTaskConfig]:
         values: Dict[str, Any] = {}
         for key, (value, src) in raw.items():
-            kind = MTL_KEYS[key][0]
+            kind = MTL_KEYS[key]
             if src == "command line" and kind not in ("strlist", "floatlist", "intlist", "str"):
                 value = _yaml_value(value)
             try:
@@ -464,27 +289,16 @@ class _Loader:
             plugins.append(path)
         if self.problems:
             return None
-        defaults = {k: d for k, (_, d) in MTL_KEYS.items() if d is not None}
-        return MultiTaskConfig(**{**defaults, **values, "task_instance": names,
+        return MultiTaskConfig(**{**MTL_DEFAULTS, **values, "task_instance": names,
                                   "mix_ratio": values.get("mix_ratio", (1.0,) * n),
                                   "target_tag": tuple(bool(t) for t in values.get("target_tag", (1,) * n)),
                                   "task_reuse_tag": values.get("task_reuse_tag"), "task_dir": task_dir,
                                   "plugins": tuple(plugins)})
 
     def _import_plugins(self, plugins: Sequence[str]) -> None:
-        for path in plugins:
-            module = "ernie_mtl_plugin_" + hashlib.sha1(path.encode()).hexdigest()[:12]
-            if module in sys.modules:  # imported by an earlier load: its types are registered already
-                continue
-            spec = importlib.util.spec_from_file_location(module, path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[module] = mod
-            try:
-                spec.loader.exec_module(mod)
-            except Exception as e:  # noqa: BLE001  (any error in user code becomes a config problem)
-                del sys.modules[module]
-                self.problems.append(f"{self.path}: key 'plugins': importing {path} failed: "
-                                     f"{type(e).__name__}: {e}")
+        from ernie_mtl.plugins import import_plugins
+
+        self.problems += import_plugins(plugins, where=f"{self.path}: key 'plugins'")
 
     # -- keys that are run flags (global file, command line or, PALM-style, a task file) ----------------
     def _global_setting(self, key: str, value: Any, where: str, src: str) -> bool:

@@ -1,0 +1,491 @@
+"""Command line (+ `--config` YAML) of run_multitask_static.py -> one validated, frozen `RunConfig`.
+
+Flag names and meanings are PaddleNLP ERNIE 1.0's (`run_pretrain_static.py`), so its users can
+switch; every flag is a field of a config slice (or a run-wide multi-task key: `--use_ema`,
+`--ema_decay`, `--early_stopping_patience`, `--plugins`, `--callbacks`) and its `--help` text is
+that field's metadata. Precedence: field default < `--config FILE.yaml` (keys = flag names) <
+command line. Booleans accept a bare flag (`--use_amp` enables) or a value (`--use_amp false`).
+
+Two modes, one engine. A `--config` YAML with `task_instance` is a PALM-style multi-task
+configuration (ernie_mtl/config/palm.py). Anything else is flag-mode pretraining, which becomes a
+one-task setup here: the task `pretrain` (reader `pretrain`) on `--input_dir`, with the sampling
+and masking flags as its options, a target whose quota is `--max_steps` optimizer steps.
+
+All values are converted and validated here, before any process group or program exists; every
+problem is collected into one `ConfigError` (flag, value, fix). Code below the entry point receives
+the `RunConfig` slices only, never the argparse namespace.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import typing
+from dataclasses import MISSING, fields, replace
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ernie_mtl.config import palm
+from ernie_mtl.config.errors import ConfigError
+from ernie_mtl.config.multitask import MTL_DEFAULTS, MTL_KEYS, RUN_WIDE_KEYS, MultiTaskConfig, MultiTaskSetup
+from ernie_mtl.config.run import SLICES, RunConfig
+from ernie_mtl.config.slices import DataConfig, OptimConfig, RESUME_WORDS, TrainConfig, DEVICES, field_help
+from ernie_mtl.config.task import TaskSpec
+from ernie_mtl.config.values import EXPECTED, NONE_WORDS, coerce, read_yaml, suggest
+
+PROG = "run_multitask_static.py"
+FLAG_MODE_TASK = "pretrain"  # the one task of a flag-mode pretraining run
+RUN_WIDE = "mtl"  # pseudo-slice of the run-wide multi-task flags
+# flag name -> (slice name, field type); run-wide multi-task keys -> ("mtl", kind)
+_FLAGS: Dict[str, Tuple[str, Any]] = {
+    **{f.name: (slice_name, typing.get_type_hints(cls)[f.name]) for slice_name, cls in SLICES.items()
+       for f in fields(cls)},
+    **{key: (RUN_WIDE, MTL_KEYS[key]) for key in RUN_WIDE_KEYS},
+}
+# PaddleNLP flags for parallelism ERNIE does not have here: accepted at 1, explained otherwise.
+_UNSUPPORTED_PARALLEL = {
+    "mp_degree": "tensor (model) parallelism",
+    "pp_degree": "pipeline parallelism",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser: one flag per config field (values kept as given; `_convert` types them)."""
+    p = argparse.ArgumentParser(
+        prog=PROG, description="ERNIE pretraining and multi-task learning as fleet static programs.",
+        argument_default=argparse.SUPPRESS,  # absent flags stay absent, so YAML values are not overridden
+        allow_abbrev=False)  # a prefix such as --max must not silently mean --max_lr
+    p.add_argument("--config", help="YAML file: flag values (keys = flag names without --), or a multi-task "
+                                    "configuration (a global YAML with task_instance). The command line wins over it.")
+    for slice_name, cls in SLICES.items():
+        group = p.add_argument_group(cls.__name__, (cls.__doc__ or "").strip().splitlines()[0])
+        helps = field_help(cls)
+        for f in fields(cls):
+            kind = _base_type(_FLAGS[f.name][1])
+            default = f.default if f.default is not MISSING else None
+            _add(group, f.name, kind, f"{helps[f.name]} (default: {_show(default)})")
+    group = p.add_argument_group("Run-wide training extras", "also keys of a multi-task global YAML")
+    for key, text in RUN_WIDE_KEYS.items():
+        _add(group, key, _base_type(MTL_KEYS[key]), f"{text} (default: {_show(MTL_DEFAULTS[key])})")
+    return p
+
+
+def _add(group, name: str, kind: type, text: str) -> None:
+    if kind is bool:
+        group.add_argument(f"--{name}", nargs="?", const="true", metavar="BOOL", help=text)
+    elif kind is tuple:
+        group.add_argument(f"--{name}", metavar="A,B,...", help=text)
+    else:
+        group.add_argument(f"--{name}", metavar=getattr(kind, "__name__", "VALUE").upper(), help=text)
+
+
+def _show(value: Any) -> str:
+    return ",".join(value) if isinstance(value, tuple) else str(value)
+
+
+def _base_type(annotation: Any) -> type:
+    """int/float/str/bool/tuple behind Optional[...] and Tuple[str, ...]."""
+    if isinstance(annotation, str):  # a run-wide key's kind
+        return _TYPE_OF_KIND.get(annotation, str)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin is tuple:
+        return tuple
+    if origin is typing.Union and len(args) == 1:
+        return _base_type(args[0])
+    return annotation
+
+
+_KIND_OF_TYPE = {bool: "bool", int: "int", float: "float", tuple: "tuple", str: "str"}
+_TYPE_OF_KIND = {"bool": bool, "strlist": tuple, "nonnegint": int, "posint": int, "optposint": int, "unit": float,
+                 "posfloat": float, "nonneg": float}
+
+
+def _convert(name: str, raw: Any, source: str) -> Any:
+    """Typed value of flag `name` from a command-line string or a YAML value; raises ValueError with
+    a message naming the flag, the value and what is expected."""
+    slice_name, annotation = _FLAGS[name]
+    if slice_name == RUN_WIDE:
+        kind, optional = annotation, False
+    else:
+        kind = _KIND_OF_TYPE.get(_base_type(annotation), "str")
+        optional = type(None) in typing.get_args(annotation)
+    if raw is None or (optional and isinstance(raw, str) and raw.strip().lower() in NONE_WORDS):
+        if optional:
+            return None
+        raise ValueError(f"--{name} ({source}) needs a value")
+    try:
+        return coerce(kind, raw)
+    except ValueError:
+        raise ValueError(f"--{name} {raw!r} ({source}) is not {EXPECTED.get(kind, kind)}"
+                         + ("; or none to unset it" if optional else "")) from None
+
+
+def _read_flag_yaml(path: str, problems: List[str]) -> Dict[str, Any]:
+    data = read_yaml(path, problems, what="config", label=f"--config {path}")
+    values = {}
+    for key, value in (data or {}).items():
+        if key in _UNSUPPORTED_PARALLEL:
+            problems += _unsupported_parallel(key, value, f"{path}: key {key!r}")
+        elif key not in _FLAGS:
+            problems.append(f"{path}: unknown key {key!r}{_suggest(key)}; keys are the flag names (see --help)")
+        else:
+            values[key] = value
+    return values
+
+
+def _unsupported_parallel(name: str, value: Any, where: str) -> List[str]:
+    """PaddleNLP's --mp_degree/--pp_degree: 1 is accepted silently (their scripts pass it)."""
+    try:
+        if int(str(value).strip()) == 1:
+            return []
+    except ValueError:
+        pass
+    return [f"{where} {value!r}: {_UNSUPPORTED_PARALLEL[name]} is not supported for ERNIE here; ERNIE fits on "
+            f"one device, so scale with data parallelism (more processes, --dp_degree) and --use_sharding "
+            f"--sharding_degree N to split parameters, gradients and optimizer state; reduce memory with "
+            f"--use_recompute and --use_amp. Pass {name} 1 or drop it"]
+
+
+def _unknown_problems(unknown: Sequence[str]) -> List[str]:
+    """One problem per unknown flag (its value, if any, is not reported separately)."""
+    problems = []
+    skip = False
+    for k, token in enumerate(unknown):
+        if skip:
+            skip = False
+            continue
+        if token.startswith("--"):
+            name, has_value, value = token[2:].partition("=")
+            if name in _UNSUPPORTED_PARALLEL:
+                if not has_value and k + 1 < len(unknown) and not unknown[k + 1].startswith("--"):
+                    value, skip = unknown[k + 1], True
+                problems += _unsupported_parallel(name, value, f"--{name}")
+                continue
+            problems.append(f"unknown argument {token!r}{_suggest(name)}; see --help")
+        elif k == 0 or not unknown[k - 1].startswith("--"):
+            problems.append(f"unexpected value {token!r}: every value follows its --flag")
+    return problems
+
+
+def _suggest(name: str) -> str:
+    return suggest(name, _FLAGS)
+
+
+def parse_config(argv: Optional[Sequence[str]] = None, *, world_size: Optional[int] = None) -> RunConfig:
+    """Parse and validate the command line (+ YAML) into a RunConfig; ConfigError lists every problem.
+
+    `world_size`: the number of processes the topology must fit (default: from the launcher's
+    environment, 1 without a launcher).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv, task_cli = palm.split_task_overrides(argv)
+    except ConfigError as e:
+        raise ConfigError(e.problems) from None
+    parser = build_parser()
+    namespace, unknown = parser.parse_known_args(argv)
+    given = vars(namespace)
+    config_file = given.pop("config", None)
+    multitask = bool(config_file) and os.path.isfile(config_file) and palm.is_multitask_yaml(config_file)
+    mtl_cli: Dict[str, Any] = {}
+    if multitask:  # PALM let every scalar global key be set on the command line: so do we
+        unknown = _take_mtl_keys(unknown, mtl_cli)
+    problems = _unknown_problems(unknown)
+    if task_cli and not multitask:
+        problems.append("--tasks.<task>.<key> overrides need a multi-task --config (a YAML with task_instance)")
+    values: Dict[str, Any] = {}
+    sources: Dict[str, str] = {}
+    setup = None
+    if multitask:
+        try:  # every command-line value: flags that are also task keys (max_seq_len, masked_lm_prob, ...) reach the tasks
+            setup = palm.load_multitask_config(
+                config_file, cli={**mtl_cli, **given}, task_cli=task_cli,
+                flag_names={k for k, (s, _) in _FLAGS.items() if s != RUN_WIDE},
+                splits=("pred",) if _truthy(given.get("do_predict")) else ("train", "dev"))
+            for key, raw in setup.run_flags.items():
+                values[key], sources[key] = raw, f"from {config_file}"
+            if _truthy(given.get("do_predict")) and "pred_file" not in given and given.get("task"):
+                spec = next((t for t in setup.tasks if t.name == given["task"]), None)
+                if spec is not None and spec.pred_file:  # the task file's pred_file (PALM)
+                    given["pred_file"] = spec.pred_file
+        except ConfigError as e:
+            problems += e.problems
+        given = {k: v for k, v in given.items() if _FLAGS[k][0] != RUN_WIDE}  # the loader typed those
+    elif config_file:
+        for key, raw in _read_flag_yaml(config_file, problems).items():
+            values[key], sources[key] = raw, f"from {config_file}"
+    for key, raw in given.items():
+        values[key], sources[key] = raw, "command line"
+    typed: Dict[str, Dict[str, Any]] = {name: {} for name in [*SLICES, RUN_WIDE]}
+    for key, raw in values.items():
+        try:
+            typed[_FLAGS[key][0]][key] = _convert(key, raw, sources[key])
+        except ValueError as e:
+            problems.append(str(e))
+    # a value that could not be typed keeps its default, so the semantic checks still report the rest
+    slices = {name: cls(**typed[name]) for name, cls in SLICES.items()}
+    if setup is None and multitask:  # the multi-task file itself is broken: its problems say why
+        raise ConfigError(problems)
+    if setup is None:
+        setup = flag_mode_setup(slices, typed[RUN_WIDE])
+    cfg = _absolute_paths(RunConfig(**slices, setup=setup))
+    try:
+        validate(cfg, world_size=world_size)
+    except ConfigError as e:
+        problems += e.problems
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def flag_mode_setup(slices: Mapping[str, Any], run_wide: Mapping[str, Any]) -> MultiTaskSetup:
+    """The one-task setup of flag-mode pretraining: task `pretrain` on `--input_dir` (train, valid
+    and test splits of the corpus by `--split`), the sampling and masking flags as its options, a
+    target whose quota is `--max_steps` optimizer steps (set by the run plan)."""
+    data, model, parallel = slices["data"], slices["model"], slices["parallel"]
+    options = {"masked_lm_prob": data.masked_lm_prob, "max_predictions_per_seq": data.max_predictions_per_seq,
+               "max_ngrams": data.max_ngrams, "split": data.split, "short_seq_prob": data.short_seq_prob,
+               "binary_head": model.binary_head, "pair_task": "sop"}
+    spec = TaskSpec(name=FLAG_MODE_TASK, reader="pretrain", index=0, train_file=data.input_dir,
+                    dev_file=data.input_dir, test_file=data.input_dir, max_seq_len=data.max_seq_len,
+                    batch_size=parallel.micro_batch_size, is_target=True, mix_ratio=1.0, options=options)
+    mtl = MultiTaskConfig(**{**MTL_DEFAULTS, **run_wide, "task_instance": (FLAG_MODE_TASK,), "mix_ratio": (1.0,),
+                             "target_tag": (True,), "task_reuse_tag": None, "task_dir": ""})
+    return MultiTaskSetup(tasks=(spec,), mtl=mtl, flag_mode=True)
+
+
+def _truthy(raw: Any) -> bool:
+    try:
+        return raw is not None and coerce("bool", raw)
+    except ValueError:
+        return False
+
+
+def _take_mtl_keys(unknown: Sequence[str], out: Dict[str, Any]) -> List[str]:
+    """Move `--<multi-task key> value` pairs (mix_ratio, sampling, num_epochs, batch_size, ...) from the
+    unknown arguments into `out`; returns the arguments still unknown."""
+    keys = set(MTL_KEYS) | set(palm.BROADCAST_KEYS) | set(palm.PALM_ALIASES)
+    rest: List[str] = []
+    k = 0
+    while k < len(unknown):
+        token = unknown[k]
+        name, has_value, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        bare_bool = name in keys and MTL_KEYS.get(name) == "bool"
+        if name in keys and (has_value or (k + 1 < len(unknown) and not unknown[k + 1].startswith("--"))):
+            if not has_value:
+                value = unknown[k + 1]
+                k += 1
+            out[name] = value
+        elif bare_bool and not has_value:  # --use_task_id alone means true, as for the flags
+            out[name] = "true"
+        else:
+            rest.append(token)
+        k += 1
+    return rest
+
+
+def _absolute_paths(cfg: RunConfig) -> RunConfig:
+    """Paths made absolute: the trainer changes directory while building programs (fleet dumps). A
+    corpus mixture keeps its canonical form (absolute prefixes, weights)."""
+    def absolute(path: Optional[str]) -> Optional[str]:
+        return None if path is None else os.path.abspath(os.path.expanduser(path))
+
+    input_dir = cfg.data.input_dir
+    if input_dir is not None:
+        from ernie_mtl.data.mixture import parse_mixture
+
+        try:
+            mixture = parse_mixture(input_dir, what="--input_dir")
+            input_dir = mixture.spec() if len(mixture) > 1 else mixture.prefixes[0]
+        except ConfigError:
+            input_dir = input_dir if " " in input_dir.strip() else absolute(input_dir)  # validate() reports it
+    data = replace(cfg.data, input_dir=input_dir,
+                   tokenizer_name_or_path=absolute(cfg.data.tokenizer_name_or_path
+                                                   or _model_dir(cfg.model.model_name_or_path)))
+    resume = cfg.train.resume if cfg.train.resume in RESUME_WORDS else absolute(cfg.train.resume)
+    train = replace(cfg.train, output_dir=absolute(cfg.train.output_dir), resume=resume)
+    model = cfg.model
+    if os.path.isdir(model.model_name_or_path):
+        model = replace(model, model_name_or_path=absolute(model.model_name_or_path))
+    setup = cfg.setup
+    if setup.flag_mode:
+        run_wide = {k: getattr(setup.mtl, k) for k in RUN_WIDE_KEYS}
+        run_wide["plugins"] = tuple(absolute(p) for p in run_wide["plugins"])
+        setup = flag_mode_setup({"data": data, "model": model, "parallel": cfg.parallel}, run_wide)
+    return replace(cfg, model=model, data=data, train=train, setup=setup)
+
+
+def _model_dir(name_or_path: str) -> Optional[str]:
+    return name_or_path if os.path.isdir(name_or_path) else None
+
+
+def validate(cfg: RunConfig, *, world_size: Optional[int] = None) -> RunConfig:
+    """Check every slice and their combinations; raise one ConfigError with all problems."""
+    from ernie_mtl.parallel import Topology
+    from ernie_mtl.runtime import resolve_device
+
+    problems: List[str] = []
+
+    def collect(check, *args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except ConfigError as e:
+            problems.extend(e.problems)
+            return None
+
+    if cfg.train.do_predict:  # prediction reads an exported model: nothing else of the run matters
+        problems += _predict_problems(cfg.train)
+        if problems:
+            raise ConfigError(problems)
+        return cfg
+    collect(cfg.amp.validate)
+    collect(cfg.optim.validate)
+    before = len(problems)
+    collect(cfg.parallel.validate)
+    if len(problems) == before:  # the topology arithmetic needs a consistent parallel slice
+        if world_size is None:
+            world_size = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+        collect(Topology.from_config, cfg.parallel, world_size)
+    resolved = collect(cfg.model.resolve)  # validates the model slice too
+    arch = resolved.arch if resolved else None
+    problems += _data_problems(cfg.data, arch, flag_mode=cfg.flag_mode)
+    if cfg.flag_mode:
+        problems += _sample_problems(cfg)
+    else:
+        problems += _multitask_problems(cfg, arch)
+    problems += _train_problems(cfg.train, cfg.optim)
+    problems += _extension_problems(cfg)
+    if cfg.amp.use_amp and cfg.amp.amp_level == "O2" and cfg.parallel.use_sharding:
+        problems.append("--amp_level O2 with --sharding_degree > 1 cannot be built by fleet 2.6.2 (its sharding "
+                        "pass rejects O2's parameter casts); use --amp_level O1 with sharding, or O2 without")
+    if cfg.amp.use_amp and cfg.amp.amp_dtype == "bfloat16" and resolve_device(cfg.train.device) == "cpu":
+        problems.append("--use_amp with --amp_dtype bfloat16 cannot run on CPU (Paddle 2.6.2 lacks the bf16 CPU "
+                        "kernels); use --device gpu, --amp_dtype float16, or drop --use_amp")
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def _extension_problems(cfg: RunConfig) -> List[str]:
+    """Plugins import (flag mode: the multi-task loader imported a YAML's already) and every callback
+    named is registered."""
+    from ernie_mtl.callbacks import registered_callbacks
+    from ernie_mtl.plugins import import_plugins
+
+    problems = import_plugins(cfg.setup.mtl.plugins, where="--plugins") if cfg.flag_mode else []
+    known = registered_callbacks()
+    for name in cfg.setup.mtl.callbacks:
+        if name not in known:
+            problems.append(f"--callbacks / callbacks: unknown callback {name!r}{suggest(name, known)}; registered: "
+                            f"{sorted(known)} (register one with @register_callback in a file listed under plugins)")
+    return problems
+
+
+def _sample_problems(cfg: RunConfig) -> List[str]:
+    """The pretraining dataset's own checks of the sampling/masking flags, written once there."""
+    from ernie_mtl.data.pretrain import PretrainSampleConfig
+
+    d = cfg.data
+    return PretrainSampleConfig(
+        max_seq_len=d.max_seq_len, short_seq_prob=d.short_seq_prob, binary_head=cfg.model.binary_head,
+        masked_lm_prob=d.masked_lm_prob, max_predictions_per_seq=d.max_predictions_per_seq, max_ngrams=d.max_ngrams,
+        seed=cfg.train.seed).problems()
+
+
+def _predict_problems(train: TrainConfig) -> List[str]:
+    from ernie_mtl.export import MANIFEST, export_dir
+
+    problems = []
+    if not train.task:
+        problems.append("--do_predict needs --task: the name of a task exported under --output_dir")
+    elif not (export_dir(train.output_dir, train.task) / MANIFEST).is_file():
+        found = sorted(p.parent.name for p in Path(train.output_dir).glob(f"*/infer_model/{MANIFEST}"))
+        problems.append(f"--task {train.task}: no exported model {export_dir(train.output_dir, train.task)}; "
+                        f"tasks exported under --output_dir {train.output_dir}: {found or 'none'}")
+    if not train.pred_file:
+        problems.append("--do_predict needs --pred_file: the file to predict, in the task's reader format")
+    elif not os.path.isfile(train.pred_file):
+        problems.append(f"--pred_file {train.pred_file}: not found")
+    return problems
+
+
+def _multitask_problems(cfg: RunConfig, arch: Optional[Mapping[str, Any]]) -> List[str]:
+    problems = []
+    for spec in cfg.setup.tasks:
+        if arch is not None and spec.max_seq_len > arch["max_position_embeddings"]:
+            problems.append(f"task {spec.name}: max_seq_len {spec.max_seq_len} exceeds the model's "
+                            f"max_position_embeddings {arch['max_position_embeddings']}")
+    if cfg.setup.mtl.use_task_id and cfg.model.model_type != "ernie":
+        problems.append("use_task_id needs the ERNIE backbone (BERT has no task embedding); set backbone: ernie "
+                        "or use_task_id: false")
+    return problems
+
+
+def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_mode: bool) -> List[str]:
+    from ernie_mtl.data.pretrain import parse_split
+
+    problems = []
+    vocab_size = None
+    if data.vocab_file is None:
+        problems.append("--tokenizer_name_or_path is required when --model_name_or_path is an architecture name: "
+                        "give the vocab.txt the corpus was tokenized with (or its directory)")
+    elif not data.vocab_file.is_file():
+        problems.append(f"--tokenizer_name_or_path {data.tokenizer_name_or_path}: {data.vocab_file} not found; "
+                        "give a vocab.txt or a directory containing one")
+    else:
+        with open(data.vocab_file, encoding="utf-8") as f:
+            vocab_size = sum(1 for _ in f)
+    if not flag_mode:  # no corpus flag: the tasks' files were checked by the multi-task loader
+        pass
+    elif data.input_dir is None:
+        problems.append("--input_dir is required: the corpus prefix (path without .bin/.idx) written by "
+                        "`python -m data_tools.create_pretraining_data`, weight/prefix pairs, or a folder of corpora")
+    elif isinstance(data.input_dir, str) and len(data.input_dir.split()) == 1 and not os.path.isdir(data.input_dir) \
+            and not all(os.path.isfile(data.input_dir + ext) for ext in (".bin", ".idx")):
+        missing = [data.input_dir + ext for ext in (".bin", ".idx") if not os.path.isfile(data.input_dir + ext)]
+        problems.append(f"--input_dir {data.input_dir}: {' and '.join(missing)} not found; give the corpus prefix "
+                        "(the path without .bin/.idx), weight/prefix pairs, or a folder of corpora")
+    else:
+        from ernie_mtl.data.mixture import parse_mixture
+
+        vocab = str(data.vocab_file) if data.vocab_file is not None and data.vocab_file.is_file() else None
+        try:
+            parse_mixture(data.input_dir, what="--input_dir", vocab_file=vocab)
+        except ConfigError as e:
+            problems += e.problems
+    try:
+        parse_split(data.split)
+    except ValueError as e:
+        problems.append(str(e))
+    if arch is not None:
+        if flag_mode and data.max_seq_len > arch["max_position_embeddings"]:
+            problems.append(f"--max_seq_len {data.max_seq_len} exceeds the model's max_position_embeddings "
+                            f"{arch['max_position_embeddings']}; use --max_seq_len <= "
+                            f"{arch['max_position_embeddings']}")
+        if vocab_size is not None and vocab_size > arch["vocab_size"]:
+            problems.append(f"--tokenizer_name_or_path {data.vocab_file} has {vocab_size} tokens but the model's "
+                            f"vocab_size is {arch['vocab_size']}; pass --vocab_size {vocab_size}")
+    if data.num_workers < 0:
+        problems.append(f"--num_workers {data.num_workers} must be >= 0 (0 = load in the training process)")
+    return problems
+
+
+def _train_problems(train: TrainConfig, optim: OptimConfig) -> List[str]:
+    problems = []
+    for name in ("save_steps", "checkpoint_steps", "logging_freq", "eval_freq", "eval_iters", "keep_last"):
+        value = getattr(train, name)
+        if value < 1:
+            problems.append(f"--{name} {value} must be >= 1")
+    if train.device not in DEVICES:
+        problems.append(f"--device {train.device!r} is not supported; use one of {list(DEVICES)}")
+    elif train.device == "gpu":
+        from paddle.base import core
+
+        if not core.is_compiled_with_cuda():
+            problems.append("--device gpu but this paddle is a CPU build; install paddlepaddle-gpu or pass "
+                            "--device cpu")
+    if train.resume not in RESUME_WORDS and not os.path.isfile(os.path.join(train.resume, "train_state.json")):
+        problems.append(f"--resume {train.resume}: not a complete checkpoint (no train_state.json); use auto, "
+                        "none, or a model_last / model_<step> folder")
+    return problems

@@ -1,0 +1,198 @@
+"""Typed configuration slices of a run: each component receives only its slice (design habit 1).
+
+Every field carries its `--help` text in `field.metadata["help"]`; the command-line flag is
+`--<field name>`. `validate()` reports every problem of a slice at once as one `ConfigError`.
+Defaults follow PaddleNLP's ERNIE 1.0 reference launch (`run_gb512_s1m_static.sh`) where its
+`args.py` defaults are not sane (it has `max_lr` 1e-5 below `min_lr` 5e-5).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+from ernie_mtl.config.errors import raise_if as _raise_if
+from ernie_mtl.config.values import cfg_field as _f
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the work is spread over processes and memory."""
+
+    dp_degree: int = _f(-1, "Data-parallel degree; -1 = number of processes / sharding degree.")
+    sharding_degree: int = _f(1, "Sharding degree (parameters, gradients and optimizer states split across "
+                                 "this many ranks); needs --use_sharding.")
+    use_sharding: bool = _f(False, "Enable fleet sharding (requires --sharding_degree >= 2).")
+    sharding_stage: int = _f(1, "Sharding stage; Paddle 2.6's static ShardingOptimizer has a single mode, "
+                                "so only 1 is accepted.")
+    micro_batch_size: int = _f(8, "Samples per process per executor run (one micro-batch).")
+    global_batch_size: Optional[int] = _f(None, "Samples per optimizer step over all processes; default: "
+                                                "micro batch x data-parallel world (no accumulation).")
+    use_recompute: bool = _f(False, "Recompute every encoder layer in the backward pass (less memory, "
+                                    "about a third more compute).")
+
+    def validate(self) -> None:
+        """Raise ConfigError listing every problem (topology arithmetic is checked by Topology)."""
+        problems = []
+        if self.use_sharding and self.sharding_degree < 2:
+            problems.append(f"--use_sharding with --sharding_degree {self.sharding_degree} shards nothing; "
+                            "set --sharding_degree >= 2 or drop --use_sharding")
+        if not self.use_sharding and self.sharding_degree != 1:
+            problems.append(f"--sharding_degree {self.sharding_degree} needs --use_sharding; add it or set "
+                            "--sharding_degree 1")
+        if self.sharding_stage != 1:
+            problems.append(f"--sharding_stage {self.sharding_stage} is not available in static graphs "
+                            "(Paddle 2.6's static ShardingOptimizer has one mode); use --sharding_stage 1")
+        _raise_if(problems)
+
+
+AMP_DTYPES = ("float16", "bfloat16")
+AMP_LEVELS = ("O1", "O2")
+
+
+@dataclass(frozen=True)
+class AmpConfig:
+    """Automatic mixed precision (GPU only: CPU builds insert no casts)."""
+
+    use_amp: bool = _f(False, "Train with automatic mixed precision.")
+    amp_dtype: str = _f("float16", 'Low-precision type: "float16" (with loss scaling) or "bfloat16".')
+    amp_level: str = _f("O1", '"O1": white-listed ops in low precision; "O2": the whole model in low '
+                              'precision with fp32 master weights.')
+    custom_white_list: Tuple[str, ...] = _f(("softmax", "layer_norm", "gelu"),
+                                            "Extra ops to run in low precision (PaddleNLP ERNIE's list).")
+    custom_black_list: Tuple[str, ...] = _f(("c_softmax_with_cross_entropy",),
+                                            "Extra ops to keep in float32.")
+    init_loss_scaling: float = _f(32768.0, "Initial loss scale (float16).")
+    use_dynamic_loss_scaling: bool = _f(True, "Adapt the loss scale to overflows (float16).")
+
+    def validate(self) -> None:
+        """Raise ConfigError listing every problem."""
+        problems = []
+        if self.amp_dtype not in AMP_DTYPES:
+            problems.append(f"--amp_dtype {self.amp_dtype!r} is not supported; use one of {list(AMP_DTYPES)}")
+        if self.amp_level not in AMP_LEVELS:
+            problems.append(f"--amp_level {self.amp_level!r} is not supported; use one of {list(AMP_LEVELS)}")
+        overlap = sorted(set(self.custom_white_list) & set(self.custom_black_list))
+        if overlap:
+            problems.append(f"--custom_white_list and --custom_black_list both name {overlap}; keep each op in "
+                            "one list")
+        if self.init_loss_scaling <= 0:
+            problems.append(f"--init_loss_scaling {self.init_loss_scaling} must be > 0, e.g. 32768")
+        _raise_if(problems)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW, gradient clipping and the learning-rate schedule (in optimizer steps)."""
+
+    max_lr: float = _f(1e-4, "Peak learning rate, reached at the end of warm-up.")
+    min_lr: float = _f(1e-5, "Final learning rate, reached at --decay_steps and held after.")
+    warmup_rate: float = _f(0.01, "Fraction of --max_steps spent warming up linearly from 0 to --max_lr.")
+    decay_steps: Optional[int] = _f(None, "Step at which linear decay reaches --min_lr; default: --max_steps.")
+    max_steps: int = _f(500000, "Total optimizer steps.")
+    weight_decay: float = _f(0.01, "AdamW decoupled weight decay (never applied to biases and norms).")
+    grad_clip: float = _f(1.0, "Clip gradients to this global L2 norm; 0 disables clipping.")
+    adam_beta1: float = _f(0.9, "AdamW beta1.")
+    adam_beta2: float = _f(0.999, "AdamW beta2.")
+    adam_epsilon: float = _f(1e-8, "AdamW epsilon.")
+
+    @property
+    def warmup_steps(self) -> int:
+        """Warm-up length in optimizer steps."""
+        return int(self.warmup_rate * self.max_steps)
+
+    @property
+    def resolved_decay_steps(self) -> int:
+        """Step at which the learning rate reaches min_lr."""
+        return self.max_steps if self.decay_steps is None else self.decay_steps
+
+    def validate(self) -> None:
+        """Raise ConfigError listing every problem."""
+        problems = []
+        if self.max_steps < 1:
+            problems.append(f"--max_steps {self.max_steps} must be >= 1")
+        if self.max_lr <= 0:
+            problems.append(f"--max_lr {self.max_lr} must be > 0, e.g. 1e-4")
+        if not 0 <= self.min_lr <= self.max_lr:
+            problems.append(f"--min_lr {self.min_lr} must be within [0, --max_lr {self.max_lr}], e.g. 1e-5")
+        if not 0 <= self.warmup_rate < 1:
+            problems.append(f"--warmup_rate {self.warmup_rate} must be within [0, 1), e.g. 0.01")
+        elif self.max_steps >= 1 and self.resolved_decay_steps <= self.warmup_steps:
+            problems.append(f"--decay_steps {self.resolved_decay_steps} must be greater than the warm-up "
+                            f"steps {self.warmup_steps} (--warmup_rate {self.warmup_rate} x --max_steps "
+                            f"{self.max_steps})")
+        if self.weight_decay < 0:
+            problems.append(f"--weight_decay {self.weight_decay} must be >= 0, e.g. 0.01")
+        if self.grad_clip < 0:
+            problems.append(f"--grad_clip {self.grad_clip} must be >= 0 (0 disables clipping)")
+        for name in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, name)
+            if not 0 <= value < 1:
+                problems.append(f"--{name} {value} must be within [0, 1)")
+        if self.adam_epsilon <= 0:
+            problems.append(f"--adam_epsilon {self.adam_epsilon} must be > 0, e.g. 1e-8")
+        _raise_if(problems)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the pretraining samples come from and how they are cut and masked."""
+
+    input_dir: Optional[str] = _f(None, "Corpus prefix: the path of the tokenized corpus without .bin/.idx "
+                                        "(as written by data_tools.create_pretraining_data). Required.")
+    tokenizer_name_or_path: Optional[str] = _f(None, "A vocab.txt or a directory containing one; default: "
+                                                     "--model_name_or_path when it is a directory.")
+    split: str = _f("949,50,1", "Train,valid,test ratio over documents.")
+    max_seq_len: int = _f(512, "Longest sample in tokens ([CLS] A [SEP] B [SEP]); batches are padded to their "
+                               "longest sample.")
+    masked_lm_prob: float = _f(0.15, "Fraction of tokens masked (whole words, n-grams).")
+    max_predictions_per_seq: int = _f(20, "At most this many masked tokens per sample.")
+    short_seq_prob: float = _f(0.1, "Probability of a shorter random target length for a sample.")
+    max_ngrams: int = _f(3, "Longest masked n-gram of whole words.")
+    num_workers: int = _f(2, "DataLoader worker processes per rank (0 = load in the training process).")
+    share_folder: bool = _f(True, "Index caches live on a filesystem every node shares: global rank 0 builds them. "
+                                  "false: the local rank 0 of every node builds its own copy (PaddleNLP's flag).")
+
+    @property
+    def vocab_file(self) -> Optional[Path]:
+        """The vocab.txt the tokenizer path designates (None when unset)."""
+        if self.tokenizer_name_or_path is None:
+            return None
+        path = Path(self.tokenizer_name_or_path)
+        return path / "vocab.txt" if path.is_dir() else path
+
+
+DEVICES = ("auto", "cpu", "gpu")
+RESUME_WORDS = ("auto", "none")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The loop: where outputs go, how often to log, evaluate and checkpoint, and how to resume."""
+
+    output_dir: str = _f("output", "Checkpoints (model_last, model_<step>), VisualDL logs (visualdl/), "
+                                   "program dumps (program_desc/) and train_metrics.jsonl.")
+    save_steps: int = _f(10000, "Every this many steps keep a checkpoint output_dir/model_<step>.")
+    checkpoint_steps: int = _f(1000, "Every this many steps overwrite the rolling checkpoint output_dir/model_last.")
+    keep_last: int = _f(3, "How many model_<step> checkpoints to keep (older ones are removed).")
+    logging_freq: int = _f(20, "Log (console, VisualDL) every this many steps.")
+    eval_freq: int = _f(1000, "Evaluate on the valid split every this many steps (and after the last step).")
+    eval_iters: int = _f(10, "Global batches per evaluation; the final test split uses 10x as many.")
+    seed: int = _f(1234, "Seed of initialisation, dropout, sample order and masking (same on every rank).")
+    device: str = _f("auto", 'Device: "gpu", "cpu", or "auto" (gpu when paddle is built with CUDA).')
+    resume: str = _f("auto", '"auto": continue from the newest complete checkpoint in --output_dir if any; '
+                             '"none": start fresh; or the path of a model_last / model_<step> folder.')
+    dry_run: bool = _f(False, "Print the plan (topology, batches, task schedule, strategy, parameters, memory per "
+                              "rank) and exit without training.")
+    do_predict: bool = _f(False, "Predict with an exported task model instead of training: needs --task and "
+                                 "--pred_file; reads output_dir/<task>/infer_model.")
+    task: Optional[str] = _f(None, "The task to predict with (--do_predict).")
+    pred_file: Optional[str] = _f(None, "The file to predict (--do_predict), in the task's reader format.")
+    predict_output: Optional[str] = _f(None, "Where --do_predict writes its JSON; default: "
+                                            "output_dir/<task>/predictions.json.")
+    prebuild_index: bool = _f(False, "Build the sample-index caches this run needs (with exactly this run's flags) "
+                                     "and exit without training: run it ahead so GPUs do not wait for rank 0.")
+
+
+def field_help(cls: type) -> Dict[str, str]:
+    """`{field name: help text}` of a config slice (for building the command line)."""
+    return {f.name: f.metadata.get("help", "") for f in fields(cls)}

@@ -1,0 +1,45 @@
+"""One task as resolved from the configuration (PALM-style YAML, or the pretraining flags)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+SPLITS = ("train", "dev", "test", "pred")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task as resolved from the global and task YAMLs (file paths absolute)."""
+
+    name: str
+    reader: str
+    index: int  # position in `task_instance`: the task id (task embedding, gate, RNG streams)
+    train_file: Optional[Any] = None  # a file, or a corpus prefix / weighted mixture for `pretrain`
+    dev_file: Optional[str] = None
+    test_file: Optional[str] = None
+    pred_file: Optional[str] = None
+    max_seq_len: int = 128
+    batch_size: int = 32  # per rank and micro-batch
+    loss_weight: float = 1.0
+    is_target: bool = True
+    mix_ratio: float = 1.0
+    reuse_tag: Optional[int] = None  # tasks with the same tag share one head
+    num_epochs: Optional[float] = None
+    do_lower_case: bool = True
+    for_cn: bool = True
+    export_from: Optional[str] = None  # "best" or "last" weights in the exported model (default: best with a dev_file)
+    options: Mapping[str, Any] = field(default_factory=dict)  # the type's own keys, defaults filled in
+
+    def to_json(self) -> dict:
+        """JSON-friendly copy (stored in manifests and checkpoints)."""
+        from dataclasses import asdict
+
+        data = asdict(self)
+        data["options"] = dict(self.options)
+        return data
+
+    def file(self, split: str) -> Optional[str]:
+        """The data file of `split` (train/dev/test/pred), or None."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
+        return getattr(self, f"{split}_file")

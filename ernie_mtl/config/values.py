@@ -1,0 +1,167 @@
+"""The one YAML reader, the one value coercer and the one "did you mean" helper of the configuration.
+
+`coerce(kind, value)` types a value from YAML or from a command-line string; on failure it raises
+ValueError("<value> is not <what was expected>") and the caller prefixes where the value came from
+(a flag, a file and key). Kinds: str, path, bool, int, float, tuple (a list, or "a,b,c"), and the
+constrained kinds of task/multi-task keys (posint, nonnegint, optposint, posfloat, nonneg, unit,
+strlist, floatlist, intlist, exportfrom).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+from dataclasses import field
+from typing import Any, Dict, Iterable, List, Optional
+
+from data_tools.cli_utils import str2bool
+
+NONE_WORDS = {"none", "null", ""}
+
+EXPECTED: Dict[str, str] = {
+    "str": "a string", "path": "a file path", "bool": "true or false", "int": "an integer", "float": "a number",
+    "tuple": "a comma-separated list", "posint": "an integer >= 1", "nonnegint": "an integer >= 0",
+    "optposint": "an integer >= 1 (or none)", "posfloat": "a number > 0", "nonneg": "a number >= 0",
+    "unit": "a number in (0, 1)", "strlist": "a list", "floatlist": "numbers >= 0 (a list or \"a, b, c\")",
+    "intlist": "integers (a list or \"0, 1, 0\")", "exportfrom": "best or last",
+}
+
+
+def cfg_field(default: Any, help: str) -> Any:
+    """A config-slice field whose `--help` text is `help`."""
+    return field(default=default, metadata={"help": help})
+
+
+def as_list(value: Any) -> List[Any]:
+    """PALM lists: a YAML list, or a string "a, b c" split on commas and whitespace, or one scalar."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, str):
+        return value.replace(",", " ").split()
+    return [value]
+
+
+def _number(value: Any, integer: bool) -> Any:
+    if isinstance(value, bool):
+        raise ValueError
+    if integer and isinstance(value, int):
+        return value
+    if integer and isinstance(value, str):
+        text = value.strip()
+        try:
+            return int(text)  # exact for large integers (seeds)
+        except ValueError:
+            pass
+    number = float(value)  # "3e-5" (YAML 1.1 reads it as a string), "1e3"
+    if not math.isfinite(number):
+        raise ValueError
+    if integer:
+        if not number.is_integer():
+            raise ValueError
+        return int(number)
+    return number
+
+
+def coerce(kind: str, value: Any) -> Any:
+    """Typed value of `kind` (see the module docstring); ValueError(f"{value!r} is not ...") otherwise."""
+    try:
+        if kind in ("str", "path"):
+            if value is None or isinstance(value, (list, dict)):
+                raise ValueError
+            return str(value)
+        if kind == "bool":
+            return str2bool(value)
+        if kind == "exportfrom":
+            if str(value) not in ("best", "last"):
+                raise ValueError
+            return str(value)
+        if kind == "int":
+            return _number(value, True)
+        if kind == "float":
+            return _number(value, False)
+        if kind == "tuple":
+            items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+            return tuple(str(i).strip() for i in items if str(i).strip())
+        if kind in ("posint", "nonnegint", "optposint"):
+            if kind == "optposint" and (value is None or str(value).strip().lower() in NONE_WORDS):
+                return None
+            number = _number(value, True)
+            if number < (0 if kind == "nonnegint" else 1):
+                raise ValueError
+            return number
+        if kind in ("posfloat", "nonneg", "unit"):
+            number = _number(value, False)
+            if (kind == "posfloat" and number <= 0) or (kind == "nonneg" and number < 0) or (
+                    kind == "unit" and not 0 < number < 1):
+                raise ValueError
+            return number
+        if kind == "strlist":
+            return tuple(str(v) for v in as_list(value))
+        if kind == "floatlist":
+            items = tuple(_number(v, False) for v in as_list(value))
+            if any(v < 0 for v in items):
+                raise ValueError
+            return items
+        if kind == "intlist":
+            return tuple(_number(v, True) for v in as_list(value))
+        return value  # "any": an option without a typed default
+    except (ValueError, TypeError, argparse.ArgumentTypeError):
+        raise ValueError(f"{value!r} is not {EXPECTED.get(kind, kind)}") from None
+
+
+def kind_of_default(default: Any) -> str:
+    """The kind of a task-type option from its default value."""
+    if isinstance(default, bool):
+        return "bool"
+    if isinstance(default, int):
+        return "int"
+    if isinstance(default, float):
+        return "float"
+    if isinstance(default, str):
+        return "str"
+    return "any"
+
+
+def yaml_value(text: Any) -> Any:
+    """A command-line string typed like a YAML value ("32" -> 32, "true" -> True, "a.tsv" -> "a.tsv")."""
+    if not isinstance(text, str):
+        return text
+    import yaml
+
+    try:
+        return yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+
+
+def suggest(name: str, known: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest known name, or ''."""
+    close = difflib.get_close_matches(name, sorted(set(known)), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def read_yaml(path: str, problems: List[str], *, what: str = "config", label: Optional[str] = None
+              ) -> Optional[Dict[str, Any]]:
+    """The mapping in YAML file `path` (keys without leading dashes), {} for an empty file, or None
+    after appending a problem (`label` names the path in messages, e.g. "--config x.yaml")."""
+    import yaml
+
+    label = label or path
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except UnicodeDecodeError as e:
+        problems.append(f"{label}: the {what} is not UTF-8 text (byte {e.start}); save it as UTF-8")
+        return None
+    except OSError as e:
+        problems.append(f"{label}: cannot read the {what} ({e.strerror}); give an existing YAML file")
+        return None
+    except yaml.YAMLError as e:
+        problems.append(f"{label}: the {what} is not valid YAML: {e}")
+        return None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        problems.append(f"{label}: the {what} must be a mapping of keys to values, got {type(data).__name__}")
+        return None
+    return {str(k).lstrip("-"): v for k, v in data.items()}

@@ -1,0 +1,56 @@
+"""`run_multitask_static.py`: parse and validate, then predict, plan, prebuild or train.
+
+Every user error (a flag, a file, a key, a checkpoint that cannot be resumed, a disk that is full)
+ends with one message naming the culprit and the fix, exit status 2, no traceback unless
+`ERNIE_MTL_DEBUG=1` (data_tools/cli_utils.py); anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import zlib  # noqa: F401  (before paddle: paddle 2.6.2 exports clashing zlib symbols)
+
+import sys
+from typing import Optional, Sequence
+
+from data_tools.cli_utils import UserError, run_cli
+
+PROG = "run_multitask_static.py"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_cli(PROG, lambda: _main(argv))
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
+    from ernie_mtl.checkpoint import CheckpointError
+    from ernie_mtl.config.cli import parse_config
+
+    cfg = parse_config(argv)
+    try:
+        if cfg.train.do_predict:
+            return _predict(cfg)
+        if cfg.train.dry_run:
+            from ernie_mtl.planner import dry_run
+
+            print(dry_run(cfg))
+            return 0
+        from ernie_mtl.trainer import run
+
+        return run(cfg)
+    except CheckpointError as e:  # e.g. resuming with another topology: a user error, not a crash
+        raise UserError(str(e)) from None
+
+
+def _predict(cfg) -> int:
+    import os
+
+    from ernie_mtl.export import export_dir, predict
+    from ernie_mtl.runtime import resolve_device
+
+    t = cfg.train
+    output = t.predict_output or os.path.join(t.output_dir, t.task, "predictions.json")
+    predict(export_dir(t.output_dir, t.task), t.pred_file, output, use_gpu=resolve_device(t.device) == "gpu")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
