@@ -5,12 +5,14 @@
 Writes `--shards` corpora of `--mb` MB of tokens in total (uint16 token ids, sentences of 1-80
 tokens, documents of 1-30 sentences: about 17% of the bytes are index) with their sidecars into a
 temporary folder on the filesystem of --dir, then times, interleaved, best of --repeats:
-- merge: `data_tools.merge` (checks every input, verify() included, copies the token bytes,
-  streams sizes and document ends, writes the index, fsyncs, renames);
+- merge: `data_tools.merge` (checks every input, copies the token bytes and sizes, streams the
+  document ends, writes the pointers, fsyncs the .bin while it writes the index, renames);
 - copy: `shutil.copyfile` of every input .bin and .idx (what `cp` does: sendfile, no fsync);
 - copy + fsync: the same, each copy fsynced (the merge makes its output durable before renaming).
 MB/s = bytes of the inputs (.bin + .idx) per second. The files are in the page cache for every
-run (both read the same warm bytes); the copies and the merge write to the same filesystem.
+run (both read the same warm bytes); the copies and the merge write to the same filesystem. A plain
+copy returns once the bytes are in the page cache; the merge returns once they are on the disk
+(it renames its output into place only then), which is what "copy + fsync" also waits for.
 Check `cat /proc/loadavg` first: figures are only comparable on an otherwise idle machine.
 """
 import argparse

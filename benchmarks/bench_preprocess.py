@@ -242,6 +242,7 @@ def segmenter_table(docs):
 def stage_table(jsonl, vocab):
     """Seconds per step over the whole corpus in one process, after start-up: the CLI's batched
     path (chunks of 256 documents) and the per-document path (DocumentEncoder.encode) it replaced."""
+    from data_tools import tokenization
     from data_tools.create_pretraining_data import _Reader
     from data_tools.indexed_dataset import IndexedDatasetBuilder
     from data_tools.tokenization import DocumentEncoder, _jieba_model, sentence_span_arrays, sentence_spans, text_codes
@@ -261,6 +262,7 @@ def stage_table(jsonl, vocab):
     for path in times:
         times[path]["read JSON lines"] = time.perf_counter() - start
     results = []
+    per_character = tokenization._BATCH_MIN_CHARS
     for texts in chunks:
         text = "\n".join(texts)
         codes = text_codes(text)
@@ -268,11 +270,15 @@ def stage_table(jsonl, vocab):
         timed("batched", "tokenization", enc.tokenizer.encode_codes, text, codes)
         timed("batched", "jieba segmentation", enc.segmenter.word_starts, text, codes)
         results.append(timed("batched", "total encode", enc.encode_batch, texts))
-        for doc in texts:
-            spans = timed("per document", "sentence splitting", sentence_spans, doc)
-            timed("per document", "tokenization", enc.tokenizer.encode_spans, doc, spans)
-            timed("per document", "jieba segmentation", enc.segmenter.word_internal, doc)
-            timed("per document", "total encode", enc.encode, doc)
+        tokenization._BATCH_MIN_CHARS = float("inf")  # the previous path: per character, whatever the length
+        try:
+            for doc in texts:
+                spans = timed("per document", "sentence splitting", sentence_spans, doc)
+                timed("per document", "tokenization", enc.tokenizer.encode_spans, doc, spans)
+                timed("per document", "jieba segmentation", enc.segmenter.word_internal, doc)
+                timed("per document", "total encode", enc.encode, doc)
+        finally:
+            tokenization._BATCH_MIN_CHARS = per_character
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         with IndexedDatasetBuilder(os.path.join(tmp, "c"), np.uint16) as builder:
@@ -281,9 +287,6 @@ def stage_table(jsonl, vocab):
             builder.finalize()
         for path in times:
             times[path]["write .bin/.idx"] = time.perf_counter() - start
-    for path in times:
-        t = times[path]
-        t["markers, assembly"] = t["total encode"] - t["sentence splitting"] - t["tokenization"] - t["jieba segmentation"]
     _jieba_model.cache_clear()
     start = time.perf_counter()
     DocumentEncoder(vocab, whole_word=True)
@@ -368,14 +371,16 @@ def main():
 
         times, startup = stage_table(jsonl, vocab)
         print(f"\nWhere the time goes, one process after start-up ({mb:.2f} MB; start-up: the encoder with "
-              f"warm caches, {startup:.2f}s)")
-        print(f"{'step':<22} | {'batched (CLI) s':>15} | {'per document s':>14}")
-        print("-" * 58)
-        for stage in ("read JSON lines", "sentence splitting", "tokenization", "jieba segmentation",
-                      "markers, assembly", "write .bin/.idx"):
-            print(f"{stage:<22} | {times['batched'][stage]:15.2f} | {times['per document'][stage]:14.2f}")
+              f"warm caches, {startup:.2f}s). The steps of the encoder are timed on their own; its total "
+              "includes them and the whole-word markers")
+        print(f"{'step':<28} | {'batched (CLI) s':>15} | {'per document s':>14}")
+        print("-" * 64)
+        for stage in ("read JSON lines", "  sentence splitting", "  tokenization", "  jieba segmentation",
+                      "encode (all of the above)", "write .bin/.idx"):
+            key = {"encode (all of the above)": "total encode"}.get(stage, stage.strip())
+            print(f"{stage:<28} | {times['batched'][key]:15.2f} | {times['per document'][key]:14.2f}")
         total = {p: t["read JSON lines"] + t["total encode"] + t["write .bin/.idx"] for p, t in times.items()}
-        print(f"{'total (MB/s)':<22} | {total['batched']:9.2f} ({mb / total['batched']:.2f}) | "
+        print(f"{'total (MB/s)':<28} | {total['batched']:9.2f} ({mb / total['batched']:.2f}) | "
               f"{total['per document']:8.2f} ({mb / total['per document']:.2f})")
 
         seg_mb, seg_rows, (w_hmm, w_dict, same, n) = segmenter_table(docs)

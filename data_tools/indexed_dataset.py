@@ -15,6 +15,7 @@ import errno
 import os
 import struct
 import tempfile
+import threading
 from array import array
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -238,11 +239,13 @@ _NO_COPY_FILE_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP
 
 
 def _copy_file(src: str, dst_fd: int, progress: Optional[Callable[[int], None]] = None,
-               block: int = 64 << 20) -> None:
-    """Append the bytes of file `src` at the current offset of `dst_fd`: in the kernel with
-    copy_file_range where the filesystems allow it, else through a buffer."""
+               block: int = 64 << 20, start: int = 0, length: Optional[int] = None) -> None:
+    """Append bytes [start, start+length) of file `src` (default: all of it) at the current offset
+    of `dst_fd`: in the kernel with copy_file_range where the filesystems allow it, else through a
+    buffer."""
     with open(src, "rb", buffering=0) as f:  # unbuffered: reads continue where the kernel copy stopped
-        left = os.fstat(f.fileno()).st_size
+        left = os.fstat(f.fileno()).st_size - start if length is None else length
+        f.seek(start)
         fast = hasattr(os, "copy_file_range")
         while left > 0:
             if fast:
@@ -266,6 +269,30 @@ def _copy_file(src: str, dst_fd: int, progress: Optional[Callable[[int], None]] 
             left -= n
             if progress is not None:
                 progress(n)
+
+
+class _FsyncThread(threading.Thread):
+    """fsync a file in the background; join() re-raises its error."""
+
+    def __init__(self, path: str):
+        super().__init__(daemon=True)
+        self.path, self.error = path, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except BaseException as exc:  # noqa: BLE001  (handed to the joining thread)
+            self.error = exc
+
+    def join(self, timeout=None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
 
 
 class IndexedDatasetBuilder:
@@ -389,11 +416,9 @@ class IndexedDatasetBuilder:
         self._flush()
         self._bin.flush()
         _copy_file(other.path_prefix + ".bin", self._bin.fileno(), progress)
-        tokens = 0
-        for lo in range(0, len(other.sizes), _CHUNK):
-            sizes = other.sizes[lo:lo + _CHUNK]
-            self._sizes_f.write(sizes.astype("<i4", copy=False).tobytes())
-            tokens += int(sizes.sum(dtype=np.int64))
+        self._sizes_f.flush()  # the sizes are a byte range of the other .idx: copied as they are
+        _copy_file(other.path_prefix + ".idx", self._sizes_f.fileno(), start=HEADER_SIZE, length=4 * len(other.sizes))
+        tokens = int(other.sizes.sum(dtype=np.int64))
         ends = other.doc_idx[1:]
         for lo in range(0, len(ends), _CHUNK):
             self._docs_f.write((ends[lo:lo + _CHUNK].astype(np.int64) + self._n_seq).astype("<i8").tobytes())
@@ -413,16 +438,19 @@ class IndexedDatasetBuilder:
         self._flush()
         self._done = True
         for f in (self._bin, self._sizes_f, self._docs_f):
-            f.flush()
-            os.fsync(f.fileno())
-            f.close()
+            f.close()  # (the side files are temporary: no fsync)
         bin_tmp, sizes_tmp, docs_tmp = self._tmp
         directory = os.path.dirname(bin_tmp)
-        idx_f = self._temp(directory, os.path.basename(self.out_prefix) + ".idx.")
+        # the tokens reach the disk while the index is written (fsync releases the GIL)
+        sync = _FsyncThread(bin_tmp)
         try:
-            self._write_index(idx_f, sizes_tmp, docs_tmp)
+            idx_f = self._temp(directory, os.path.basename(self.out_prefix) + ".idx.")
+            try:
+                self._write_index(idx_f, sizes_tmp, docs_tmp)
+            finally:
+                idx_f.close()
         finally:
-            idx_f.close()
+            sync.join()
         idx_path, bin_path = self.out_prefix + ".idx", self.out_prefix + ".bin"
         if os.path.exists(idx_path):
             os.remove(idx_path)  # never let an old index describe the new data, even briefly
@@ -437,21 +465,22 @@ class IndexedDatasetBuilder:
 
     def _write_index(self, out, sizes_tmp: str, docs_tmp: str) -> None:
         out.write(_HEADER.pack(MAGIC, VERSION, _WRITABLE[self.dtype], self._n_seq, self._n_docs + 1))
-        with open(sizes_tmp, "rb") as f:  # sizes verbatim
-            while chunk := f.read(4 * _CHUNK):
-                out.write(chunk)
+        out.flush()
+        _copy_file(sizes_tmp, out.fileno())  # sizes verbatim
         carry = 0
+        itemsize = self.dtype.itemsize
         with open(sizes_tmp, "rb") as f:  # byte pointers = exclusive running sum of sizes
             while chunk := f.read(4 * _CHUNK):
-                nbytes = np.frombuffer(chunk, dtype="<i4").astype(np.int64) * self.dtype.itemsize
-                ends = np.cumsum(nbytes) + carry
-                out.write((ends - nbytes).astype("<i8").tobytes())
-                carry = int(ends[-1])
+                sizes = np.frombuffer(chunk, dtype="<i4")
+                pointers = np.cumsum(sizes, dtype=np.int64)
+                pointers -= sizes
+                pointers *= itemsize
+                pointers += carry
+                out.write(pointers.astype("<i8", copy=False))
+                carry = int(pointers[-1]) + int(sizes[-1]) * itemsize
         out.write(np.zeros(1, dtype="<i8").tobytes())
-        with open(docs_tmp, "rb") as f:
-            while chunk := f.read(8 * _CHUNK):
-                out.write(chunk)
         out.flush()
+        _copy_file(docs_tmp, out.fileno())
         os.fsync(out.fileno())
 
     def abort(self) -> None:

@@ -8,8 +8,9 @@ so memory does not depend on the corpus size. Documents keep the order of --inpu
 outputs of shards of an input gives, byte for byte, the `.bin` and `.idx` that one job on the
 concatenated input writes.
 
-Checked first, all problems reported at once: every input exists, is a valid MMIDIDX pair and has
-its `.json` sidecar, whose counts match the pair; all inputs have the same token dtype, the same
+Checked first, all problems reported at once: every input exists, is a valid MMIDIDX pair whose
+sizes add up to its `.bin` (the merge computes the pointers from the sizes) and has its `.json`
+sidecar, whose counts match the pair; all inputs have the same token dtype, the same
 vocabulary (sha1 of the vocab file) and the same tokenization options (do_lower_case,
 split_sentences, cn_whole_word_segment, jieba_hmm); no input is given twice; the output does not
 exist yet. The output appears only when complete (temporary files, then rename; `.json` last);
@@ -28,6 +29,8 @@ import os
 import sys
 import time
 from typing import List, Optional, Sequence
+
+import numpy as np
 
 from data_tools.cli_utils import UserError, run_cli, write_error
 
@@ -71,9 +74,14 @@ def open_inputs(prefixes: Sequence[str]) -> List[_Input]:
             continue
         try:
             ds = MMapIndexedDataset(prefix)
-            ds.verify()
         except IndexedDatasetError as exc:
             problems.append(f"--inputs {arg}: {exc}")
+            continue
+        # the merge writes pointers computed from the sizes: those must describe the .bin exactly
+        tokens = int(ds.sizes.sum(dtype=np.int64))
+        if tokens * ds.dtype.itemsize != os.path.getsize(prefix + ".bin"):
+            problems.append(f"--inputs {arg}: its sizes add up to {tokens * ds.dtype.itemsize} bytes of tokens, "
+                            f"{prefix}.bin has {os.path.getsize(prefix + '.bin')}: the pair is inconsistent")
             continue
         sidecar_path = prefix + ".json"
         try:
@@ -93,7 +101,7 @@ def open_inputs(prefixes: Sequence[str]) -> List[_Input]:
             problems.append(f"--inputs {arg}: {sidecar_path} lacks {', '.join(lacking)} (not written by "
                             "create_pretraining_data?)")
             continue
-        actual = {"dtype": ds.dtype.name, "documents": ds.num_docs, "sentences": len(ds), "tokens": ds.num_tokens}
+        actual = {"dtype": ds.dtype.name, "documents": ds.num_docs, "sentences": len(ds), "tokens": tokens}
         stale = [f"{k} {sidecar[k]} in the sidecar, {v} in the data" for k, v in actual.items() if sidecar[k] != v]
         if stale:
             problems.append(f"--inputs {arg}: {sidecar_path} does not describe {prefix}.bin/.idx ({'; '.join(stale)}): "

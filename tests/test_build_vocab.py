@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from data_tools import build_vocab, demo_corpus
 from data_tools.tokenization import SPECIAL_TOKENS, WordCounter, bert_pipeline, load_vocab
