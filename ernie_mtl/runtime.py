@@ -20,6 +20,9 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import Optional
+
+THREADS_NOTE: Optional[str] = None  # the entry point's thread decision (ernie_mtl/threads.py), logged at start
 
 
 @dataclass(frozen=True)
@@ -149,9 +152,14 @@ def start_process(cfg):
     from ernie_mtl.logging_utils import get_logger
     from ernie_mtl.parallel import Topology, init_fleet, required_flags
 
+    from ernie_mtl import watchdog
+
     info = ProcessInfo.from_env()
     log = get_logger(info.rank)
+    if THREADS_NOTE:
+        log.info(f"threads: {THREADS_NOTE}")
     init_distributed(info)
+    watchdog.start_peer_watch(info, cfg.train.output_dir)  # a lost rank stops the job, with its name
     topo = Topology.from_config(cfg.parallel, info.world_size)
     paddle.set_flags(required_flags(topo))
     init_fleet(topo)

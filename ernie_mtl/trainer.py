@@ -61,6 +61,9 @@ def run(cfg) -> int:
     finally:
         trainer.close()
     log.info(trainer.reporter.closing(cfg.train.output_dir))
+    from ernie_mtl import watchdog
+
+    watchdog.finish()  # this rank completed: its peers stop watching it
     return 0
 
 

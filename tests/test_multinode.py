@@ -40,10 +40,6 @@ def hooks(*names):
     return ["--plugins", str(HOOKS), "--callbacks", ",".join(names)] if HOOKS.is_file() else []
 
 
-NEEDS_WIRING = pytest.mark.xfail(reason="needs watchdog wiring in run_multitask_static.py (see docs/launch.md)",
-                                 strict=False)
-
-
 def flag_config(demo, path, **flags):
     """A pretraining YAML for the tiny ERNIE: dropout off and exactly one masked token per sample, so
     two half batches average to the combined batch (see test_trainer)."""
@@ -235,7 +231,6 @@ def test_a_lost_node_stops_the_survivor_and_the_same_command_resumes_bitwise(fla
     assert_bitwise_equal_runs(flag_runs["two"], out)  # equal to the uninterrupted two-node run
 
 
-@NEEDS_WIRING
 @pytest.mark.slow
 @pytest.mark.parametrize("lost", [1, 0])
 def test_the_survivor_log_names_the_lost_rank_and_how_to_resume(flag_runs, tmp_path, lost):
@@ -260,7 +255,6 @@ def test_the_survivor_log_names_the_lost_rank_and_how_to_resume(flag_runs, tmp_p
     assert f"Run the same command again on every node to resume from {out / 'model_last'}." in text
 
 
-@NEEDS_WIRING
 @pytest.mark.slow
 def test_a_frozen_node_stops_the_survivor_within_the_peer_timeout(demo, tmp_path):  # noqa: F811
     """SIGSTOP keeps the frozen node's sockets open, as a power loss or a partition does: gloo alone
@@ -293,7 +287,6 @@ def test_a_frozen_node_stops_the_survivor_within_the_peer_timeout(demo, tmp_path
     assert "ernie_mtl watchdog: rank" in text and f"resume from {out / 'model_last'}" in text
 
 
-@NEEDS_WIRING
 @pytest.mark.slow
 def test_orphaned_ranks_exit_after_their_launcher_is_killed(demo, tmp_path):  # noqa: F811
     """The 2-process CPU launch: SIGKILL of `paddle.distributed.launch` leaves its ranks running in
