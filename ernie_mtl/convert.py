@@ -48,7 +48,10 @@ _ACCUMULATOR = re.compile(r"^(moment\d+|beta\d+_pow_acc|velocity|mean_square|mea
 _PAIR_KEYS = ("cls.seq_relationship.weight", "cls.seq_relationship.bias")
 
 
-class ConvertError(ValueError):
+from data_tools.cli_utils import UserError  # noqa: E402
+
+
+class ConvertError(UserError):
     """The source cannot be converted; the message names the file/field and the fix."""
 
 

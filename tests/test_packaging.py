@@ -1,0 +1,91 @@
+"""The wheel a cluster deployment installs: built with `pip wheel`, installed without `-e` into a
+clean virtualenv (which reuses the pinned dependencies of the project's environment), and run from
+outside the repository: --help, a 2-step flag-mode pretraining and a 2-step multi-task run."""
+import zlib  # noqa: F401  (before paddle)
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sh(argv, *, cwd, env=None, timeout=600):
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={k: v for k, v in {**os.environ, **(env or {})}.items() if k != "PYTHONPATH"})
+    assert proc.returncode == 0, (argv, proc.stdout[-3000:], proc.stderr[-3000:])
+    return proc
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(clean venv python, folder outside the repository)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    sh([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp / "dist", ROOT],
+       cwd=tmp)
+    (wheel,) = (tmp / "dist").glob("ernie_mtl-*.whl")
+    venv = tmp / "venv"
+    sh([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp)
+    py = venv / "bin" / "python"
+    purelib = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                           text=True).strip())
+    # the pinned dependencies, reused from this environment (a path line: its own .pth files -- this
+    # checkout's editable install among them -- are not processed, so ernie_mtl must come from the wheel)
+    (purelib / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    sh([sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "-q", wheel], cwd=tmp)
+    outside = tmp / "work"
+    outside.mkdir()
+    return py, outside
+
+
+def test_the_wheel_ships_every_package_and_no_top_level_modules(installed):
+    py, outside = installed
+    where = json.loads(sh([py, "-c", "import zlib, json, ernie_mtl, data_tools, ernie_mtl.tasks, ernie_mtl.config; "
+                           "import data_tools.index as i; "
+                           "print(json.dumps([ernie_mtl.__file__, data_tools.__file__, i.HELPER_VERSION]))"],
+                          cwd=outside).stdout)
+    assert all("/venv/" in w and str(ROOT) not in w for w in where[:2]), where
+    purelib = Path(where[0]).parents[1]
+    for generic in ("args.py", "run_multitask_static.py", "static_to_dynamic.py"):
+        assert not (purelib / generic).exists(), generic
+    registered = json.loads(sh([py, "-c", "import zlib, json; from ernie_mtl.tasks.base import registered_task_types; "
+                                "print(json.dumps(sorted(registered_task_types())))"], cwd=outside).stdout)
+    assert registered == ["cls", "match", "mlm", "mrc", "pretrain", "seq_label"]
+    help_text = sh([py.parent / "ernie-mtl", "--help"], cwd=outside).stdout
+    assert "--input_dir" in help_text and "--prebuild_index" in help_text
+    assert "--input" in sh([py.parent / "ernie-mtl-convert", "--help"], cwd=outside).stdout
+
+
+@pytest.mark.slow
+def test_flag_mode_and_multitask_runs_from_the_installed_wheel(installed):
+    py, work = installed
+    rng = np.random.default_rng(0)
+    chars = [chr(0x4E00 + i) for i in range(60)]
+    (work / "vocab.txt").write_text("\n".join(["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"] + chars) + "\n",
+                                    encoding="utf-8")
+    docs = ["\n".join("".join(rng.choice(chars, 12)) + "。" for _ in range(5)) for _ in range(60)]
+    (work / "docs.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    sh([py, "-m", "data_tools.create_pretraining_data", "--input", "docs.txt", "--vocab_file", "vocab.txt",
+        "--output_prefix", "corpus", "--workers", "1"], cwd=work)
+    common = ["--device", "cpu", "--model_name_or_path", "ernie-tiny-test", "--vocab_size", "65",
+              "--tokenizer_name_or_path", "vocab.txt", "--num_workers", "0", "--max_steps", "2", "--eval_freq", "2",
+              "--eval_iters", "1"]
+    sh([py.parent / "ernie-mtl", *common, "--input_dir", "corpus", "--split", "80,10,10", "--max_seq_len", "32",
+        "--micro_batch_size", "2", "--output_dir", "flag"], cwd=work)
+    assert json.loads((work / "flag" / "model_last" / "train_state.json").read_text())["step"] == 2
+    rows = ["label\ttext_a"] + [f"{i % 2}\t{''.join(rng.choice(chars, 8))}" for i in range(16)]
+    (work / "cls.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (work / "tasks").mkdir()
+    (work / "tasks" / "topic.yaml").write_text("reader: cls\ntrain_file: ../cls.tsv\nn_classes: 2\n")
+    (work / "tasks" / "lm.yaml").write_text("reader: pretrain\ntrain_file: ../corpus\nsplit: '80,10,10'\n")
+    (work / "global.yaml").write_text("task_instance: topic, lm\ntarget_tag: 1, 0\nmix_ratio: 1.0, 1.0\n"
+                                      "task_dir: tasks\nbatch_size: 2\nmax_seq_len: 32\n")
+    sh([py.parent / "ernie-mtl", "--config", "global.yaml", *common, "--output_dir", "mtl"], cwd=work)
+    state = json.loads((work / "mtl" / "model_last" / "train_state.json").read_text())
+    assert state["step"] == 2 and sum(state["sampler"]["counts"]) == 2
