@@ -1,22 +1,33 @@
-"""Checkpoint layout, policy and train state for static-graph runs.
+"""Checkpoint layout, integrity, retention policy and train state for static-graph runs.
 
 Layout under `output_dir`::
 
     model_last/            rolling checkpoint, every `checkpoint_steps`
     model_<step>/          kept checkpoint, every `save_steps` (the newest `keep_last` are kept)
-        state/rank_<r>.pdparams, .pdopt   program state (parameters, optimizer moments, AMP and
-                                          gradient-merge state). Rank 0 only, unless the program
-                                          differs per rank (sharding): then every rank writes its own.
-        train_state.json                  written LAST: step, consumed samples, LR scheduler, RNG,
-                                          sampler state, resolved config, topology, name map.
+    best_<task>/           the best checkpoint of each target (multi-task)
+        state/rank_<r>.pdparams, .pdopt   program state (parameters; optimizer moments, AMP, gradient-merge
+                                          and EMA state). Rank 0 only, unless the program differs per rank
+                                          (sharding): then every rank writes its own.
+        state/rank_<r>.sha1              each rank's own checksums of its two files (it hashes them itself)
+        train_state.json                  written LAST: step, consumed samples, LR scheduler, sampler state,
+                                          resolved config, topology, name map, and `files`: every file of
+                                          the checkpoint with its size and SHA-1.
 
-A checkpoint is complete when its `train_state.json` exists. Everything is first written into a
-hidden temporary folder and renamed into place, so a crash at any instant leaves the previous
-checkpoint loadable; resume picks the complete checkpoint with the highest step among
-`model_last`, `model_<step>` and a rolling backup left by an interrupted swap.
+A checkpoint is complete when its `train_state.json` exists and parses. Everything is first written
+into a hidden temporary folder and renamed into place, so a crash at any instant leaves the previous
+checkpoint loadable; a failed save (disk full, permissions) removes its temporary folder and leaves
+every existing checkpoint as it was.
+
+Integrity. Before anything is loaded or written, resume validates the chosen checkpoint entirely:
+`train_state.json` parses and has the right types, every file it lists exists with its size and
+SHA-1, every rank's state is there. `--resume auto` never skips a damaged newest checkpoint
+silently (it would train from scratch over it): it refuses, names the damaged file and lists the
+intact checkpoints to pass with `--resume PATH`. `--resume none` in a folder that holds checkpoints
+refuses too, unless `--overwrite_output_dir` says to replace them.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -24,16 +35,20 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from data_tools.cli_utils import UserError
 
 TRAIN_STATE = "train_state.json"
 STATE_DIR = "state"
+SUMS = ".sha1"
 _KEPT = re.compile(r"^model_(\d+)$")
 _BACKUP = ".model_last.old"
+_FORMAT = 2  # 1: no file checksums (read, without the integrity check)
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written, found or resumed from."""
+class CheckpointError(UserError):
+    """A checkpoint cannot be written, found or resumed from (the message says which and why)."""
 
 
 @dataclass
@@ -51,7 +66,7 @@ class TrainState:
     extra: Dict = field(default_factory=dict)
 
     def to_json(self) -> Dict:
-        return {"format": 1, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **self.__dict__}
+        return {"format": _FORMAT, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **self.__dict__}
 
     @classmethod
     def from_json(cls, data: Mapping) -> "TrainState":
@@ -67,38 +82,135 @@ class CheckpointRef:
 
 def _write_json_atomic(path: Path, data: Mapping) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def sha1_of(path: Path) -> str:
+    digest = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# -- reading and validating ---------------------------------------------------------------------------
+_TYPES: Dict[str, Tuple[type, ...]] = {"step": (int,), "consumed_samples": (int,), "lr_scheduler": (dict,),
+                                       "sampler": (dict,), "config": (dict,), "topology": (dict,),
+                                       "name_map": (dict,), "extra": (dict,)}
+
+
+def read_train_state_file(path: os.PathLike) -> Dict[str, Any]:
+    """The parsed `train_state.json` of checkpoint folder `path`; CheckpointError naming the file and
+    the defect (missing, not JSON, a field of the wrong type) otherwise."""
+    file = Path(path) / TRAIN_STATE
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{file} is missing: {path} is not a complete checkpoint") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{file} is damaged (not valid JSON: {e})") from None
+    except OSError as e:
+        raise CheckpointError(f"{file}: cannot read it ({e.strerror})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{file} is damaged (a JSON {type(raw).__name__}, not an object)")
+    bad = [f"{k} is {type(raw[k]).__name__} {raw[k]!r:.40}, expected {'/'.join(t.__name__ for t in types)}"
+           for k, types in _TYPES.items() if k in raw and (not isinstance(raw[k], types) or isinstance(raw[k], bool))]
+    missing = [k for k in ("step", "name_map") if k not in raw]
+    if bad or missing:
+        raise CheckpointError(f"{file} is damaged: " + "; ".join(bad + [f"no {k!r}" for k in missing]))
+    return raw
 
 
 def read_train_state(path: Path) -> Optional[TrainState]:
-    """The train state of a checkpoint folder, or None when it is incomplete/unreadable."""
+    """The train state of a checkpoint folder, or None when it is incomplete or unreadable."""
     try:
-        with open(Path(path) / TRAIN_STATE, encoding="utf-8") as f:
-            return TrainState.from_json(json.load(f))
-    except (OSError, ValueError, TypeError):
+        return TrainState.from_json(read_train_state_file(path))
+    except CheckpointError:
         return None
+
+
+def verify_files(path: os.PathLike, raw: Optional[Mapping] = None, *, ranks: Optional[List[int]] = None) -> None:
+    """Check every file a checkpoint lists (size and SHA-1), and that the program state of `ranks`
+    (default: every rank that wrote one) is there. CheckpointError naming the first defect."""
+    path = Path(path)
+    raw = raw if raw is not None else read_train_state_file(path)
+    files = raw.get("files")
+    if raw.get("format", 1) >= 2 and not isinstance(files, dict):
+        raise CheckpointError(f"{path / TRAIN_STATE} is damaged: no file list")
+    world = int(raw.get("world_size", 1))
+    wanted = ranks if ranks is not None else (list(range(world)) if raw.get("per_rank_state") else [0])
+    for r in wanted:
+        for ext in (".pdparams", ".pdopt"):
+            rel = f"{STATE_DIR}/rank_{r}{ext}"
+            if not (path / rel).is_file():
+                raise CheckpointError(f"{path / rel} is missing from checkpoint {path} (rank {r}'s program state)")
+    for rel, entry in (files or {}).items():
+        file = path / rel
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing from checkpoint {path}")
+        size = file.stat().st_size
+        if size != entry.get("size"):
+            raise CheckpointError(f"{file} is damaged: {size} bytes, the checkpoint recorded {entry.get('size')} "
+                                  "(truncated or replaced)")
+        if sha1_of(file) != entry.get("sha1"):
+            raise CheckpointError(f"{file} is damaged: its SHA-1 differs from the one recorded when it was saved")
+
+
+def _candidates(root: Path) -> List[Path]:
+    names = [root / "model_last", root / _BACKUP] + [p for p in root.iterdir() if _KEPT.match(p.name)]
+    return [p for p in names if p.is_dir()]
+
+
+def _looks_like_checkpoint(path: Path) -> bool:
+    return (path / TRAIN_STATE).exists() or (path / STATE_DIR).is_dir()
+
+
+def scan(output_dir: os.PathLike) -> Tuple[List[CheckpointRef], List[Tuple[Path, str]]]:
+    """(intact checkpoints by step, damaged ones with the reason) among model_last, model_<step> and
+    an interrupted swap's backup; intact = train_state.json valid and every listed file checks out."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return [], []
+    intact, damaged = [], []
+    for path in _candidates(root):
+        if not _looks_like_checkpoint(path):
+            continue
+        try:
+            raw = read_train_state_file(path)
+            verify_files(path, raw)
+        except CheckpointError as e:
+            damaged.append((path, str(e)))
+            continue
+        intact.append(CheckpointRef(path, int(raw["step"])))
+    return sorted(intact, key=lambda r: r.step), damaged
 
 
 def find_latest(output_dir: os.PathLike) -> Optional[CheckpointRef]:
-    """The complete checkpoint with the highest step in `output_dir`, or None."""
+    """The intact checkpoint with the highest step in `output_dir`, or None."""
+    intact, _ = scan(output_dir)
+    return intact[-1] if intact else None
+
+
+def existing_outputs(output_dir: os.PathLike) -> List[Path]:
+    """Checkpoint folders (any state) of an output directory: what a fresh run would overwrite."""
     root = Path(output_dir)
     if not root.is_dir():
-        return None
-    candidates = [root / "model_last", root / _BACKUP] + [p for p in root.iterdir() if _KEPT.match(p.name)]
-    best = None
-    for path in candidates:
-        state = read_train_state(path) if path.is_dir() else None
-        if state is not None and (best is None or state.step > best.step):
-            best = CheckpointRef(path, state.step)
-    return best
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and (p.name == "model_last" or _KEPT.match(p.name)
+                                                               or p.name.startswith("best_"))
+                  and _looks_like_checkpoint(p))
 
 
 class Checkpointer:
-    """Writes and finds checkpoints; owns the layout and the retention policy.
+    """Writes and finds checkpoints; owns the layout, the integrity checks and the retention policy.
 
     `save_program_state(prefix)` / `load_program_state(prefix)` are the only calls that touch the
     framework (paddle.static.save/load of this rank's program); `barrier` synchronises ranks.
@@ -106,7 +218,7 @@ class Checkpointer:
 
     def __init__(self, output_dir: os.PathLike, *, rank: int, world_size: int, per_rank_state: bool,
                  save_program_state: Callable[[str], None], load_program_state: Callable[[str], None],
-                 barrier: Optional[Callable[[], None]] = None, keep_last: int = 3,
+                 barrier: Optional[Callable[..., None]] = None, keep_last: int = 3,
                  log: Callable[[str], None] = print):
         if keep_last < 1:
             raise ValueError(f"--keep_last {keep_last} must be >= 1 (permanent checkpoints to keep)")
@@ -116,33 +228,77 @@ class Checkpointer:
         self.per_rank_state = per_rank_state
         self._save_state = save_program_state
         self._load_state = load_program_state
-        self._barrier = barrier or (lambda: None)
+        self._barrier = barrier or (lambda *a, **k: None)
         self.keep_last = keep_last
         self.log = log
 
     # -- writing -------------------------------------------------------------------------
     def save(self, name: str, state: TrainState) -> Path:
-        """Write checkpoint `name` ("model_last" or "model_<step>") atomically on all ranks."""
+        """Write checkpoint `name` ("model_last", "model_<step>", "best_<task>") atomically on all ranks.
+        A failure on any rank (disk full, permissions) removes the temporary folder, leaves every
+        existing checkpoint untouched and raises CheckpointError on every rank."""
         final = self.root / name
         tmp = self.root / f".{name}.tmp"
+        error = None
         if self.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)  # leftover of a crashed save
-            (tmp / STATE_DIR).mkdir(parents=True)
-        self._barrier()
-        if self.rank == 0 or self.per_rank_state:
-            self._save_state(str(tmp / STATE_DIR / f"rank_{self.rank}"))
-        self._barrier()
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                shutil.rmtree(tmp, ignore_errors=True)  # leftover of a crashed save
+                (tmp / STATE_DIR).mkdir(parents=True)
+            except OSError as e:
+                error = e
+        error = self._agree("checkpoint folder", error)
+        if error is None and (self.rank == 0 or self.per_rank_state):
+            try:
+                prefix = tmp / STATE_DIR / f"rank_{self.rank}"
+                self._save_state(str(prefix))
+                sums = {f"{STATE_DIR}/rank_{self.rank}{ext}": {"size": Path(f"{prefix}{ext}").stat().st_size,
+                                                               "sha1": sha1_of(Path(f"{prefix}{ext}"))}
+                        for ext in (".pdparams", ".pdopt")}
+                _write_json_atomic(Path(f"{prefix}{SUMS}"), sums)
+            except Exception as e:  # noqa: BLE001  (paddle raises OSError or its own errors for a full disk)
+                error = e
+        error = self._agree("program state", error)
+        if error is None and self.rank == 0:
+            try:
+                files = {}
+                for sums in sorted((tmp / STATE_DIR).glob(f"rank_*{SUMS}")):
+                    files.update(json.loads(sums.read_text(encoding="utf-8")))
+                _write_json_atomic(tmp / TRAIN_STATE, {**state.to_json(), "per_rank_state": self.per_rank_state,
+                                                       "world_size": self.world_size, "files": files})
+                _fsync_dir(tmp)
+                self._swap_into_place(tmp, final)
+                if _KEPT.match(name):
+                    self._prune()
+            except Exception as e:  # noqa: BLE001
+                error = e
+        error = self._agree("train state", error)
+        if error is not None:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"cannot write checkpoint {final}: {error}; the previous checkpoints are "
+                                  "unchanged (free disk space or fix the permissions of --output_dir, then run the "
+                                  "same command again to resume)")
         if self.rank == 0:
-            _write_json_atomic(tmp / TRAIN_STATE, {**state.to_json(), "per_rank_state": self.per_rank_state,
-                                                   "world_size": self.world_size})
-            _fsync_dir(tmp)
-            self._swap_into_place(tmp, final)
-            if _KEPT.match(name):
-                self._prune()
             self.log(f"saved checkpoint {final} (step {state.step})")
-        self._barrier()
         return final
+
+    def _agree(self, what: str, error: Optional[BaseException]) -> Optional[str]:
+        """Meet the other ranks; every rank returns the first failure of any rank (as text), or None."""
+        from data_tools.cli_utils import describe_os_error
+
+        mine = None if error is None else (describe_os_error(error) if isinstance(error, OSError)
+                                           else f"{type(error).__name__}: {str(error).strip()[:300]}")
+        self._barrier(what)
+        if self.world_size == 1:
+            return mine
+        # every rank publishes its outcome; rank 0 collects them (through the job's store)
+        reports = self._share_all(what, mine)
+        return next((f"rank {r}: {m}" for r, m in enumerate(reports) if m), None)
+
+    def _share_all(self, what: str, mine: Optional[str]) -> List[Optional[str]]:
+        gather = getattr(self._barrier, "gather", None)
+        return gather(what, mine) if gather is not None else [mine]
 
     def _swap_into_place(self, tmp: Path, final: Path) -> None:
         backup = self.root / _BACKUP if final.name == "model_last" else final.with_name(f".{final.name}.old")
@@ -159,18 +315,37 @@ class Checkpointer:
             self.log(f"removed old checkpoint {ref.path} (keep_last={self.keep_last})")
 
     # -- reading -------------------------------------------------------------------------
-    def resolve(self, resume: str) -> Optional[CheckpointRef]:
-        """`auto` -> newest complete checkpoint in output_dir (None if there is none);
-        `none` -> None; a path -> that checkpoint (error if incomplete)."""
+    def resolve(self, resume: str, *, overwrite: bool = False) -> Optional[CheckpointRef]:
+        """`auto` -> the newest intact checkpoint in output_dir (None if the folder holds none);
+        `none` -> None, refused when checkpoints exist unless `overwrite`; a path -> that checkpoint,
+        validated. Never skips a damaged newest checkpoint: CheckpointError says which file is
+        damaged and which intact checkpoints can be resumed instead."""
         if resume == "none":
+            existing = existing_outputs(self.root)
+            if existing and not overwrite:
+                raise CheckpointError(
+                    f"--resume none but {self.root} holds checkpoints ({', '.join(p.name for p in existing)}), which "
+                    "a new run would overwrite: resume them (--resume auto), write elsewhere (--output_dir), or "
+                    "pass --overwrite_output_dir to replace them")
             return None
         if resume == "auto":
-            return find_latest(self.root)
-        state = read_train_state(Path(resume))
-        if state is None:
-            raise CheckpointError(f"--resume {resume}: no complete checkpoint there ({TRAIN_STATE} missing "
-                                  "or unreadable); point it at a model_last or model_<step> folder")
-        return CheckpointRef(Path(resume), state.step)
+            intact, damaged = scan(self.root)
+            newest = intact[-1].step if intact else -1
+            blocking = [(p, why) for p, why in damaged
+                        if not (_KEPT.match(p.name) and int(_KEPT.match(p.name).group(1)) < newest)]
+            if blocking:
+                options = (f"intact checkpoints: {', '.join(f'{r.path} (step {r.step})' for r in reversed(intact))}; "
+                           "resume one with --resume PATH" if intact else "no intact checkpoint remains")
+                raise CheckpointError(
+                    f"cannot resume from {self.root}: {blocking[0][1]}. Nothing was written: the damaged checkpoint "
+                    f"is kept as it is. {options}, or start a new run with --resume none and another --output_dir")
+            for path, why in damaged:
+                self.log(f"warning: ignoring damaged older checkpoint {path}: {why}")
+            return intact[-1] if intact else None
+        path = Path(resume)
+        raw = read_train_state_file(path)
+        verify_files(path, raw)
+        return CheckpointRef(path, int(raw["step"]))
 
     def load(self, ref: CheckpointRef, *, topology: Mapping, check: Mapping) -> TrainState:
         """Restore this rank's program state from `ref` and return its train state.
@@ -178,8 +353,7 @@ class Checkpointer:
         Refuses when `topology` or any `check` value (e.g. global batch size) differs from what
         the checkpoint was written with, since the run could not continue exactly.
         """
-        with open(ref.path / TRAIN_STATE, encoding="utf-8") as f:
-            raw = json.load(f)
+        raw = read_train_state_file(ref.path)
         state = TrainState.from_json(raw)
         diffs = [f"{k}: checkpoint {state.topology.get(k)!r} vs now {v!r}"
                  for k, v in topology.items() if state.topology.get(k) != v]
@@ -191,10 +365,14 @@ class Checkpointer:
                 f"cannot resume exactly from {ref.path}: " + "; ".join(diffs) +
                 ". Restore those settings, or start a fresh run with another --output_dir or --resume none.")
         source_rank = self.rank if raw.get("per_rank_state") else 0
+        verify_files(ref.path, raw, ranks=[source_rank])
         prefix = ref.path / STATE_DIR / f"rank_{source_rank}"
-        if not Path(f"{prefix}.pdparams").exists():
-            raise CheckpointError(f"checkpoint {ref.path} lacks {prefix}.pdparams for rank {self.rank}")
-        self._load_state(str(prefix))
+        try:
+            self._load_state(str(prefix))
+        except Exception as e:  # noqa: BLE001  (a file that passed the checks but paddle cannot read)
+            raise CheckpointError(f"cannot load {prefix}.pdparams/.pdopt of checkpoint {ref.path}: "
+                                  f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else ''}; "
+                                  "the checkpoint does not fit this program (written by another configuration?)") from None
         return state
 
 

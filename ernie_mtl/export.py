@@ -162,12 +162,14 @@ def read_manifest(model_dir: os.PathLike) -> Dict[str, Any]:
                            "(<output_dir>/<task>/infer_model)"]) from None
 
 
-def load_task_from_manifest(manifest: Mapping[str, Any], model_dir: os.PathLike, *, pred_file: str,
-                            seed: int = 0) -> TaskType:
-    """The task type instance of an exported model, reading `pred_file` for prediction."""
+def load_task_from_manifest(manifest: Mapping[str, Any], model_dir: os.PathLike, *, pred_file: Optional[str] = None,
+                            dev_file: Optional[str] = None, seed: int = 0) -> TaskType:
+    """The task type instance of an exported model, reading `pred_file` (prediction) or `dev_file`
+    (evaluation on a labelled file)."""
     _import_plugins(manifest.get("plugins", ()))
     spec_data = dict(manifest["spec"])
-    spec_data.update(train_file=None, dev_file=None, test_file=None, pred_file=os.path.abspath(pred_file))
+    spec_data.update(train_file=None, dev_file=os.path.abspath(dev_file) if dev_file else None, test_file=None,
+                     pred_file=os.path.abspath(pred_file) if pred_file else None)
     spec = TaskSpec(**spec_data)
     ctx = TaskContext(vocab_file=str(Path(model_dir) / manifest.get("vocab", "vocab.txt")), seed=seed,
                       model_type=manifest.get("model_type", "ernie"))
@@ -183,27 +185,28 @@ def _import_plugins(paths: Sequence[str]) -> None:
         raise ConfigError([p + "; the exported model needs its plugin's task type" for p in problems])
 
 
-def predict(model_dir: os.PathLike, pred_file: str, output: os.PathLike, *, batch_size: Optional[int] = None,
-            use_gpu: bool = False, log=print) -> Path:
-    """Run an exported task model on `pred_file` with Paddle Inference; write the task's predictions
-    (JSON) to `output` atomically. Returns the output path."""
+def infer(model_dir: Path, manifest: Mapping[str, Any], task: TaskType, data, *, batch_size: Optional[int] = None,
+          use_gpu: bool = False, desc: str = "predict") -> Dict[str, List[np.ndarray]]:
+    """The prediction outputs (per batch, in order) of an exported model over `data`, with Paddle
+    Inference (the deployment runtime, not the training executor)."""
     import paddle.inference as pi
 
-    model_dir = Path(model_dir)
-    manifest = read_manifest(model_dir)
-    if not os.path.isfile(pred_file):
-        raise ConfigError([f"--pred_file {pred_file}: not found"])
-    task = load_task_from_manifest(manifest, model_dir, pred_file=pred_file)
-    data = task.load("pred")
-    if len(data) == 0:
-        raise ConfigError([f"--pred_file {pred_file}: no examples to predict (only a header?)"])
-    config = pi.Config(str(model_dir / f"{MODEL_PREFIX}.pdmodel"), str(model_dir / f"{MODEL_PREFIX}.pdiparams"))
+    files = [model_dir / f"{MODEL_PREFIX}.pdmodel", model_dir / f"{MODEL_PREFIX}.pdiparams"]
+    for f in files:
+        if not f.is_file():
+            raise ConfigError([f"{f}: missing; the exported model {model_dir} is incomplete: export it again"])
+    config = pi.Config(*(str(f) for f in files))
     if use_gpu:
         config.enable_use_gpu(256, 0)
     else:
         config.disable_gpu()
     config.disable_glog_info()
-    predictor = pi.create_predictor(config)
+    try:
+        predictor = pi.create_predictor(config)
+    except Exception as e:  # noqa: BLE001  (Paddle raises generic errors for damaged files)
+        raise ConfigError([f"{model_dir}: cannot load the exported model ({type(e).__name__}: "
+                           f"{str(e).strip().splitlines()[-1][:200]}); {files[1].name} or {files[0].name} is "
+                           "damaged or truncated: export the model again"]) from None
     fetch_names = [f["name"] for f in manifest["fetches"]]
     input_handles = {f["name"]: predictor.get_input_handle(f["var"]) for f in manifest["feeds"]}
     output_handles = [predictor.get_output_handle(v) for v in predictor.get_output_names()]
@@ -211,7 +214,7 @@ def predict(model_dir: os.PathLike, pred_file: str, output: os.PathLike, *, batc
     outputs: Dict[str, List[np.ndarray]] = {n: [] for n in fetch_names}
     from tqdm import tqdm
 
-    for start in tqdm(range(0, len(data), batch_size), desc=f"predict {task.spec.name}", unit="batch",
+    for start in tqdm(range(0, len(data), batch_size), desc=f"{desc} {task.spec.name}", unit="batch",
                       dynamic_ncols=True, mininterval=1.0):
         batch = task.collate([data.get(i) for i in range(start, min(start + batch_size, len(data)))])
         if manifest.get("use_task_id"):
@@ -221,12 +224,37 @@ def predict(model_dir: os.PathLike, pred_file: str, output: os.PathLike, *, batc
         predictor.run()
         for n, handle in zip(fetch_names, output_handles):
             outputs[n].append(handle.copy_to_cpu())
-    records = task.predictions(data, outputs)
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(records, f, ensure_ascii=False, indent=1)
-    os.replace(tmp, output)
+    return outputs
+
+
+def write_json(path: os.PathLike, data: Any) -> Path:
+    """`data` as JSON at `path`, atomically (a temporary name, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, ensure_ascii=False, indent=1)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def predict(model_dir: os.PathLike, pred_file: str, output: os.PathLike, *, batch_size: Optional[int] = None,
+            use_gpu: bool = False, log=print) -> Path:
+    """Run an exported task model on `pred_file` with Paddle Inference; write the task's predictions
+    (JSON) to `output` atomically. Returns the output path."""
+    model_dir = Path(model_dir)
+    manifest = read_manifest(model_dir)
+    if not os.path.isfile(pred_file):
+        raise ConfigError([f"--pred_file {pred_file}: not found"])
+    task = load_task_from_manifest(manifest, model_dir, pred_file=pred_file)
+    data = task.load("pred")
+    if len(data) == 0:
+        raise ConfigError([f"--pred_file {pred_file}: no examples to predict (only a header?)"])
+    outputs = infer(model_dir, manifest, task, data, batch_size=batch_size, use_gpu=use_gpu)
+    output = write_json(output, task.predictions(data, outputs))
     log(f"wrote {len(data)} predictions of task {task.spec.name} to {output}")
     return output

@@ -122,6 +122,13 @@ class MetricWriter:
             os.makedirs(output_dir, exist_ok=True)
             self._jsonl = open(Path(output_dir) / METRICS_FILE, "a", encoding="utf-8")
 
+    def restart_file(self) -> None:
+        """Start train_metrics.jsonl anew (a run replacing a previous one in the same folder)."""
+        if self._jsonl is not None:
+            path = self._jsonl.name
+            self._jsonl.close()
+            self._jsonl = open(path, "w", encoding="utf-8")
+
     def scalars(self, step: int, values: Mapping[str, Optional[float]]) -> None:
         """Write `{tag: value}` at `step` (None values are skipped)."""
         if not self.enabled:

@@ -39,6 +39,12 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     try:
         if cfg.train.do_predict:
             return _predict(cfg)
+        if cfg.train.do_eval:
+            from ernie_mtl.evaluate import run_eval
+            from ernie_mtl.runtime import resolve_device
+
+            run_eval(cfg.train, use_gpu=resolve_device(cfg.train.device) == "gpu")
+            return 0
         if cfg.train.dry_run:
             from ernie_mtl.planner import dry_run
 

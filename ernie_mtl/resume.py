@@ -47,8 +47,10 @@ def train_state(trainer) -> TrainState:
 def resume(trainer) -> bool:
     """Continue from the checkpoint `--resume` designates, if any; returns whether it resumed."""
     t = trainer
-    ref = t.checkpointer.resolve(t.cfg.train.resume)
+    ref = t.checkpointer.resolve(t.cfg.train.resume, overwrite=t.cfg.train.overwrite_output_dir)
     if ref is None:
+        if t.cfg.train.resume == "none" and t.cfg.train.overwrite_output_dir:
+            _clear_previous_run(t)
         t.print(t.reporter.new_run(t.cfg.train.output_dir))
         return False
     state = t.checkpointer.load(ref, topology=t.topo.to_dict(), check=resume_checks(t))
@@ -62,3 +64,28 @@ def resume(trainer) -> bool:
             cb.load_state_dict(saved[type(cb).__name__])
     t.print(t.reporter.resumed(t, ref.path))
     return True
+
+
+def _clear_previous_run(trainer) -> None:
+    """--resume none --overwrite_output_dir: the previous run's checkpoints, exports and records go
+    (rank 0 removes them; every rank waits), so nothing of it is later taken for this run's."""
+    import shutil
+    from pathlib import Path
+
+    from ernie_mtl.checkpoint import existing_outputs
+
+    t = trainer
+    root = Path(t.cfg.train.output_dir)
+    if t.is_rank0:
+        old = existing_outputs(root) + [p for p in (root / "train_metrics.jsonl", root / "test_results.json")
+                                        if p.exists()]
+        old += [p.parent for p in root.glob("*/infer_model")]
+        for path in old:
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.name != "train_metrics.jsonl":
+                path.unlink()
+        t.writer.restart_file()
+        if old:
+            t.print(f"--overwrite_output_dir: removed the previous run's {', '.join(sorted(p.name for p in old))}")
+    t.barrier("overwrite")

@@ -423,6 +423,9 @@ class Trainer:
         if source == "best":
             self.barrier("export")  # every rank's files of the best checkpoint are complete
             if self.is_rank0:
+                from ernie_mtl.checkpoint import verify_files
+
+                verify_files(best)
                 export.write_from_state(writer, export.merged_state(best / "state"), self.p.name_map,
                                         use_ema=self.ema is not None, place=self.exe.place)
         else:

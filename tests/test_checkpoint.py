@@ -80,9 +80,11 @@ def test_keep_last_and_newest_complete_wins(tmp_path, program):
     cp.save("model_last", TrainState(step=5, consumed_samples=5))
     assert [r.step for r in kept_checkpoints(tmp_path)] == [3, 4]
     assert find_latest(tmp_path).step == 5
-    assert cp.resolve("none") is None
+    assert cp.resolve("none", overwrite=True) is None
+    with pytest.raises(CheckpointError, match="--resume none but .* holds checkpoints .*--overwrite_output_dir"):
+        cp.resolve("none")  # never a silent overwrite of existing checkpoints
     assert cp.resolve(str(tmp_path / "model_3")).step == 3
-    with pytest.raises(CheckpointError, match="--resume .*model_1: no complete checkpoint there"):
+    with pytest.raises(CheckpointError, match="model_1/train_state.json is missing: .* is not a complete checkpoint"):
         cp.resolve(str(tmp_path / "model_1"))
 
 
@@ -145,3 +147,68 @@ def test_sigkill_during_the_write_leaves_a_loadable_checkpoint(tmp_path):
     latest = find_latest(tmp_path)
     assert latest is not None and latest.step == 1 and latest.path.name == "model_last"
     assert (tmp_path / ".model_last.tmp").exists()  # the interrupted write, never mistaken for a checkpoint
+
+
+# ------------------------------------------------------------------------------ integrity (hostile input)
+def _tree(root):
+    """Every file under `root` with its bytes (to prove nothing was changed)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "deleted", "step_string", "pdparams_truncated",
+                                    "pdopt_deleted", "pdparams_flipped"])
+def test_a_damaged_newest_checkpoint_is_refused_and_left_untouched(tmp_path, program, damage):
+    main, exe, scope, _ = program
+    cp = _checkpointer(tmp_path, main, exe, scope)
+    cp.save("model_2", TrainState(step=2, consumed_samples=2))
+    cp.save("model_last", TrainState(step=3, consumed_samples=3))
+    last = tmp_path / "model_last"
+    state_file = last / "train_state.json"
+    if damage == "garbage":
+        state_file.write_text("garbage{{{")
+    elif damage == "truncated":
+        state_file.write_bytes(state_file.read_bytes()[:40])
+    elif damage == "deleted":
+        state_file.unlink()
+    elif damage == "step_string":
+        import json
+
+        raw = json.loads(state_file.read_text())
+        raw["step"] = "3"
+        state_file.write_text(json.dumps(raw))
+    elif damage == "pdparams_truncated":
+        f = last / "state" / "rank_0.pdparams"
+        f.write_bytes(f.read_bytes()[:-7])
+    elif damage == "pdopt_deleted":
+        (last / "state" / "rank_0.pdopt").unlink()
+    else:
+        f = last / "state" / "rank_0.pdparams"
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        f.write_bytes(bytes(data))
+    before = _tree(tmp_path)
+    with pytest.raises(CheckpointError) as e:
+        cp.resolve("auto")
+    message = str(e.value)
+    assert "model_last" in message and ("damaged" in message or "missing" in message)
+    assert "model_2 (step 2)" in message and "--resume PATH" in message  # the intact alternative
+    assert find_latest(tmp_path).step == 2  # what scanning finds, but auto-resume does not silently take
+    assert cp.resolve(str(tmp_path / "model_2")).step == 2
+    assert _tree(tmp_path) == before  # not a byte changed
+
+
+def test_a_failed_save_leaves_every_checkpoint_and_no_temporary_folder(tmp_path, program):
+    main, exe, scope, _ = program
+    cp = _checkpointer(tmp_path, main, exe, scope)
+    cp.save("model_last", TrainState(step=1, consumed_samples=1))
+    before = _tree(tmp_path)
+
+    def full_disk(prefix):
+        open(prefix + ".pdparams", "wb").write(b"partial")
+        raise OSError(28, "No space left on device", prefix + ".pdparams")
+
+    cp._save_state = full_disk
+    with pytest.raises(CheckpointError, match="cannot write checkpoint .*model_last: .*No space left on device; "
+                                              "free disk space.*previous checkpoints are unchanged"):
+        cp.save("model_last", TrainState(step=2, consumed_samples=2))
+    assert _tree(tmp_path) == before and not list(tmp_path.glob(".*tmp*"))

@@ -158,9 +158,10 @@ def test_two_gloo_processes_equal_one_process_on_the_combined_batch(demo, tmp_pa
     common = dict(max_predictions_per_seq=1, max_ngrams=1, short_seq_prob=0, max_steps=5, max_lr=5e-3, min_lr=1e-4, warmup_rate=0.2, global_batch_size=8, logging_freq=1,
                   eval_freq=5, eval_iters=1, checkpoint_steps=5, save_steps=100, hidden_dropout_prob=0,
                   attention_probs_dropout_prob=0)
-    ok(train(tiny_args(demo, tmp_path / "one", micro_batch_size=4, **common), cwd=tmp_path))
+    one_thread = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # the same reduction order on both sides
+    ok(train(tiny_args(demo, tmp_path / "one", micro_batch_size=4, **common), cwd=tmp_path, env=one_thread))
     two = train(tiny_args(demo, tmp_path / "two", micro_batch_size=2, **common), cwd=tmp_path, launch_procs=2,
-                env={"ERNIE_MTL_TEST_DUMP_DIR": str(tmp_path / "dump")})
+                env={"ERNIE_MTL_TEST_DUMP_DIR": str(tmp_path / "dump"), **one_thread})
     logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted((tmp_path / "launch_logs").glob("workerlog.*")))
     assert two.returncode == 0, two.stdout[-2000:] + logs
     saved = json.loads((tmp_path / "two/model_last/train_state.json").read_text())

@@ -202,7 +202,8 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, world_size: Optional[i
             setup = palm.load_multitask_config(
                 config_file, cli={**mtl_cli, **given}, task_cli=task_cli,
                 flag_names={k for k, (s, _) in _FLAGS.items() if s != RUN_WIDE},
-                splits=("pred",) if _truthy(given.get("do_predict")) else ("train", "dev"))
+                splits=("pred",) if _truthy(given.get("do_predict")) else () if _truthy(given.get("do_eval"))
+                else ("train", "dev"))
             for key, raw in setup.run_flags.items():
                 values[key], sources[key] = raw, f"from {config_file}"
             if _truthy(given.get("do_predict")) and "pred_file" not in given and given.get("task"):
@@ -304,7 +305,8 @@ def _absolute_paths(cfg: RunConfig) -> RunConfig:
                    tokenizer_name_or_path=absolute(cfg.data.tokenizer_name_or_path
                                                    or _model_dir(cfg.model.model_name_or_path)))
     resume = cfg.train.resume if cfg.train.resume in RESUME_WORDS else absolute(cfg.train.resume)
-    train = replace(cfg.train, output_dir=absolute(cfg.train.output_dir), resume=resume)
+    train = replace(cfg.train, output_dir=absolute(cfg.train.output_dir), resume=resume,
+                    checkpoint=absolute(cfg.train.checkpoint), eval_file=absolute(cfg.train.eval_file))
     model = cfg.model
     if os.path.isdir(model.model_name_or_path):
         model = replace(model, model_name_or_path=absolute(model.model_name_or_path))
@@ -334,6 +336,14 @@ def validate(cfg: RunConfig, *, world_size: Optional[int] = None) -> RunConfig:
             problems.extend(e.problems)
             return None
 
+    if cfg.train.do_predict and cfg.train.do_eval:
+        raise ConfigError(["--do_predict and --do_eval: pick one (predict an unlabelled file, or evaluate a "
+                           "labelled one)"])
+    if cfg.train.do_eval:  # evaluation reads a saved model: nothing else of the run matters
+        problems += _eval_problems(cfg.train)
+        if problems:
+            raise ConfigError(problems)
+        return cfg
     if cfg.train.do_predict:  # prediction reads an exported model: nothing else of the run matters
         problems += _predict_problems(cfg.train)
         if problems:
@@ -407,6 +417,28 @@ def _predict_problems(train: TrainConfig) -> List[str]:
         problems.append("--do_predict needs --pred_file: the file to predict, in the task's reader format")
     elif not os.path.isfile(train.pred_file):
         problems.append(f"--pred_file {train.pred_file}: not found")
+    return problems
+
+
+def _eval_problems(train: TrainConfig) -> List[str]:
+    from ernie_mtl.export import MANIFEST, export_dir
+
+    problems = []
+    if not train.task:
+        problems.append("--do_eval needs --task: the task to evaluate (its exported model, or a task of --checkpoint)")
+    elif train.checkpoint:
+        if not os.path.isfile(os.path.join(train.checkpoint, "train_state.json")):
+            problems.append(f"--checkpoint {train.checkpoint}: not a complete checkpoint (no train_state.json); give "
+                            "a model_last, model_<step> or best_<task> folder")
+    elif not (export_dir(train.output_dir, train.task) / MANIFEST).is_file():
+        found = sorted(p.parent.name for p in Path(train.output_dir).glob(f"*/infer_model/{MANIFEST}"))
+        problems.append(f"--task {train.task}: no exported model {export_dir(train.output_dir, train.task)} (tasks "
+                        f"exported under --output_dir {train.output_dir}: {found or 'none'}); or evaluate a "
+                        "checkpoint with --checkpoint PATH")
+    if not train.eval_file:
+        problems.append("--do_eval needs --eval_file: a labelled file in the task's reader format")
+    elif not os.path.exists(train.eval_file) and not os.path.isfile(train.eval_file + ".idx"):
+        problems.append(f"--eval_file {train.eval_file}: not found")
     return problems
 
 

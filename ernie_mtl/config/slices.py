@@ -179,6 +179,8 @@ class TrainConfig:
     eval_iters: int = _f(10, "Global batches per evaluation; the final test split uses 10x as many.")
     seed: int = _f(1234, "Seed of initialisation, dropout, sample order and masking (same on every rank).")
     device: str = _f("auto", 'Device: "gpu", "cpu", or "auto" (gpu when paddle is built with CUDA).')
+    overwrite_output_dir: bool = _f(False, "With --resume none: replace the checkpoints already in --output_dir "
+                                           "(without it such a run is refused rather than overwrite them).")
     resume: str = _f("auto", '"auto": continue from the newest complete checkpoint in --output_dir if any; '
                              '"none": start fresh; or the path of a model_last / model_<step> folder.')
     dry_run: bool = _f(False, "Print the plan (topology, batches, task schedule, strategy, parameters, memory per "
@@ -189,6 +191,13 @@ class TrainConfig:
     pred_file: Optional[str] = _f(None, "The file to predict (--do_predict), in the task's reader format.")
     predict_output: Optional[str] = _f(None, "Where --do_predict writes its JSON; default: "
                                             "output_dir/<task>/predictions.json.")
+    do_eval: bool = _f(False, "Evaluate a saved model on a labelled file instead of training: needs --task and "
+                              "--eval_file; reads output_dir/<task>/infer_model, or --checkpoint.")
+    eval_file: Optional[str] = _f(None, "The labelled file to evaluate (--do_eval), in the task's reader format.")
+    checkpoint: Optional[str] = _f(None, "--do_eval: a checkpoint folder (model_last, model_<step>, best_<task>) "
+                                         "instead of the exported model.")
+    eval_output: Optional[str] = _f(None, "Where --do_eval writes its metrics JSON; default: "
+                                          "output_dir/<task>/eval_results.json.")
     prebuild_index: bool = _f(False, "Build the sample-index caches this run needs (with exactly this run's flags) "
                                      "and exit without training: run it ahead so GPUs do not wait for rank 0.")
 
