@@ -178,7 +178,7 @@ def run_paired(args) -> dict:
     plan = PLAN[args.model]
     sides = []
     for variant in variants:
-        step = sp.build_step("pretrain", args.model, plan["b"], args.seq, variant)
+        step = sp.build_step(args.task, args.model, plan["b"], args.seq, variant)
         if "seed" not in variant and any(op.type == "dropout" and op.attr("dropout_prob") > 0
                                          for op in step.main.global_block().ops):
             step.seed_vars = sp.add_dropout_seed_inputs(step.main)  # identical masks on every side
@@ -257,7 +257,7 @@ def child_run(mode, model, variant, args, *, with_ceiling=False) -> dict:
     idle = sp.wait_for_quiet(args.wait_quiet)
     cmd = [sys.executable, os.path.abspath(__file__), "--_child", mode, "--model", model, "--variant", variant,
            "--seq", str(args.seq), "--matmul_repeats", str(args.matmul_repeats), "--short_min", str(args.short_min),
-           "--rounds", str(args.rounds)]
+           "--rounds", str(args.rounds), "--task", args.task]
     if with_ceiling:
         cmd.append("--with_ceiling")
     env = dict(os.environ) if args.keep_env else \
@@ -298,6 +298,8 @@ def main():
                    help="instead: the --variants side by side in one process, alternating steps (robust to load "
                         "from other processes; program-level variants and serial only)")
     p.add_argument("--rounds", type=int, default=0, help="rounds of --paired (default: 2 x the timed steps)")
+    p.add_argument("--task", default="pretrain", choices=("pretrain", "multitask"),
+                   help="program of --paired: flag-mode pretraining or the 3-task step (one task per round, in turn)")
     p.add_argument("--keep_env", action="store_true", help="pass this shell's OMP/MKL_NUM_THREADS to the runs")
     p.add_argument("--wait_quiet", type=float, default=0,
                    help="before each run, wait up to this many seconds for the machine to be 90%% idle")
@@ -328,7 +330,7 @@ def main():
     if args.paired:
         for name in models:
             r = child_run("paired", name, args.variants, args)
-            print(f"\n{name}, batch {PLAN[name]['b']} x seq {args.seq}, {r['threads']}; {len(r['sides'][0]['times'])} "
+            print(f"\n{args.task}: {name}, batch {PLAN[name]['b']} x seq {args.seq}, {r['threads']}; {len(r['sides'][0]['times'])} "
                   "rounds, one step of every variant per round, in one process:\n")
             print("| variant | ms/step median (min-max) | tokens/s | ratio to the first (median of rounds, IQR) | "
                   "losses bitwise equal to the first's | other processes, cores (median, max) |")
