@@ -1,6 +1,6 @@
 """Callbacks of the multi-task trainer (HF-style hooks), and the built-in ones that use them.
 
-A callback subclasses `Callback` and overrides any of `on_step_end`, `on_log`, `on_evaluate`,
+A callback subclasses `Callback` and overrides any of `on_train_begin`, `on_step_end`, `on_log`, `on_evaluate`,
 `on_save`, `on_train_end`. The trainer calls them on every rank in the same order. Decisions that
 change training (early stopping, best checkpoints: both save or export on every rank together)
 must be rank-independent: `on_evaluate` receives rank 0's metrics on every rank (the trainer
@@ -25,6 +25,9 @@ from ernie_mtl.config import ConfigError
 class Callback:
     """Hooks; `trainer` is the running ernie_mtl.trainer.Trainer (read its `step`, `schedule`, `tasks`,
     `cfg`, `info`, `freeze`, ...)."""
+
+    def on_train_begin(self, trainer) -> None:
+        """After set-up and resume, before the first step of this process."""
 
     def on_step_end(self, trainer, step: int, tasks: List[str]) -> None:
         """After optimizer step `step`, whose micro-batches came from `tasks`."""

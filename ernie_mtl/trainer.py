@@ -189,6 +189,7 @@ class Trainer:
 
             self.bar = tqdm(total=total, initial=self.step, unit="step", dynamic_ncols=True, mininterval=1.0)
         t = self.cfg.train
+        self._emit("on_train_begin")
         self.window.reset()
         while not self.schedule.done:
             drawn = self.train_step()

@@ -410,7 +410,7 @@ def _predict_problems(train: TrainConfig) -> List[str]:
     if not train.task:
         problems.append("--do_predict needs --task: the name of a task exported under --output_dir")
     elif not (export_dir(train.output_dir, train.task) / MANIFEST).is_file():
-        found = sorted(p.parent.name for p in Path(train.output_dir).glob(f"*/infer_model/{MANIFEST}"))
+        found = sorted(p.parent.parent.name for p in Path(train.output_dir).glob(f"*/infer_model/{MANIFEST}"))
         problems.append(f"--task {train.task}: no exported model {export_dir(train.output_dir, train.task)}; "
                         f"tasks exported under --output_dir {train.output_dir}: {found or 'none'}")
     if not train.pred_file:
@@ -431,7 +431,7 @@ def _eval_problems(train: TrainConfig) -> List[str]:
             problems.append(f"--checkpoint {train.checkpoint}: not a complete checkpoint (no train_state.json); give "
                             "a model_last, model_<step> or best_<task> folder")
     elif not (export_dir(train.output_dir, train.task) / MANIFEST).is_file():
-        found = sorted(p.parent.name for p in Path(train.output_dir).glob(f"*/infer_model/{MANIFEST}"))
+        found = sorted(p.parent.parent.name for p in Path(train.output_dir).glob(f"*/infer_model/{MANIFEST}"))
         problems.append(f"--task {train.task}: no exported model {export_dir(train.output_dir, train.task)} (tasks "
                         f"exported under --output_dir {train.output_dir}: {found or 'none'}); or evaluate a "
                         "checkpoint with --checkpoint PATH")

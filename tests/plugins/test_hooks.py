@@ -5,7 +5,10 @@ this lives in the production loop).
   $ERNIE_MTL_TEST_KILL_AT_STEP is written, like a crashed node (exact-resume tests).
 - `dump_state`: every rank saves its final program state to $ERNIE_MTL_TEST_DUMP_DIR/rank_<r>
   (without sharding checkpoints hold rank 0's state only; this shows the other ranks' copies).
+- `eval_at_start`: evaluates every task with a dev file before the first step and writes what
+  each rank got to <output_dir>/eval_at_start_rank<r>.json (distributed-evaluation tests).
 """
+import json
 import os
 import signal
 
@@ -28,3 +31,13 @@ class DumpState(Callback):
             import paddle
 
             paddle.static.save(trainer.p.main, os.path.join(folder, f"rank_{trainer.info.rank}"))
+
+
+@register_callback("eval_at_start")
+class EvalAtStart(Callback):
+    def on_train_begin(self, trainer):
+        # each rank's own metrics, computed from the gathered outputs (before rank 0's are shared)
+        results = {name: trainer.evaluate_split(trainer.task(name), data) for name, data in trainer.plan.dev.items()}
+        path = os.path.join(trainer.cfg.train.output_dir, f"eval_at_start_rank{trainer.info.rank}.json")
+        with open(path, "w") as f:
+            json.dump(results, f, sort_keys=True)
