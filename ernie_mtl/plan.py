@@ -51,7 +51,8 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
     if is_builder is None:
         is_builder = is_index_builder(info.rank, info.local_rank, cfg.data.share_folder)
     ctx = TaskContext(vocab_file=str(cfg.data.vocab_file), seed=cfg.train.seed, model_type=cfg.model.model_type,
-                      rank=info.rank, world_size=info.world_size, barrier=barrier, log=log, is_builder=is_builder)
+                      rank=info.rank, world_size=info.world_size, barrier=barrier, log=log, is_builder=is_builder,
+                      cache_dir=cfg.data.data_cache)
     tasks = [get_task_type(spec.reader)(spec, ctx) for spec in setup.tasks]
     dw, acc = topo.data_world_size, topo.accumulate_steps
     eval_batches = cfg.train.eval_iters * acc * dw

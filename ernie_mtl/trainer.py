@@ -184,6 +184,9 @@ class Trainer:
         if self.is_rank0:
             for line in self.reporter.start_lines(self):
                 self.log.info(line)
+            for task in self.tasks:
+                for line in task.describe_data():
+                    self.log.info(line)
             self.writer.hparams(self.cfg.to_dict(), self.reporter.hparam_metrics(self))
             from tqdm import tqdm
 
@@ -252,6 +255,8 @@ class Trainer:
 
     def log_window(self) -> None:
         lines, logs = self.reporter.window(self, self.window)
+        for i, task in enumerate(self.tasks):  # e.g. samples read per corpus of a mixture
+            logs.update(task.data_scalars(self.schedule.counts[i] * task.spec.batch_size * self.topo.data_world_size))
         for line in lines:
             self.print(line)
         self._emit("on_log", self.step, logs)

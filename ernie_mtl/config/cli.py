@@ -301,7 +301,7 @@ def _absolute_paths(cfg: RunConfig) -> RunConfig:
             input_dir = mixture.spec() if len(mixture) > 1 else mixture.prefixes[0]
         except ConfigError:
             input_dir = input_dir if " " in input_dir.strip() else absolute(input_dir)  # validate() reports it
-    data = replace(cfg.data, input_dir=input_dir,
+    data = replace(cfg.data, input_dir=input_dir, data_cache=absolute(cfg.data.data_cache),
                    tokenizer_name_or_path=absolute(cfg.data.tokenizer_name_or_path
                                                    or _model_dir(cfg.model.model_name_or_path)))
     resume = cfg.train.resume if cfg.train.resume in RESUME_WORDS else absolute(cfg.train.resume)

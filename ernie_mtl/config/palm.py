@@ -387,6 +387,8 @@ class _Loader:
         kinds = dict(TASK_KEYS)
         kinds.update({k: ("path" if k.endswith(PATH_OPTION_SUFFIXES) else _option_kind(o.default))
                       for k, o in cls.options.items()})
+        if getattr(cls, "sized_by_run", False):  # corpus splits: a prefix, weight/prefix pairs or a folder
+            kinds.update({k: "corpus" for k in SPLIT_KEYS})
         layers: Dict[str, List[Tuple[str, Any, str]]] = {}  # key -> [(source label, typed value, base dir)]
 
         def add(key: str, value: Any, label: str, where: str, base: str) -> None:
@@ -426,6 +428,8 @@ class _Loader:
                                         f"{label} ({value})")
             if kinds[key] == "path":
                 value = self._path(name, key, value, label, base)
+            elif kinds[key] == "corpus":
+                value = self._corpus(key, value, label, base)
             values[key] = value
         reader = cls.name
         paradigm = values.pop("paradigm", None)
@@ -448,6 +452,21 @@ class _Loader:
         return TaskSpec(name=name, reader=reader, index=i, is_target=mtl.target_tag[i], mix_ratio=mtl.mix_ratio[i],
                         reuse_tag=None if mtl.task_reuse_tag is None else mtl.task_reuse_tag[i], options=options,
                         **values)
+
+    def _corpus(self, key: str, value: Any, label: str, base: str) -> Any:
+        """A corpus split of a generated-data task (`reader: pretrain`): one prefix, weight/prefix pairs
+        or a folder (ernie_mtl/data/mixture.py), resolved against the task file's folder; the
+        canonical form (absolute prefixes) is kept."""
+        from ernie_mtl.data.mixture import parse_mixture
+
+        split = key[:-len("_file")]
+        try:
+            mixture = parse_mixture(value, what=f"{label}: key {key!r}", base_dir=base)
+        except ConfigError as e:
+            if split in self.splits:
+                self.problems.extend(e.problems)
+            return value
+        return mixture.spec()
 
     def _path(self, task: str, key: str, value: str, label: str, base: str) -> str:
         resolved, note = _resolve(value, base)

@@ -149,6 +149,9 @@ class DataConfig:
     short_seq_prob: float = _f(0.1, "Probability of a shorter random target length for a sample.")
     max_ngrams: int = _f(3, "Longest masked n-gram of whole words.")
     num_workers: int = _f(2, "DataLoader worker processes per rank (0 = load in the training process).")
+    data_cache: Optional[str] = _f(None, "Folder of the sample-index caches; default: index-cache/ beside each "
+                                         "corpus. A relative path is relative to the working directory (a "
+                                         "node-local folder on clusters without a shared filesystem).")
     share_folder: bool = _f(True, "Index caches live on a filesystem every node shares: global rank 0 builds them. "
                                   "false: the local rank 0 of every node builds its own copy (PaddleNLP's flag).")
 

@@ -24,6 +24,7 @@ EXPECTED: Dict[str, str] = {
     "optposint": "an integer >= 1 (or none)", "posfloat": "a number > 0", "nonneg": "a number >= 0",
     "unit": "a number in (0, 1)", "strlist": "a list", "floatlist": "numbers >= 0 (a list or \"a, b, c\")",
     "intlist": "integers (a list or \"0, 1, 0\")", "exportfrom": "best or last",
+    "corpus": "a corpus prefix, weight/prefix pairs or a folder of corpora",
 }
 
 
@@ -71,6 +72,10 @@ def coerce(kind: str, value: Any) -> Any:
             return str(value)
         if kind == "bool":
             return str2bool(value)
+        if kind == "corpus":  # a prefix, weight/prefix pairs (string or list) or a folder: parsed by its reader
+            if value is None or isinstance(value, dict):
+                raise ValueError
+            return value
         if kind == "exportfrom":
             if str(value) not in ("best", "last"):
                 raise ValueError

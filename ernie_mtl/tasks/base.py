@@ -57,6 +57,7 @@ class TaskContext:
     barrier: Callable[..., None] = lambda *a, **k: None  # every rank calls it the same number of times
     log: Callable[[str], None] = print
     is_builder: bool = True  # builds index caches (global rank 0, or each node's local rank 0: --share_folder)
+    cache_dir: Optional[str] = None  # index caches (--data_cache); None: index-cache/ beside each corpus
     extra: Dict[str, Any] = field(default_factory=dict)  # e.g. sample counts the pretrain task needs
 
     _tokenizer: Any = field(default=None, repr=False)
@@ -185,6 +186,14 @@ class TaskType(abc.ABC):
     @abc.abstractmethod
     def predictions(self, data: TaskData, outputs: Mapping[str, List[np.ndarray]]) -> Any:
         """Records for `--do_predict` (a list of dicts; a dict keyed by id for MRC)."""
+
+    def describe_data(self) -> List[str]:
+        """Lines for the start-of-run log about the training data (e.g. a corpus mixture's plan)."""
+        return []
+
+    def data_scalars(self, consumed: int) -> Dict[str, float]:
+        """Scalars for VisualDL after `consumed` training examples were read (e.g. samples per corpus)."""
+        return {}
 
     def manifest(self) -> Dict[str, Any]:
         """Extra facts for the exported model's manifest (label map, ...)."""

@@ -60,6 +60,7 @@ class PretrainTask(TaskType):
                                "(the path of <prefix>.bin / <prefix>.idx without the extension)"])
         self.vocab = VocabInfo.from_file(ctx.vocab_file)
         self._mixtures: Dict[str, Any] = {}
+        self.datasets: Dict[str, Any] = {}  # split -> MixtureDatasets of the latest load
 
     def mixture(self, split: str):
         """The corpus (or weighted corpus mixture, ernie_mtl/data/mixture.py) that `split` reads."""
@@ -90,12 +91,25 @@ class PretrainTask(TaskType):
         counts = [wanted if name == CORPUS_SPLITS[split] else 0 for name in SPLIT_NAMES]
         try:
             datasets = build_mixture_datasets(mixture, split=str(self.spec.options["split"]), num_samples=counts,
-                                              cfg=self.cfg, vocab=self.vocab, is_builder=self.ctx.is_builder,
+                                              cfg=self.cfg, vocab=self.vocab, cache_dir=self.ctx.cache_dir,
+                                              is_builder=self.ctx.is_builder,
                                               barrier=self.ctx.barrier, log=self.ctx.log)
         except (ValueError, OSError) as e:  # missing/corrupt corpus, vocab mismatch, empty split
             raise ConfigError([f"task {self.spec.name!r} (pretrain), {split} split of {mixture.spec()}: {e}"]) from None
-        self.last_datasets = datasets
+        self.datasets[split] = datasets
         return TaskData(split, datasets[CORPUS_SPLITS[split]])
+
+    def describe_data(self) -> List[str]:
+        """Per corpus of the training data: weight, documents, samples planned and epochs (and, for a
+        mixture, the realised count of each corpus)."""
+        train = self.datasets.get("train")
+        return [f"task {self.spec.name}: {line}" for line in train.describe()] if train is not None else []
+
+    def data_scalars(self, consumed: int) -> Dict[str, float]:
+        train = self.datasets.get("train")
+        if train is None or len(train.names) < 2:
+            return {}
+        return {k.replace("data/", f"data/{self.spec.name}/", 1): v for k, v in train.scalars(consumed).items()}
 
     def collate(self, features: Sequence[Sample]) -> Dict[str, np.ndarray]:
         batch = collate_pretrain(features, pad_id=self.vocab.pad_id)
