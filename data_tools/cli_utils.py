@@ -57,7 +57,7 @@ class UserError(ValueError):
 
 
 # errno -> what to do about it (the message always names the file and the system's reason)
-_IO_FIXES = {
+IO_FIXES = {
     errno.ENOSPC: "free disk space or write somewhere else",
     errno.EDQUOT: "free space in your quota or write somewhere else",
     errno.EFBIG: "the file exceeds the size limit (ulimit -f) or the filesystem's maximum file size",
@@ -71,7 +71,7 @@ _IO_FIXES = {
     errno.ENOTEMPTY: "remove it or choose another path",
     errno.EIO: "the device reported an I/O error: check the disk",
 }
-IO_ERRNOS = frozenset(_IO_FIXES)
+IO_ERRNOS = frozenset(IO_FIXES)
 
 
 def describe_os_error(e: OSError) -> str:
@@ -80,7 +80,7 @@ def describe_os_error(e: OSError) -> str:
     if e.filename2 is not None:
         name = f"{e.filename} -> {e.filename2}"
     reason = e.strerror or str(e)
-    fix = _IO_FIXES.get(e.errno)
+    fix = IO_FIXES.get(e.errno)
     return f"{name}: {reason}" + (f"; {fix}" if fix else "")
 
 
@@ -90,7 +90,7 @@ def write_error(e: OSError, target: str, outcome: str = "nothing was written") -
     'cannot write data/corpus.bin: No space left on device; free disk space or write somewhere
     else; nothing was written'."""
     reason = e.strerror or str(e)
-    fix = _IO_FIXES.get(e.errno)
+    fix = IO_FIXES.get(e.errno)
     return UserError(f"cannot write {target}: {reason}" + (f"; {fix}" if fix else "") + (f"; {outcome}" if outcome else ""))
 
 

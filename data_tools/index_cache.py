@@ -38,10 +38,12 @@ from typing import Callable, Dict, Mapping, Optional
 
 import numpy as np
 
+from data_tools.cli_utils import UserError
+
 DESCRIPTION_FILE = "description.json"
 
 
-class IndexCacheError(RuntimeError):
+class IndexCacheError(UserError):
     """The index cache is missing, incomplete or inconsistent."""
 
 

@@ -21,6 +21,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from data_tools.cli_utils import UserError
+
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 _HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, doc_idx length
@@ -50,7 +52,7 @@ def mkstemp_public(directory: str, prefix: str) -> Tuple[int, str]:
     return fd, path
 
 
-class IndexedDatasetError(ValueError):
+class IndexedDatasetError(UserError):
     """A `.bin/.idx` pair is missing, malformed or inconsistent (the message names file and defect)."""
 
 

@@ -35,7 +35,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from data_tools.cli_utils import UserError
 
@@ -283,12 +283,21 @@ class Checkpointer:
             self.log(f"saved checkpoint {final} (step {state.step})")
         return final
 
-    def _agree(self, what: str, error: Optional[BaseException]) -> Optional[str]:
-        """Meet the other ranks; every rank returns the first failure of any rank (as text), or None."""
-        from data_tools.cli_utils import describe_os_error
+    def _agree(self, what: str, error: Union[BaseException, str, None]) -> Optional[str]:
+        """Meet the other ranks; every rank returns the first failure of any rank (as text), or None.
+        `error` may be an earlier stage's agreed text: it is passed on unchanged."""
+        from data_tools.cli_utils import IO_FIXES, describe_os_error
 
-        mine = None if error is None else (describe_os_error(error) if isinstance(error, OSError)
-                                           else f"{type(error).__name__}: {str(error).strip()[:300]}")
+        if isinstance(error, str):  # agreed by every rank already: the same text everywhere
+            self._barrier(what)
+            return error
+        if error is None:
+            mine = None
+        elif isinstance(error, OSError):
+            mine = describe_os_error(error) if error.filename else f"{error.strerror or error}" + (
+                f"; {fix}" if (fix := IO_FIXES.get(error.errno)) else "")
+        else:
+            mine = f"{type(error).__name__}: {str(error).strip()[:300]}"
         self._barrier(what)
         if self.world_size == 1:
             return mine

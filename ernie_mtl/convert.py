@@ -176,9 +176,11 @@ def read_exported(path: Path) -> Source:
         exe = paddle.static.Executor(paddle.CPUPlace())
         try:
             paddle.static.load_inference_model(str(path / "model"), exe)
-        except (OSError, RuntimeError, ValueError) as e:
-            raise ConvertError(f"cannot load the inference model {path / 'model'}.pdmodel/.pdiparams "
-                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); re-export it") from e
+        except Exception as e:  # noqa: BLE001  (paddle raises several types for damaged files)
+            detail = [line.strip() for line in str(e).splitlines() if line.strip()]
+            raise ConvertError(f"cannot load the exported model {path} (model.pdmodel + model.pdiparams: "
+                               f"{type(e).__name__}: {detail[-1][:200] if detail else ''}); a file is damaged or "
+                               "truncated: re-export it") from None
         params = {}
         for static in set(manifest["name_map"].values()):
             var = scope.find_var(static)
@@ -383,6 +385,9 @@ def convert(source: Source, output_dir: os.PathLike, *, overwrite: bool = False)
     import paddle
 
     out = Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConvertError(f"--output_dir {out} is a file, not a folder; --overwrite replaces a converted folder "
+                           "only: choose another path")
     if out.exists() and not overwrite:
         raise ConvertError(f"--output_dir {out} already exists; choose another directory or pass --overwrite")
     state, origin, filled = map_weights(source)
@@ -451,7 +456,12 @@ def _replace_dir(tmp: Path, out: Path) -> None:
     old = out.with_name(f".{out.name}.old-{os.getpid()}")
     if out.exists():
         os.rename(out, old)
-    os.rename(tmp, out)
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        if old.exists():
+            os.rename(old, out)  # put the previous folder back
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 

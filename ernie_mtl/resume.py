@@ -26,6 +26,7 @@ def resume_checks(trainer) -> Dict[str, Any]:
         trainer._resume_checks = {
             "seed": trainer.cfg.train.seed, "tasks": [t.spec.to_json() for t in trainer.tasks],
             "data": {t.spec.name: data_identity(t.spec.train_file) for t in trainer.tasks},
+            "vocab": data_identity(str(trainer.cfg.data.vocab_file)),
             "total_steps": trainer.plan.planned.total_steps, "warmup_rate": o.warmup_rate,
             "decay_steps": o.decay_steps}
     return trainer._resume_checks

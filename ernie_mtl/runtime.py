@@ -157,7 +157,7 @@ def start_process(cfg):
     info = ProcessInfo.from_env()
     log = get_logger(info.rank)
     if THREADS_NOTE:
-        log.info(f"threads: {THREADS_NOTE}")
+        log.info(THREADS_NOTE if THREADS_NOTE.startswith("threads") else f"threads: {THREADS_NOTE}")
     init_distributed(info)
     watchdog.start_peer_watch(info, cfg.train.output_dir)  # a lost rank stops the job, with its name
     topo = Topology.from_config(cfg.parallel, info.world_size)

@@ -209,3 +209,16 @@ def launch_logs(folder: Path, tail: int = 3000) -> str:
 
 def first(mapping: Optional[Mapping], default=None):
     return next(iter(mapping.values()), default) if mapping else default
+
+
+def rehash_checkpoint(path: Path) -> None:
+    """After a test edits a checkpoint's files on purpose: record their new sizes and SHA-1s, so the
+    edit reaches the code under test instead of the integrity check (tests/test_checkpoint.py
+    covers that check itself)."""
+    from ernie_mtl.checkpoint import TRAIN_STATE, sha1_of
+
+    path = Path(path)
+    raw = json.loads((path / TRAIN_STATE).read_text())
+    raw["files"] = {rel: {"size": (path / rel).stat().st_size, "sha1": sha1_of(path / rel)}
+                    for rel in raw.get("files", {}) if (path / rel).is_file()}
+    (path / TRAIN_STATE).write_text(json.dumps(raw))

@@ -115,7 +115,7 @@ def test_bad_flags_exit_2_with_one_message_listing_each(corpus, capsys):
 def test_vocab_larger_than_model_and_missing_corpus(corpus):
     (corpus / "corpus.idx").unlink()
     big = corpus / "big_vocab.txt"
-    big.write_text("\n".join(f"t{i}" for i in range(1500)) + "\n")
+    big.write_text("\n".join(["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"] + [f"t{i}" for i in range(1495)]) + "\n")
     argv = base_argv(corpus) + ["--tokenizer_name_or_path", str(big)]
     with pytest.raises(ConfigError) as e:
         args.parse_config(argv)

@@ -19,6 +19,8 @@ from test_mtl_trainer import data, global_yaml  # noqa: F401  (data: the multi-t
 from test_mtl_trainer import run as mtl_run
 from test_trainer import demo, ok, tiny_args, train  # noqa: F401  (demo: the module-scoped corpus fixture)
 
+from helpers import rehash_checkpoint
+
 from ernie_mtl import convert as C
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -222,6 +224,7 @@ def test_multitask_mlm_head_becomes_cls_and_pair_head_is_zero_filled(flag_ckpt, 
         {"name": "news", "reader": "cls", "group": "news", "is_target": True,
          "manifest": {"n_classes": 3, "label_map": {"a": 0, "b": 1, "c": 2}}}]))
     (ckpt / "train_state.json").write_text(json.dumps(raw))
+    rehash_checkpoint(ckpt)
 
     source = C.read_source(ckpt)
     result = C.convert(source, tmp_path / "out")
@@ -359,7 +362,8 @@ def test_missing_rank_file(sharded_ckpt, tmp_path):
     (ckpt / "state" / "rank_1.pdparams").unlink()
     proc = run_cli("--input", ckpt, "--output_dir", tmp_path / "out")
     assert proc.returncode == 2, proc.stderr
-    assert f"lacks {ckpt}/state/rank_1.pdparams (per_rank_state=True, world_size=2" in proc.stderr
+    assert f"{ckpt}/state/rank_1.pdparams is missing from checkpoint {ckpt}" in proc.stderr
+    assert "convert an intact checkpoint" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -371,7 +375,8 @@ def test_truncated_state_file(sharded_ckpt, tmp_path):
     (ckpt / "state" / "rank_1.pdparams").write_bytes(data[: len(data) // 2])
     proc = run_cli("--input", ckpt, "--output_dir", tmp_path / "out")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert f"cannot read {ckpt}/state/rank_1.pdparams" in proc.stderr and "damaged or truncated" in proc.stderr
+    assert f"{ckpt}/state/rank_1.pdparams is damaged: " in proc.stderr and "(truncated or replaced)" in proc.stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
@@ -384,6 +389,7 @@ def test_ranks_that_disagree(sharded_ckpt, tmp_path):
     rank1[name] = rank0[name] + 1.0
     with open(ckpt / "state/rank_1.pdparams", "wb") as f:
         pickle.dump(rank1, f)
+    rehash_checkpoint(ckpt)
     with pytest.raises(C.ConvertError, match=f"variable {name} differs between rank_0.pdparams and rank_1.pdparams"):
         C.read_source(ckpt)
 

@@ -35,10 +35,9 @@ def train(build_programs, op_types=None):
     changed = use_onednn_ops(p.main, op_types) if op_types is not None else {}
     scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
     p.initialize(exe, scope)
-    rng = np.random.RandomState(0)
     losses = []
-    for _ in range(STEPS):
-        (loss,) = exe.run(p.main, feed=batch(rng), fetch_list=[p.loss], scope=scope)
+    for _ in range(STEPS):  # one batch, so the loss must fall if the kernels train
+        (loss,) = exe.run(p.main, feed=p.feed(batch(np.random.RandomState(0))), fetch_list=[p.loss], scope=scope)
         losses.append(float(np.asarray(loss).reshape(-1)[0]))
         p.lr_scheduler.step()
     params = {n: np.array(scope.find_var(n).get_tensor()) for n in sorted(set(p.name_map.values()))}
@@ -144,7 +143,7 @@ def test_bias_grads_by_matmul_are_the_row_sums_of_the_output_gradient(build_prog
         scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
         p.initialize(exe, scope)
         names = sorted(pairs)
-        values = exe.run(p.main, feed=batch(np.random.RandomState(0)),
+        values = exe.run(p.main, feed=p.feed(batch(np.random.RandomState(0))),
                          fetch_list=names + [pairs[n] for n in names], scope=scope)
         return rewritten, dict(zip(names, values[:len(names)])), dict(zip(names, values[len(names):]))
 
@@ -171,10 +170,9 @@ def test_training_with_bias_grads_by_matmul_stays_within_rounding_of_the_plain_p
     use_onednn_ops(p.main)  # as tune_for_cpu applies them
     scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
     p.initialize(exe, scope)
-    rng = np.random.RandomState(0)
     losses = []
-    for _ in range(STEPS):
-        (loss,) = exe.run(p.main, feed=batch(rng), fetch_list=[p.loss], scope=scope)
+    for _ in range(STEPS):  # the batches of train()
+        (loss,) = exe.run(p.main, feed=p.feed(batch(np.random.RandomState(0))), fetch_list=[p.loss], scope=scope)
         losses.append(float(np.asarray(loss).reshape(-1)[0]))
         p.lr_scheduler.step()
     np.testing.assert_allclose(losses, plain[0], rtol=1e-6)
@@ -220,7 +218,7 @@ def test_bias_grads_land_in_a_fused_all_reduce_buffer(build_programs):
     block._sync_with_cpp()
     scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
     p.initialize(exe, scope)
-    values = exe.run(p.main, feed=batch(np.random.RandomState(0)), fetch_list=[fused] + grads, scope=scope)
+    values = exe.run(p.main, feed=p.feed(batch(np.random.RandomState(0))), fetch_list=[fused] + grads, scope=scope)
     buffer, start = values[0], 0
     for name, grad in zip(grads, values[1:]):  # each gradient in order, at an aligned offset of the buffer
         flat = grad.reshape(-1)

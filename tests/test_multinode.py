@@ -299,10 +299,10 @@ def test_orphaned_ranks_exit_after_their_launcher_is_killed(demo, tmp_path):  # 
                               CONFIG=str(config), OUTPUT_DIR=str(out), LOG_DIR=str(tmp_path / "log"))
         wait_for(lambda: (out / "train_metrics.jsonl").exists(), 180, "training to start")
         ranks = [p for p in job.ranks() if _ppid(p) == launcher.pid]
-        assert len(ranks) == 2
+        assert len(ranks) == 2, (ranks, [(_cmd(p), _ppid(p)) for p in job.pids()], launcher.pid)
         os.kill(launcher.pid, signal.SIGKILL)
         t0 = time.monotonic()
-        deadline = t0 + 30
+        deadline = t0 + 60
         while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
         took = time.monotonic() - t0
@@ -310,7 +310,9 @@ def test_orphaned_ranks_exit_after_their_launcher_is_killed(demo, tmp_path):  # 
         print(f"orphans: {len(ranks) - len(alive)} of {len(ranks)} ranks gone {took:.1f} s after the launcher")
     finally:
         job.kill_all()
-    assert not alive and took < 15, (alive, took)  # the guard polls every second
+    logs = launch_logs(tmp_path / "log")
+    # the guard polls every second; a loaded CI machine gets generous slack
+    assert not alive and took < 30, (alive, took, logs)
     for r in (0, 1):
         text = (tmp_path / "log" / f"workerlog.{r}").read_text(errors="replace")
         assert f"ernie_mtl watchdog: rank {r}: its launcher (pid {launcher.pid}) is gone" in text

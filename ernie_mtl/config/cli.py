@@ -169,7 +169,13 @@ def _unknown_problems(unknown: Sequence[str]) -> List[str]:
 
 
 def _suggest(name: str) -> str:
-    return suggest(name, _FLAGS)
+    """The closest flag; a misspelt PALM name (learning_rate, save_path, ...) points at its flag."""
+    close = suggest(name, [*_FLAGS, *palm.PALM_ALIASES])
+    alias = close[len(" (did you mean '"):-len("'?)")] if close else ""
+    if alias in palm.PALM_ALIASES:
+        flag = palm.PALM_ALIASES[alias]
+        return f" (did you mean --{flag}? PALM's {alias} is --{flag} here)"
+    return close
 
 
 def parse_config(argv: Optional[Sequence[str]] = None, *, world_size: Optional[int] = None) -> RunConfig:
@@ -359,12 +365,14 @@ def validate(cfg: RunConfig, *, world_size: Optional[int] = None) -> RunConfig:
         collect(Topology.from_config, cfg.parallel, world_size)
     resolved = collect(cfg.model.resolve)  # validates the model slice too
     arch = resolved.arch if resolved else None
-    problems += _data_problems(cfg.data, arch, flag_mode=cfg.flag_mode)
+    needs_mask = any(t.reader in ("mlm", "pretrain") for t in cfg.setup.tasks)
+    problems += _data_problems(cfg.data, arch, flag_mode=cfg.flag_mode, needs_mask=needs_mask)
     if cfg.flag_mode:
         problems += _sample_problems(cfg)
     else:
         problems += _multitask_problems(cfg, arch)
     problems += _train_problems(cfg.train, cfg.optim)
+    problems += _output_dir_problems(cfg.train)
     problems += _extension_problems(cfg)
     if cfg.amp.use_amp and cfg.amp.amp_level == "O2" and cfg.parallel.use_sharding:
         problems.append("--amp_level O2 with --sharding_degree > 1 cannot be built by fleet 2.6.2 (its sharding "
@@ -454,7 +462,45 @@ def _multitask_problems(cfg: RunConfig, arch: Optional[Mapping[str, Any]]) -> Li
     return problems
 
 
-def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_mode: bool) -> List[str]:
+def _vocab_problems(vocab_file: Path, *, need_mask: bool) -> Tuple[Optional[int], List[str]]:
+    """(size, problems) of a vocab.txt: readable UTF-8, not empty, with the special tokens the model
+    needs ([PAD], [CLS], [SEP], [UNK]; [MASK] for masked-LM and pretraining tasks)."""
+    try:
+        tokens = [line.rstrip("\r\n") for line in vocab_file.read_text(encoding="utf-8").splitlines()]
+    except UnicodeDecodeError as e:
+        return None, [f"--tokenizer_name_or_path {vocab_file}: not UTF-8 text (byte {e.start}); give the vocab.txt "
+                      "the corpus was tokenized with"]
+    except OSError as e:
+        return None, [f"--tokenizer_name_or_path {vocab_file}: cannot read it ({e.strerror})"]
+    if not tokens:
+        return 0, [f"--tokenizer_name_or_path {vocab_file} is empty; give the vocab.txt written by "
+                   "python -m data_tools.build_vocab (or a PaddleNLP model's)"]
+    wanted = ["[PAD]", "[CLS]", "[SEP]", "[UNK]"] + (["[MASK]"] if need_mask else [])
+    missing = [t for t in wanted if t not in set(tokens)]
+    if missing:
+        return len(tokens), [f"--tokenizer_name_or_path {vocab_file} lacks the special token(s) {missing}"
+                             + (" ([MASK] is needed by masked-LM and pretraining tasks)" if "[MASK]" in missing else "")
+                             + "; build the vocabulary with python -m data_tools.build_vocab, which adds them"]
+    return len(tokens), []
+
+
+def _output_dir_problems(train: TrainConfig) -> List[str]:
+    """--output_dir must be a folder this process can create and write (checked before any work)."""
+    out = Path(train.output_dir)
+    if out.exists() and not out.is_dir():
+        return [f"--output_dir {out} is a file, not a folder; choose a folder path"]
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return [f"--output_dir {out}: {probe} is a file, not a folder; choose another path"]
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return [f"--output_dir {out}: {probe} is not writable by this user; choose a folder you can write to"]
+    return []
+
+
+def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_mode: bool,
+                   needs_mask: bool = True) -> List[str]:
     from ernie_mtl.data.pretrain import parse_split
 
     problems = []
@@ -466,8 +512,8 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_
         problems.append(f"--tokenizer_name_or_path {data.tokenizer_name_or_path}: {data.vocab_file} not found; "
                         "give a vocab.txt or a directory containing one")
     else:
-        with open(data.vocab_file, encoding="utf-8") as f:
-            vocab_size = sum(1 for _ in f)
+        vocab_size, vocab_problems = _vocab_problems(data.vocab_file, need_mask=needs_mask)
+        problems += vocab_problems
     if not flag_mode:  # no corpus flag: the tasks' files were checked by the multi-task loader
         pass
     elif data.input_dir is None:

@@ -286,9 +286,14 @@ class _Loader:
                 self.reports.append(f"plugins: {note}")
             if not path.endswith(".py") or not os.path.isfile(path):
                 self.problems.append(f"{self.path}: key 'plugins': {plugin!r} ({path}) is not an existing .py file")
-            plugins.append(path)
-        if self.problems:
-            return None
+            else:
+                plugins.append(path)
+        if not os.path.isdir(task_dir):
+            return None  # the task files cannot be read
+        if sampling not in SAMPLING_STRATEGIES:
+            values.pop("sampling", None)
+        # a bad global value was reported and falls back to its default: the task files are still read,
+        # so that every problem of the configuration is reported at once
         return MultiTaskConfig(**{**MTL_DEFAULTS, **values, "task_instance": names,
                                   "mix_ratio": values.get("mix_ratio", (1.0,) * n),
                                   "target_tag": tuple(bool(t) for t in values.get("target_tag", (1,) * n)),

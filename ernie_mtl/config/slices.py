@@ -114,9 +114,12 @@ class OptimConfig:
             problems.append(f"--max_lr {self.max_lr} must be > 0, e.g. 1e-4")
         if not 0 <= self.min_lr <= self.max_lr:
             problems.append(f"--min_lr {self.min_lr} must be within [0, --max_lr {self.max_lr}], e.g. 1e-5")
+        if self.decay_steps is not None and self.decay_steps < 1:
+            problems.append(f"--decay_steps {self.decay_steps} must be >= 1 (or unset: --max_steps)")
         if not 0 <= self.warmup_rate < 1:
             problems.append(f"--warmup_rate {self.warmup_rate} must be within [0, 1), e.g. 0.01")
-        elif self.max_steps >= 1 and self.resolved_decay_steps <= self.warmup_steps:
+        elif self.max_steps >= 1 and (self.decay_steps is None or self.decay_steps >= 1) \
+                and self.resolved_decay_steps <= self.warmup_steps:
             problems.append(f"--decay_steps {self.resolved_decay_steps} must be greater than the warm-up "
                             f"steps {self.warmup_steps} (--warmup_rate {self.warmup_rate} x --max_steps "
                             f"{self.max_steps})")

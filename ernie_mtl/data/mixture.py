@@ -170,7 +170,7 @@ def parse_mixture(spec: Union[str, Sequence, os.PathLike], *, what: str = "--inp
                             "the summed weight")
         seen.setdefault(prefix, item)
     if not problems:
-        _check_vocabs(entries, what, vocab_file, problems)
+        _check_vocabs(entries, what, vocab_file, problems, notes)
     if problems:
         raise ConfigError(problems)
     names = [Path(p).name for _, _, p in entries]
@@ -341,13 +341,62 @@ def _pairs(tokens, what: str, base_dir: Optional[str], problems: List[str]):
     return entries
 
 
-def _check_vocabs(entries, what: str, vocab_file: Optional[str], problems: List[str]) -> None:
-    """Token ids only mean something with their vocab: the sidecars must agree (and match the run's vocab)."""
+SANITY_TOKENS = 1 << 20  # tokens read (from spread-out sentences) to sanity-check a corpus without sidecar
+UNK_LIMIT = 0.5  # more than this share of [UNK] ids among them: tokenized with another vocabulary
+
+
+def _check_unrecorded(item, prefix: str, what: str, vocab_file: Optional[str], problems: List[str],
+                      notes: List[str]) -> None:
+    """A corpus without its `.json` sidecar (another tool wrote it, or the file was lost): its vocabulary
+    cannot be compared, so its ids are sanity-checked against the run's vocab -- every id below the
+    vocab size, not mostly [UNK] -- over sentences spread through the corpus, and a warning names the
+    missing file."""
+    sidecar = prefix + ".json"
+    if not vocab_file or not os.path.isfile(vocab_file):
+        notes.append(f"warning: {what} item {item}: {sidecar} is missing, so the vocabulary {prefix} was "
+                     "tokenized with cannot be checked")
+        return
+    tokens = Path(vocab_file).read_text(encoding="utf-8").splitlines()
+    unk = tokens.index("[UNK]") if "[UNK]" in tokens else None
+    try:
+        corpus = MMapIndexedDataset(prefix)
+    except IndexedDatasetError:
+        return  # reported by the dataset itself
+    n = len(corpus)
+    picked = np.unique(np.linspace(0, n - 1, num=min(n, 2048)).astype(np.int64)) if n else np.zeros(0, np.int64)
+    ids, budget = [], SANITY_TOKENS
+    for i in picked:
+        sentence = corpus[int(i)]
+        ids.append(sentence[:budget])
+        budget -= len(ids[-1])
+        if budget <= 0:
+            break
+    ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    if len(ids) and int(ids.max()) >= len(tokens):
+        problems.append(f"{what} item {item}: {prefix} holds token id {int(ids.max())} but the run's vocab "
+                        f"{vocab_file} has {len(tokens)} tokens: the corpus was tokenized with another vocabulary "
+                        f"({sidecar} is missing); pass that vocab, or re-tokenize the corpus with this one")
+    elif len(ids) and unk is not None and float(np.mean(ids == unk)) > UNK_LIMIT:
+        problems.append(f"{what} item {item}: {float(np.mean(ids == unk)):.0%} of the sampled tokens of {prefix} are "
+                        f"[UNK] in {vocab_file}: the corpus was tokenized with another vocabulary ({sidecar} is "
+                        "missing); pass that vocab, or re-tokenize the corpus with this one")
+    else:
+        notes.append(f"warning: {what} item {item}: {sidecar} is missing, so the vocabulary of {prefix} cannot be "
+                     f"compared with {vocab_file}; its ids passed a sanity check ({len(ids):,} tokens sampled: "
+                     f"all below the vocab size {len(tokens)}, few [UNK])")
+
+
+def _check_vocabs(entries, what: str, vocab_file: Optional[str], problems: List[str],
+                  notes: Optional[List[str]] = None) -> None:
+    """Token ids only mean something with their vocab: the sidecars must agree (and match the run's
+    vocab); a corpus without sidecar is sanity-checked (`_check_unrecorded`)."""
+    notes = notes if notes is not None else []
     recorded = []  # (item, prefix, vocab file, sha1)
     for item, _, prefix in entries:
         sidecar = prefix + ".json"
         if not os.path.isfile(sidecar):
-            continue  # corpora from other tools have no sidecar: nothing to check
+            _check_unrecorded(item, prefix, what, vocab_file, problems, notes)
+            continue
         try:
             meta = json.loads(Path(sidecar).read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:

@@ -266,11 +266,14 @@ def read_label_map(path: str, task: str, *, item: str, id_word: str, example: st
     import json
 
     try:
-        with open(path, encoding="utf-8") as f:
-            mapping = json.load(f)
+        with open(path, "rb"):
+            pass
     except OSError as e:
         raise ConfigError([f"task {task!r}: label_map {path}: cannot read it ({e.strerror}); give the path of a "
                            f"JSON file {{{item}: id}}"]) from None
+    text = "\n".join(line for _, line in text_lines(path))
+    try:
+        mapping = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError([f"{path}:{e.lineno}: label_map is not valid JSON ({e.msg}); write an object like "
                            f"{example}"]) from None
@@ -282,39 +285,66 @@ def read_label_map(path: str, task: str, *, item: str, id_word: str, example: st
     return mapping
 
 
+def text_lines(path: str):
+    """(line number, line without its newline) of a UTF-8 text file; a UTF-8 byte-order mark at the
+    start is accepted. ConfigError naming the file and line for undecodable bytes, and the file for
+    read errors."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read it ({e.strerror})"]) from None
+    with f:
+        for number, raw in enumerate(f, start=1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError([f"{path}:{number}: not UTF-8 text (byte {e.start + 1} of the line, "
+                                   f"{raw[e.start:e.start + 4]!r}); save the file as UTF-8"]) from None
+            yield number, line.rstrip("\r\n")
+
+
+def read_json_file(path: str, what: str, example: str):
+    """A UTF-8 JSON document (a BOM accepted); ConfigError naming the file, line and column."""
+    import json
+
+    text = "\n".join(line for _, line in text_lines(path))
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError([f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); {what} is {example}"]) from None
+
+
 def read_tsv(path: str, required_columns: Sequence[str], *, optional_columns: Sequence[str] = ()
              ) -> List[Tuple[int, Dict[str, str]]]:
     """Rows of a PALM-style TSV file with a header row: [(line number, {column: value})].
 
     The header names the columns (e.g. `label<TAB>text_a`); `required_columns` must all be there
     (a pred file may lack `label`: pass it in `optional_columns`). A row with another number of
-    fields than the header is reported as `path:line`.
+    fields than the header is reported as `path:line`; so are bytes that are not UTF-8. A UTF-8
+    byte-order mark before the header is accepted.
     """
     rows: List[Tuple[int, Dict[str, str]]] = []
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as e:
-        raise ConfigError([f"{path}: cannot read it ({e.strerror})"]) from None
-    with f:
-        header_line = f.readline()
-        header = header_line.rstrip("\r\n").split("\t")
-        missing = [c for c in required_columns if c not in header]
-        allowed = set(required_columns) | set(optional_columns)
-        if not header_line or missing:
-            raise ConfigError([f"{path}:1: the header row must name the columns {list(required_columns)} "
-                               f"(tab-separated), found {header!r}; add a first line like "
-                               f"'{'<TAB>'.join(required_columns)}'"])
-        unknown = [c for c in header if c not in allowed]
-        if unknown:
-            raise ConfigError([f"{path}:1: unknown column(s) {unknown} in the header; expected "
-                               f"{list(required_columns) + list(optional_columns)}"])
-        for number, line in enumerate(f, start=2):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            if len(fields) != len(header):
-                raise ConfigError([f"{path}:{number}: {len(fields)} tab-separated fields but the header has "
-                                   f"{len(header)} ({'<TAB>'.join(header)})"])
-            rows.append((number, dict(zip(header, fields))))
+    lines = text_lines(path)
+    _, header_line = next(lines, (1, None))
+    header = (header_line or "").split("\t")
+    missing = [c for c in required_columns if c not in header]
+    allowed = set(required_columns) | set(optional_columns)
+    if header_line is None or missing:
+        raise ConfigError([f"{path}:1: the header row must name the columns {list(required_columns)} "
+                           f"(tab-separated), found {header!r}; add a first line like "
+                           f"'{'<TAB>'.join(required_columns)}'"])
+    unknown = [c for c in header if c not in allowed]
+    if unknown:
+        raise ConfigError([f"{path}:1: unknown column(s) {unknown} in the header; expected "
+                           f"{list(required_columns) + list(optional_columns)}"])
+    for number, line in lines:
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != len(header):
+            raise ConfigError([f"{path}:{number}: {len(fields)} tab-separated fields but the header has "
+                               f"{len(header)} ({'<TAB>'.join(header)})"])
+        rows.append((number, dict(zip(header, fields))))
     return rows

@@ -12,14 +12,13 @@ character-level as in PaddleNLP's CMRC2018/DuReader examples (`is_whitespace_spl
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ernie_mtl.config import ConfigError
 from ernie_mtl.feeds import FeedSpec
-from ernie_mtl.tasks.base import (
+from ernie_mtl.tasks.base import (read_json_file, 
     Encoded, HeadOutputs, Option, TaskData, TaskType, pad_backbone_inputs, register_task_type)
 
 _MAX_REPORTED = 20  # problems listed in one error; the rest are counted
@@ -133,14 +132,8 @@ class MRCTask(TaskType):
     # -- data ----------------------------------------------------------------------------------
     def _read(self, path: str, split: str) -> List[Dict[str, Any]]:
         """The questions of a SQuAD-style file, validated; every problem reported with its JSON path."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except OSError as e:
-            raise ConfigError([f"{path}: cannot read it ({e.strerror})"]) from None
-        except json.JSONDecodeError as e:
-            raise ConfigError([f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); an MRC file is SQuAD-style "
-                               '{"data": [{"paragraphs": [{"context": ..., "qas": [...]}]}]}']) from None
+        doc = read_json_file(path, "an MRC file", 'SQuAD-style {"data": [{"paragraphs": [{"context": ..., '
+                                                  '"qas": [...]}]}]}')
         labelled = split != "pred"
         problems: List[str] = []
         examples: List[Dict[str, Any]] = []

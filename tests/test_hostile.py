@@ -1,0 +1,309 @@
+"""Hostile but realistic input against every entry point (issue 11): each case runs the real command
+in a fresh copy of a prepared workspace and asserts exit status 2, one message naming the culprit
+(file, line, flag or key), no traceback, and that every file that existed before is byte-identical
+afterwards (no checkpoint, corpus or vocabulary is ever damaged by a refused run).
+
+Workspace (built once): a vocab, a tokenized corpus, classification and MRC task files, a trained
+flag-mode run with checkpoints model_3 and model_last (step 6), and a multi-task run with an
+exported `topic` model. A full disk is simulated without root by a file-size limit (RLIMIT_FSIZE,
+SIGXFSZ ignored: writes past it fail with EFBIG as they fail with ENOSPC).
+"""
+import zlib  # noqa: F401  (before paddle)
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = [sys.executable, str(ROOT / "run_multitask_static.py")]
+S2D = [sys.executable, str(ROOT / "static_to_dynamic.py")]
+SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
+CHARS = list("的了是在我有他这中大国人民日天北上东西南家们主本下京海方边好坏")
+
+
+def dt(module):
+    return [sys.executable, "-m", f"data_tools.{module}"]
+
+
+def sh(cmd, cwd, *, limit=None, env=None, timeout=300):
+    def preexec():
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=preexec, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+                                                   **(env or {})})
+
+
+# -- the workspace ----------------------------------------------------------------------------------------
+FLAG = ["--device", "cpu", "--model_name_or_path", "ernie-tiny-test", "--vocab_size", str(len(SPECIALS) + len(CHARS)),
+        "--tokenizer_name_or_path", "vocab.txt", "--input_dir", "corpus", "--split", "80,10,10", "--max_seq_len", "32",
+        "--micro_batch_size", "4", "--max_steps", "6", "--save_steps", "3", "--checkpoint_steps", "3",
+        "--eval_freq", "3", "--eval_iters", "1", "--num_workers", "0", "--output_dir", "out"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    rng = np.random.default_rng(0)
+    (root / "vocab.txt").write_text("\n".join(SPECIALS + CHARS) + "\n", encoding="utf-8")
+    docs = ["\n".join("".join(rng.choice(CHARS, 10)) + "。" for _ in range(4)) for _ in range(40)]
+    (root / "docs.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    assert sh(dt("create_pretraining_data") + ["--input", "docs.txt", "--vocab_file", "vocab.txt", "--output_prefix",
+                                               "corpus", "--workers", "1"], root).returncode == 0
+    rows = ["label\ttext_a"] + [f"{i % 2}\t{''.join(rng.choice(CHARS, 8))}" for i in range(24)]
+    (root / "cls.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (root / "tasks").mkdir()
+    (root / "tasks" / "topic.yaml").write_text("reader: cls\ntrain_file: ../cls.tsv\ndev_file: ../cls.tsv\n"
+                                               "n_classes: 2\n")
+    (root / "global.yaml").write_text("task_instance: topic\ntask_dir: tasks\nbatch_size: 4\nmax_seq_len: 32\n"
+                                      "num_epochs: 1\n")
+    proc = sh(RUN + FLAG, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = sh(RUN + ["--config", "global.yaml"] + FLAG[:8] + ["--num_workers", "0", "--output_dir", "mtl"], root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (root / "mtl" / "topic" / "infer_model" / "manifest.json").is_file()
+    return root
+
+
+def snapshot(root: Path):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# -- the cases: (id, setup(ws) -> command, fragments the one message must contain) ------------------------
+def write(path: Path, data, mode="w"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data, encoding="utf-8")
+    return path
+
+
+def flag(*extra, drop=()):
+    out = list(FLAG)
+    for name in drop:
+        i = out.index(name)
+        del out[i:i + 2]
+    return RUN + out + list(extra)
+
+
+def damage_state(ws, how):
+    for name in ("model_last", "model_3"):
+        f = ws / "out" / name / "train_state.json"
+        if how == "garbage":
+            f.write_text("garbage{{{")
+        elif how == "truncated":
+            f.write_bytes(f.read_bytes()[:50])
+        elif how == "deleted":
+            f.unlink()
+        elif how == "step_string":
+            raw = json.loads(f.read_text())
+            raw["step"] = str(raw["step"])
+            f.write_text(json.dumps(raw))
+    return flag()
+
+
+def damage_file(ws, rel, how):
+    f = ws / "out" / "model_last" / rel
+    if how == "truncate":
+        f.write_bytes(f.read_bytes()[:-11])
+    else:
+        f.unlink()
+    return flag()
+
+
+def mt_yaml(ws, global_text, task_text=None, name="g.yaml"):
+    write(ws / name, global_text)
+    if task_text is not None:
+        write(ws / "tasks" / "topic.yaml", task_text)
+    return RUN + ["--config", name, "--device", "cpu", "--model_name_or_path", "ernie-tiny-test", "--vocab_size",
+                  str(len(SPECIALS) + len(CHARS)), "--tokenizer_name_or_path", "vocab.txt", "--num_workers", "0",
+                  "--output_dir", "mtl2"]
+
+
+CASES = [
+    # flags: every problem at once, each named
+    ("flag_not_a_number", lambda ws: flag("--max_lr", "abc"), ["--max_lr 'abc'", "not a number"]),
+    ("flag_not_a_boolean", lambda ws: flag("--use_amp", "maybe"), ["--use_amp 'maybe'", "true or false"]),
+    ("flag_unknown", lambda ws: flag("--lerning_rate", "0.1"), ["--lerning_rate", "did you mean"]),
+    ("flag_mp_degree", lambda ws: flag("--mp_degree", "2"), ["--mp_degree '2'", "tensor (model) parallelism is not "
+                                                             "supported", "--use_sharding"]),
+    ("flag_pp_degree", lambda ws: flag("--pp_degree=4"), ["--pp_degree '4'", "pipeline parallelism"]),
+    ("flag_two_problems_in_one_slice", lambda ws: flag("--warmup_rate", "5", "--decay_steps", "-1"),
+     ["--warmup_rate 5.0", "--decay_steps -1"]),
+    ("flag_batch_not_divisible", lambda ws: flag("--global_batch_size", "6"), ["--global_batch_size", "6"]),
+    ("flag_sharding_without_switch", lambda ws: flag("--sharding_degree", "2"), ["--sharding_degree 2 needs "
+                                                                                  "--use_sharding"]),
+    ("flag_gpu_on_cpu_build", lambda ws: flag("--device", "gpu"), ["--device gpu", "CPU build"]),
+    ("flag_bf16_on_cpu", lambda ws: flag("--use_amp", "--amp_dtype", "bfloat16"), ["bfloat16", "CPU"]),
+    ("flag_unknown_model_name", lambda ws: flag("--model_name_or_path", "ernie-3.0-xbase"),
+     ["'ernie-3.0-xbase'", "never downloaded"]),
+    ("flag_seq_longer_than_positions", lambda ws: flag("--max_seq_len", "4096"), ["--max_seq_len 4096",
+                                                                                   "max_position_embeddings"]),
+    ("flag_mask_prob_zero", lambda ws: flag("--masked_lm_prob", "0"), ["--masked_lm_prob 0.0"]),
+    ("flag_eval_iters_zero", lambda ws: flag("--eval_iters", "0"), ["--eval_iters 0 must be >= 1"]),
+    ("flag_resume_not_a_checkpoint", lambda ws: flag("--resume", "docs.txt"), ["--resume", "not a complete "
+                                                                                "checkpoint"]),
+    # data and vocabulary
+    ("corpus_missing", lambda ws: flag("--input_dir", "nowhere"), ["--input_dir", "nowhere.bin", "not found"]),
+    ("corpus_truncated_bin", lambda ws: (write(ws / "corpus.bin", (ws / "corpus.bin").read_bytes()[:-3]),
+                                         flag())[1], ["corpus.bin"]),
+    ("mixture_bad_weight", lambda ws: flag("--input_dir", "5.0 corpus abc corpus"), ["--input_dir", "abc"]),
+    ("mixture_odd_items", lambda ws: flag("--input_dir", "5.0 corpus 7.0"), ["--input_dir", "odd number"]),
+    ("mixture_empty_folder", lambda ws: ((ws / "empty_dir").mkdir(), flag("--input_dir", "empty_dir"))[1],
+     ["--input_dir", "empty_dir"]),
+    ("corpus_other_vocab_sidecar", lambda ws: (write(ws / "corpus.json", json.dumps(
+        {**json.loads((ws / "corpus.json").read_text()), "vocab_sha1": "1" * 40})), flag())[1],
+     ["corpus", "tokenized with", "sha1"]),
+    ("corpus_without_sidecar_other_vocab", lambda ws: ((ws / "corpus.json").unlink(),
+                                                       write(ws / "v2.txt", "\n".join(SPECIALS + ["x"]) + "\n"),
+                                                       flag("--tokenizer_name_or_path", "v2.txt"))[2],
+     ["corpus", "corpus.json is missing", "another vocabulary"]),
+    ("vocab_missing", lambda ws: flag("--tokenizer_name_or_path", "nope.txt"), ["--tokenizer_name_or_path",
+                                                                                 "nope.txt", "not found"]),
+    ("vocab_empty", lambda ws: (write(ws / "empty.txt", ""), flag("--tokenizer_name_or_path", "empty.txt"))[1],
+     ["empty.txt is empty"]),
+    ("vocab_without_mask", lambda ws: (write(ws / "nomask.txt", "\n".join(["[PAD]", "[CLS]", "[SEP]", "[UNK]"] + CHARS)),
+                                       flag("--tokenizer_name_or_path", "nomask.txt"))[1], ["nomask.txt", "[MASK]"]),
+    ("vocab_not_utf8", lambda ws: (write(ws / "bad.txt", b"[PAD]\n\xff\xfe\n"),
+                                   flag("--tokenizer_name_or_path", "bad.txt"))[1], ["bad.txt", "not UTF-8"]),
+    ("output_dir_is_a_file", lambda ws: (write(ws / "afile", "x"), flag("--output_dir", "afile"))[1],
+     ["--output_dir", "afile", "is a file"]),
+    ("output_dir_under_a_file", lambda ws: (write(ws / "afile", "x"), flag("--output_dir", "afile/run"))[1],
+     ["--output_dir", "afile", "not a folder"]),
+    # --config YAML
+    ("config_missing", lambda ws: RUN + ["--config", "nope.yaml"], ["--config nope.yaml", "cannot read"]),
+    ("config_not_yaml", lambda ws: (write(ws / "b.yaml", "a: [1, 2\n"), RUN + ["--config", "b.yaml"])[1],
+     ["b.yaml", "not valid YAML"]),
+    ("config_not_a_mapping", lambda ws: (write(ws / "b.yaml", "- 1\n- 2\n"), RUN + ["--config", "b.yaml"])[1],
+     ["b.yaml", "mapping"]),
+    ("config_unknown_key", lambda ws: (write(ws / "b.yaml", "max_lrr: 1\n"), RUN + ["--config", "b.yaml"])[1],
+     ["unknown key 'max_lrr'", "did you mean 'max_lr'"]),
+    # multi-task configuration: every problem at once
+    ("mtl_global_and_task_errors_together", lambda ws: mt_yaml(
+        ws, "task_instance: topic\ntask_dir: tasks\nmix_ratio: abc\n",
+        "reader: cls\ntrain_file: ../cls.tsv\nn_classes: 2\nbatch_size: sixteen\n"),
+     ["mix_ratio", "abc", "batch_size", "sixteen"]),
+    ("mtl_task_file_missing", lambda ws: mt_yaml(ws, "task_instance: topic, nosuch\ntask_dir: tasks\n"),
+     ["nosuch", "does not exist"]),
+    ("mtl_unknown_reader", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n",
+                                              "reader: clss\ntrain_file: ../cls.tsv\n"), ["unknown reader 'clss'"]),
+    ("mtl_no_task_instance", lambda ws: mt_yaml(ws, "task_dir: tasks\nmix_ratio: 1\n"),
+     ["mix_ratio"]),  # without task_instance it is a flag file: mix_ratio is no flag
+    ("mtl_task_override_bad", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n") +
+     ["--tasks.topic.batch_size=abc"], ["--tasks.topic.batch_size", "abc"]),
+    ("mtl_plugin_raises", lambda ws: (write(ws / "p.py", "raise RuntimeError('boom')\n"),
+                                      mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\nplugins: p.py\n"))[1],
+     ["plugins", "RuntimeError: boom"]),
+    ("mtl_unknown_callback", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\ncallbacks: [nope]\n"),
+     ["unknown callback 'nope'"]),
+    ("tsv_not_utf8", lambda ws: (write(ws / "cls.tsv", (ws / "cls.tsv").read_bytes() + b"1\t\xff\xfe\n"),
+                                 mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n"))[1], ["cls.tsv:26:",
+                                                                                             "not UTF-8"]),
+    ("tsv_wrong_field_count", lambda ws: (write(ws / "cls.tsv", (ws / "cls.tsv").read_text() + "1\ta\tb\n"),
+                                          mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n"))[1],
+     ["cls.tsv:26:", "3 tab-separated fields"]),
+    ("tsv_missing_header", lambda ws: (write(ws / "cls.tsv", "1\t好\n"),
+                                       mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n"))[1],
+     ["cls.tsv:1:", "header row"]),
+    ("label_map_not_json", lambda ws: (write(ws / "lm.json", "{"), write(ws / "tasks" / "topic.yaml",
+                                       "reader: cls\ntrain_file: ../cls.tsv\nlabel_map: ../lm.json\n"),
+                                       mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n"))[2],
+     ["lm.json:1", "not valid JSON"]),
+    ("mrc_not_json", lambda ws: (write(ws / "qa.json", '{"data": [\n  {"paragraphs": [}\n]}'),
+                                 write(ws / "tasks" / "topic.yaml", "reader: mrc\ntrain_file: ../qa.json\n"),
+                                 mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n"))[2],
+     ["qa.json:2:", "not valid JSON"]),
+    # checkpoints: never skipped, never overwritten
+    ("ckpt_state_garbage", lambda ws: damage_state(ws, "garbage"), ["model_last/train_state.json is damaged",
+                                                                    "--resume none"]),
+    ("ckpt_state_truncated", lambda ws: damage_state(ws, "truncated"), ["train_state.json is damaged"]),
+    ("ckpt_state_deleted", lambda ws: damage_state(ws, "deleted"), ["train_state.json is missing"]),
+    ("ckpt_step_a_string", lambda ws: damage_state(ws, "step_string"), ["step is str '6'"]),
+    ("ckpt_params_truncated", lambda ws: damage_file(ws, "state/rank_0.pdparams", "truncate"),
+     ["rank_0.pdparams is damaged", "model_3 (step 3)", "--resume PATH"]),
+    ("ckpt_opt_deleted", lambda ws: damage_file(ws, "state/rank_0.pdopt", "delete"),
+     ["rank_0.pdopt is missing", "model_3 (step 3)"]),
+    ("ckpt_resume_none_over_checkpoints", lambda ws: flag("--resume", "none"),
+     ["--resume none", "holds checkpoints", "--overwrite_output_dir"]),
+    ("ckpt_changed_seed", lambda ws: flag("--seed", "99"), ["cannot resume exactly", "seed: checkpoint 1234 vs "
+                                                                                      "now 99"]),
+    ("ckpt_disk_full_on_save", lambda ws: flag("--output_dir", "out2", drop=("--output_dir",)),
+     ["cannot write checkpoint", "ws/out2/", "File too large; the file exceeds the size limit",
+      "previous checkpoints are unchanged"]),
+    # converter
+    ("s2d_damaged_checkpoint", lambda ws: (damage_file(ws, "state/rank_0.pdparams", "truncate"),
+                                           S2D + ["--input", "out/model_last", "--output_dir", "conv"])[1],
+     ["rank_0.pdparams is damaged"]),
+    ("s2d_overwrite_a_file", lambda ws: (write(ws / "conv", "keep me"), S2D + ["--input", "out/model_last",
+                                                                              "--output_dir", "conv",
+                                                                              "--overwrite"])[1],
+     ["--output_dir", "conv is a file"]),
+    ("s2d_missing_input", lambda ws: S2D + ["--input", "nowhere", "--output_dir", "conv"], ["nowhere"]),
+    ("s2d_verify_truncated_export", lambda ws: (write(ws / "mtl/topic/infer_model/model.pdiparams",
+                                                      (ws / "mtl/topic/infer_model/model.pdiparams").read_bytes()[:100]),
+                                                S2D + ["--input", "mtl/topic/infer_model", "--output_dir", "conv",
+                                                       "--verify"])[1], ["model.pdiparams", "re-export"]),
+    # prediction and evaluation
+    ("predict_unknown_task", lambda ws: RUN + ["--do_predict", "--task", "nosuch", "--pred_file", "cls.tsv",
+                                               "--output_dir", "mtl"], ["--task nosuch", "['topic']"]),
+    ("predict_not_utf8", lambda ws: (write(ws / "p.tsv", b"text_a\n\xff\xfe\n"),
+                                     RUN + ["--do_predict", "--task", "topic", "--pred_file", "p.tsv",
+                                            "--output_dir", "mtl"])[1], ["p.tsv:2:", "not UTF-8"]),
+    ("predict_truncated_model", lambda ws: (write(ws / "mtl/topic/infer_model/model.pdiparams",
+                                                  (ws / "mtl/topic/infer_model/model.pdiparams").read_bytes()[:100]),
+                                            RUN + ["--do_predict", "--task", "topic", "--pred_file", "cls.tsv",
+                                                   "--output_dir", "mtl"])[1], ["model.pdiparams", "damaged"]),
+    ("eval_wrong_format", lambda ws: (write(ws / "e.tsv", "label\ttext_a\n1\ta\tb\n"),
+                                      RUN + ["--do_eval", "--task", "topic", "--eval_file", "e.tsv",
+                                             "--output_dir", "mtl"])[1], ["e.tsv:2:"]),
+    ("eval_without_file", lambda ws: RUN + ["--do_eval", "--task", "topic", "--output_dir", "mtl"],
+     ["--do_eval needs --eval_file"]),
+    # data tools
+    ("tool_vocab_without_mask", lambda ws: (write(ws / "nomask.txt", "\n".join(["[PAD]", "[CLS]", "[SEP]", "[UNK]"]
+                                                                               + CHARS)),
+                                            dt("create_pretraining_data") + ["--input", "docs.txt", "--vocab_file",
+                                                                             "nomask.txt", "--output_prefix",
+                                                                             "c2"])[1], ["nomask.txt", "[MASK]"]),
+    ("tool_input_missing", lambda ws: dt("create_pretraining_data") + ["--input", "nope.txt", "--vocab_file",
+                                                                      "vocab.txt", "--output_prefix", "c2"],
+     ["nope.txt"]),
+    ("tool_vocab_output_is_a_folder", lambda ws: ((ws / "vdir").mkdir(),
+                                                  dt("build_vocab") + ["--input", "docs.txt", "--output", "vdir"])[1],
+     ["vdir"]),
+    ("tool_merge_other_vocab", lambda ws: (write(ws / "corpus.json", json.dumps(
+        {**json.loads((ws / "corpus.json").read_text()), "vocab_sha1": "2" * 40})),
+        dt("merge") + ["--inputs", "corpus", "out_c", "--output_prefix", "merged"])[1], ["merge"]),
+    # launch scripts
+    ("launch_master_malformed", lambda ws: ["bash", ROOT / "scripts" / "run.sh"], ["MASTER"]),
+]
+ENV = {"launch_master_malformed": {"MASTER": "host-without-port", "NNODES": "2", "GPUS": "0", "CONFIG": "global.yaml",
+                                   "OUTPUT_DIR": "o", "DRY_RUN": "1"}}
+LIMIT = {"ckpt_disk_full_on_save": 40_000}
+
+
+def test_there_are_at_least_sixty_cases():
+    assert len(CASES) >= 60 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("name,make,fragments", CASES, ids=[c[0] for c in CASES])
+def test_hostile_input_is_refused_with_one_clear_message_and_nothing_changed(base, tmp_path, name, make, fragments):
+    ws = tmp_path / "ws"
+    shutil.copytree(base, ws, symlinks=True)
+    cmd = make(ws)
+    before = snapshot(ws)
+    proc = sh(cmd, ws, limit=LIMIT.get(name), env=ENV.get(name))
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, (proc.returncode, text[-3000:])
+    assert "Traceback" not in text and "During handling" not in text, text[-3000:]
+    for fragment in fragments:
+        assert fragment in text, (fragment, text[-3000:])
+    after = snapshot(ws)
+    changed = [p for p, data in before.items() if after.get(p) != data]
+    assert not changed, changed  # every file that existed before is byte-identical
