@@ -1,5 +1,5 @@
 """oneDNN vs Paddle's plain CPU kernels, op by op, on ERNIE's shapes: the evidence behind
-ernie_mtl.onednn.EXACT_ONEDNN_OPS.
+ernie_mtl.cpu_kernels.EXACT_ONEDNN_OPS.
 
     python benchmarks/bench_onednn_ops.py                  # ERNIE-base shapes, batch 8 x seq 128
     python benchmarks/bench_onednn_ops.py --hidden 256 --layers-ffn 1024 --heads 4 --batch 16

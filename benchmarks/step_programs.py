@@ -1,10 +1,12 @@
 """Training-step programs and their CPU variants, shared by bench_train.py and profile_step.py.
 
-The coupling to the library is one function per program kind: `build_pretrain_step` calls
-`ernie_mtl.model.build_pretrain_programs`, `build_multitask_step` calls
-`ernie_mtl.mtl_model.build_multitask_programs`. Both return a `Step`: the main program, how to
-initialise its scope, a few fixed feeds and the loss to fetch. When the training engine's builders
-change, only these two functions follow.
+The coupling to the library is the training engine's one builder, `ernie_mtl.build.build_programs`,
+called by `build_pretrain_step` (the one task `pretrain` of flag-mode pretraining) and
+`build_multitask_step` (masked LM + classification + CRF tagging), with tasks made from
+`ernie_mtl.tasks` as the config loader makes them. Both return a `Step`: the main program, how to
+initialise its scope, a few fixed feeds (`ernie_mtl.forward.make_feed`, plus the engine's dropout
+seeds drawn per step as the trainer draws them) and the loss to fetch. When the builder changes,
+only these functions follow.
 
 Variants (a `+`-joined list, applied by `prepare_env` before paddle is imported and by
 `apply_variant` after the build):
@@ -13,13 +15,13 @@ Variants (a `+`-joined list, applied by `prepare_env` before paddle is imported 
     (default)  threads from ernie_mtl.threads (cores / ranks on this node)
     serial     FLAGS_new_executor_serial_run=1 (ops run in order on the calling thread)
     inplace    FLAGS_new_executor_use_inplace=1
-    onednn     ernie_mtl.onednn.use_onednn_ops(main): the exact oneDNN op types
+    onednn     ernie_mtl.cpu_kernels.use_onednn_ops(main): the exact oneDNN op types
     onednn=T1:T2  oneDNN on the listed op types (candidates under study; `:`-separated)
     biasgrad   bias gradients by matmul (ernie_mtl.cpu_kernels.bias_grads_by_matmul)
     fusedadam  the per-parameter adamw ops replaced by one fused_adam op per (decay, no decay) group
                (Paddle's multi-tensor op; its CPU kernel loops over the same AdamW kernel)
-    seed       every dropout op reads its seed from a Seed input (a CPU int32 tensor fed each step),
-               as the real-random dropout of the training engine does
+    seed       kept for old command lines: the engine's programs already read every dropout seed from
+               the fed `dropout_seeds` (ernie_mtl/randomness.py), so this adds nothing
     nodrop     dropout probabilities 0 (the dropout ops stay, with p = 0)
 """
 from __future__ import annotations
@@ -188,6 +190,9 @@ class Step:
     seq: int
     seed_vars: List[str] = field(default_factory=list)
     tasks: List[str] = field(default_factory=list)
+    programs: Any = None  # the engine's build.Programs
+    dropout_seeds: int = 0  # length of the engine's `dropout_seeds` feed (ernie_mtl/randomness.py)
+    seed: int = 1
 
     def flops_per_token(self) -> float:
         """6 x non-embedding parameters + 12 x layers x hidden x seq (attention scores and values):
@@ -197,6 +202,10 @@ class Step:
 
     def feed(self, i: int) -> Dict[str, np.ndarray]:
         f = dict(self.feeds[i % len(self.feeds)])
+        if self.dropout_seeds:  # the trainer's seeds of (step i, micro-batch 0, data rank 0)
+            from ernie_mtl.randomness import DROPOUT_SEEDS, draw_dropout_seeds
+
+            f[DROPOUT_SEEDS] = draw_dropout_seeds(self.seed, i, 0, 0, self.dropout_seeds)
         for k, name in enumerate(self.seed_vars):  # a new seed per op and step, as real dropout gets
             f[name] = np.array([1 + (i * len(self.seed_vars) + k) % (2 ** 31 - 2)], "int32")
         return f
@@ -221,61 +230,89 @@ def _fleet(b: int):
     return topo, functools.partial(build_strategy, topo, parallel, AmpConfig())
 
 
+def _vocab_file(folder: Path, size: int) -> str:
+    """A vocab.txt of `size` entries with ERNIE's special tokens (the task types read it)."""
+    path = folder / "vocab.txt"
+    specials = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
+    path.write_text("\n".join(specials + [f"t{i}" for i in range(size - len(specials))]) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def _make_task(ctx, type_name: str, task_name: str, index: int, b: int, seq: int, **options):
+    """A task of `type_name` (ernie_mtl.tasks) as the config loader resolves one: its options' defaults
+    filled in, `options` on top; its data is never loaded here (the benchmarks feed random batches)."""
+    import ernie_mtl.tasks  # noqa: F401  (registers the built-in task types)
+    from ernie_mtl.config import TaskSpec
+    from ernie_mtl.tasks.base import get_task_type
+
+    cls = get_task_type(type_name)
+    opts = {k: o.default for k, o in cls.options.items()}
+    opts.update(options)
+    spec = TaskSpec(name=task_name, reader=type_name, index=index, train_file="unused-corpus", batch_size=b,
+                    max_seq_len=seq, options=opts)
+    return cls(spec, ctx)
+
+
+def _build(model, tasks, b: int, seed: int):
+    """`ernie_mtl.build.build_programs` for `tasks`, one process, no accumulation (as the trainer builds)."""
+    from ernie_mtl.build import build_programs
+    from ernie_mtl.config import AmpConfig, OptimConfig
+
+    topo, strategy = _fleet(b)
+    return build_programs(model, OptimConfig(max_steps=1000), strategy, topo, tasks, seed=seed, amp_cfg=AmpConfig())
+
+
 def build_pretrain_step(name: str, b: int, seq: int, *, seed: int = 1, nodrop: bool = False,
                         n_feeds: int = 4, real_len=None) -> Step:
-    """Flag-mode pretraining (MLM + sentence-pair head), one process, no accumulation."""
+    """Flag-mode pretraining (the one task `pretrain`: MLM + sentence-pair head) through the training
+    engine's builder (ernie_mtl.build.build_programs), one process, no accumulation."""
     import paddle
 
     paddle.enable_static()
-    from ernie_mtl.config import AmpConfig, OptimConfig
-    from ernie_mtl.model import build_pretrain_programs
+    from ernie_mtl.forward import make_feed
+    from ernie_mtl.tasks.base import TaskContext
 
-    topo, strategy = _fleet(b)
     model = _model_cfg(name, nodrop)
-    progs = build_pretrain_programs(model, OptimConfig(max_steps=1000), strategy, topo, seed=seed,
-                                    amp_cfg=AmpConfig())
     arch = model.resolve().arch
+    with tempfile.TemporaryDirectory(prefix="ernie_bench_") as tmp:  # read while the task is made
+        ctx = TaskContext(vocab_file=_vocab_file(Path(tmp), arch["vocab_size"]), seed=seed,
+                          model_type=model.model_type, log=lambda s: None)
+        task = _make_task(ctx, "pretrain", "pretrain", 0, b, seq, binary_head=model.binary_head)
+    progs = _build(model, [task], b, seed)
     rng = np.random.RandomState(0)
-    feeds = [pretrain_batch(rng, b, seq, arch["vocab_size"], real_len=real_len) for _ in range(n_feeds)]
-    return Step("pretrain", progs.main, progs.initialize, feeds, progs.fetches["loss"], arch, b, seq)
+    feeds = []
+    for k in range(n_feeds):
+        batch = pretrain_batch(rng, b, seq, arch["vocab_size"], real_len=real_len)
+        if not task.binary_head:
+            batch.pop("next_sentence_labels")
+        feeds.append({**make_feed([task], 0, batch), **progs.freeze.feed(["pretrain"])})
+    return Step("pretrain", progs.main, progs.initialize, feeds, progs.fwd.task_losses["pretrain"], arch, b, seq,
+                tasks=["pretrain"], programs=progs, dropout_seeds=progs.dropout_seeds, seed=seed)
 
 
 def build_multitask_step(name: str, b: int, seq: int, *, seed: int = 1, nodrop: bool = False) -> Step:
-    """Three tasks on one ERNIE: masked LM, 2-class classification, CRF word segmentation (4 tags).
-    Feed i is a micro-batch of task i % 3 (the others get their placeholder labels)."""
+    """Three tasks on one ERNIE, through the training engine's builder: masked LM, 2-class
+    classification, CRF word segmentation (4 tags). Feed i is a micro-batch of task i % 3 (the others
+    get their placeholder labels, as `ernie_mtl.forward.make_feed` gives them)."""
     import json
 
     import paddle
 
     paddle.enable_static()
-    from ernie_mtl.config import AmpConfig, OptimConfig
-    from ernie_mtl.mtl_forward import make_feed
-    from ernie_mtl.mtl_model import build_multitask_programs
-    from ernie_mtl.tasks.base import TaskContext, TaskSpec
-    from ernie_mtl.tasks.classification import ClassificationTask
-    from ernie_mtl.tasks.mlm import MaskedLMTask
-    from ernie_mtl.tasks.seq_label import SeqLabelTask
+    from ernie_mtl.forward import make_feed
+    from ernie_mtl.tasks.base import TaskContext
 
     model = _model_cfg(name, nodrop)
     arch = model.resolve().arch
     with tempfile.TemporaryDirectory(prefix="ernie_bench_") as tmp:  # read while the tasks are made
         work = Path(tmp)
-        specials = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
-        (work / "vocab.txt").write_text("\n".join(specials + [f"t{i}" for i in range(arch["vocab_size"] - 5)]) + "\n")
         (work / "tags.json").write_text(json.dumps({"B": 0, "M": 1, "E": 2, "S": 3}))
-        ctx = TaskContext(vocab_file=str(work / "vocab.txt"), seed=seed, log=lambda s: None)
-
-        def make(cls, task_name, index, **options):
-            opts = {k: o.default for k, o in cls.options.items()}
-            opts.update(options)
-            return cls(TaskSpec(name=task_name, reader=cls.name, index=index, max_seq_len=seq, batch_size=b,
-                                options=opts), ctx)
-
-        tasks = [make(MaskedLMTask, "corpus", 0), make(ClassificationTask, "sentiment", 1, n_classes=2),
-                 make(SeqLabelTask, "wordseg", 2, label_map=str(work / "tags.json"), use_crf=True)]
-    topo, strategy = _fleet(b)
-    progs = build_multitask_programs(model, OptimConfig(max_steps=1000), strategy, topo, tasks, seed=seed,
-                                     amp_cfg=AmpConfig())
+        ctx = TaskContext(vocab_file=_vocab_file(work, arch["vocab_size"]), seed=seed, model_type=model.model_type,
+                          log=lambda s: None)
+        tasks = [_make_task(ctx, "mlm", "corpus", 0, b, seq),
+                 _make_task(ctx, "cls", "sentiment", 1, b, seq, n_classes=2),
+                 _make_task(ctx, "seq_label", "wordseg", 2, b, seq, label_map=str(work / "tags.json"), use_crf=True)]
+    progs = _build(model, tasks, b, seed)
     rng = np.random.RandomState(0)
     feeds = []
     for i in range(3):
@@ -284,9 +321,11 @@ def build_multitask_step(name: str, b: int, seq: int, *, seed: int = 1, nodrop: 
         batch.update({"masked_lm_positions": pre["masked_lm_positions"], "masked_lm_labels": pre["masked_lm_labels"]}
                      if i == 0 else {"label": rng.randint(0, 2, b).astype("int64")} if i == 1 else
                      {"labels": rng.randint(0, 4, (b, seq)).astype("int64"), "label_weights": np.ones((b, seq), "float32")})
-        feeds.append(make_feed(tasks, i, batch))
+        feed = make_feed(tasks, i, batch)
+        feed.update(progs.freeze.feed([tasks[i].spec.name]))  # the heads of the other tasks are idle this step
+        feeds.append(feed)
     return Step("multitask", progs.main, progs.initialize, feeds, progs.fwd.loss, arch, b, seq,
-                tasks=[t.spec.name for t in tasks])
+                tasks=[t.spec.name for t in tasks], programs=progs, dropout_seeds=progs.dropout_seeds, seed=seed)
 
 
 def add_dropout_seed_inputs(program) -> List[str]:
