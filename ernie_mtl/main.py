@@ -18,13 +18,16 @@ PROG = "run_multitask_static.py"
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Before anything imports paddle: the rank's thread budget (ernie_mtl/threads.py: paddle's import
-    pins OMP_NUM_THREADS=1 otherwise) and the orphan guard (a rank whose launcher died exits:
+    pins OMP_NUM_THREADS=1 otherwise), on CPU the serial executor (runtime.configure_executor), and the
+    orphan guard (a rank whose launcher died exits:
     ernie_mtl/watchdog.py)."""
     from ernie_mtl import runtime, threads, watchdog
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    device = threads.device_hint(argv)
     try:
-        runtime.THREADS_NOTE = threads.configure_threads(device=threads.device_hint(argv))
+        runtime.THREADS_NOTE = threads.configure_threads(device=device)
+        runtime.configure_executor(device=device)  # CPU: the serial executor, read by paddle at import
     except RuntimeError:  # paddle already imported (main() called in-process): its threads stay as they are
         runtime.THREADS_NOTE = None
     watchdog.install_orphan_guard()

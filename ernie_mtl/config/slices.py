@@ -140,8 +140,10 @@ class OptimConfig:
 class DataConfig:
     """Where the pretraining samples come from and how they are cut and masked."""
 
-    input_dir: Optional[str] = _f(None, "Corpus prefix: the path of the tokenized corpus without .bin/.idx "
-                                        "(as written by data_tools.create_pretraining_data). Required.")
+    input_dir: Optional[str] = _f(None, "The tokenized corpus (data_tools.create_pretraining_data): a prefix "
+                                        "(the path without .bin/.idx); a weighted mixture as weight/prefix pairs, "
+                                        "\"5.0 data/clue 7.0 data/wudao\" (weights need not sum to 1); or a folder: "
+                                        "every .bin/.idx pair in it, weighted by size. Required.")
     tokenizer_name_or_path: Optional[str] = _f(None, "A vocab.txt or a directory containing one; default: "
                                                      "--model_name_or_path when it is a directory.")
     split: str = _f("949,50,1", "Train,valid,test ratio over documents.")
@@ -185,6 +187,11 @@ class TrainConfig:
     eval_iters: int = _f(10, "Global batches per evaluation; the final test split uses 10x as many.")
     seed: int = _f(1234, "Seed of initialisation, dropout, sample order and masking (same on every rank).")
     device: str = _f("auto", 'Device: "gpu", "cpu", or "auto" (gpu when paddle is built with CUDA).')
+    cpu_kernels: bool = _f(True, "CPU runs: rewrite the training program for faster CPU kernels before it first runs "
+                                 "(oneDNN on the op types measured bitwise exact, and bias gradients by matmul, equal "
+                                 "to float32 rounding: docs/performance.md); the evaluation program gets the oneDNN part. "
+                                 "false: the programs as built. No effect on GPU. (CPU runs also use Paddle's serial "
+                                 "executor, bitwise equal; set FLAGS_new_executor_serial_run=0 to keep the threaded one.)")
     overwrite_output_dir: bool = _f(False, "With --resume none: replace the checkpoints already in --output_dir "
                                            "(without it such a run is refused rather than overwrite them).")
     resume: str = _f("auto", '"auto": continue from the newest complete checkpoint in --output_dir if any; '
