@@ -235,16 +235,139 @@ def run_short_docs(args) -> dict:
     return out
 
 
-def time_real_loop(args) -> dict:
-    """Seconds per step of the *real* training loop on the same model, batch and variant as the raw
-    program (data pipeline, feeding, LR schedule, logging, checkpoint policy included).
+# the step timer the real loop loads as a plugin (--plugins/--callbacks): per optimizer step, the time,
+# the machine's busy CPU seconds (/proc/stat) and this process's own (os.times), the non-pad tokens fed,
+# and the time spent inside Executor.run (the rest of a step is the loop's own host work)
+_TIMER_PLUGIN = """
+import json, os, time
+from ernie_mtl.callbacks import Callback, register_callback
 
-    Not wired yet: the training engine is being rebuilt. To wire it, run the rebuilt Trainer for
-    PLAN[model] warm-up + timed steps on a synthetic or demo corpus with logging_freq large, the
-    same micro/global batch (no accumulation), the same variant (threads, executor flags, oneDNN ops),
-    and return {"times": [seconds per optimizer step, ...], "tokens_per_step": b * seq}. The caller
-    prints real-loop tokens/s / raw-program tokens/s (the target is >= 0.95)."""
-    raise NotImplementedError("time_real_loop: wire the rebuilt Trainer here (see its docstring)")
+_IN_RUN = [0.0]
+
+def _sample(trainer):
+    fields = [int(x) for x in open("/proc/stat").read().split("\\n", 1)[0].split()[1:]]
+    own = os.times()
+    return [time.perf_counter(), (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK"),
+            own.user + own.system, trainer.window.tokens, _IN_RUN[0]]
+
+def _timed(run):
+    def timed_run(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return run(*args, **kwargs)
+        finally:
+            _IN_RUN[0] += time.perf_counter() - start
+    return timed_run
+
+@register_callback("bench_step_timer")
+class BenchStepTimer(Callback):
+    def __init__(self):
+        self.marks = []
+
+    def on_train_begin(self, trainer):
+        trainer.exe.run = _timed(trainer.exe.run)  # this executor object only (isinstance checks still hold)
+        self.marks = [_sample(trainer)]
+
+    def on_step_end(self, trainer, step, tasks):
+        self.marks.append(_sample(trainer))
+
+    def on_train_end(self, trainer):
+        with open(os.environ["ERNIE_BENCH_STEP_TIMES"], "w") as f:
+            json.dump(self.marks, f)
+"""
+
+
+def real_loop_settings(variant) -> tuple:
+    """(extra CLI flags, environment) giving the real loop the raw program's `variant`."""
+    unsupported = sorted(set(variant) - {"threads1", "serial", "onednn", "biasgrad", "seed", "nodrop"})
+    if unsupported or ("onednn" in variant) != ("biasgrad" in variant) or variant.get("onednn"):
+        raise SystemExit(f"--real_loop: the training CLI has the CPU rewrites all on (--cpu_kernels true: the exact "
+                         f"oneDNN ops + bias gradients by matmul) or all off; compare a variant with both onednn and "
+                         f"biasgrad or neither, without {unsupported or 'onednn=<types>'}, e.g. serial+onednn+biasgrad")
+    env = {"FLAGS_new_executor_serial_run": "1" if "serial" in variant else "0"}
+    if "threads1" in variant:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
+    flags = ["--cpu_kernels", "true" if "onednn" in variant else "false"]
+    if "nodrop" in variant:
+        flags += ["--hidden_dropout_prob", "0", "--attention_probs_dropout_prob", "0"]
+    return flags, env
+
+
+def write_corpus(folder: Path, vocab_size: int, seq: int, docs: int = 400, seed: int = 0) -> tuple:
+    """(corpus prefix, vocab file): `docs` documents of random token ids, 8-12 sentences of 40-80 tokens each,
+    so that (with short_seq_prob 0) every sample is cut to the full `seq` tokens, as the raw program's batches
+    are; a vocab of `vocab_size` entries (the model's)."""
+    from data_tools.indexed_dataset import IndexedDatasetBuilder, best_dtype
+
+    specials = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
+    vocab = folder / "vocab.txt"
+    vocab.write_text("\n".join(specials + [f"t{i}" for i in range(vocab_size - len(specials))]) + "\n", encoding="utf-8")
+    rng = np.random.RandomState(seed)
+    prefix = folder / "corpus"
+    with IndexedDatasetBuilder(prefix, dtype=best_dtype(vocab_size)) as builder:
+        for _ in range(docs):
+            for _ in range(rng.randint(8, 13)):
+                builder.add_sentence(rng.randint(len(specials), vocab_size, rng.randint(40, 81)))
+            builder.end_document()
+        builder.finalize()
+    return prefix, vocab
+
+
+def time_real_loop(args) -> dict:
+    """Seconds per optimizer step of the *real* training loop (run_multitask_static.py, flag mode,
+    --device cpu) on the raw program's model, micro-batch (no accumulation), sequence length and
+    variant: data pipeline (sample building, masking, collate), feeding, fetches, LR schedule, metric
+    window and callbacks included. The corpus is synthetic (`write_corpus`: every sample the full
+    --seq tokens); logging, evaluation and checkpoints are beyond the timed steps. A step timer loaded
+    as a plugin marks the end of every step: the first `warmup` steps and everything before the first
+    step (start-up, program build, index caches) are excluded, and of the 2 x `steps` steps after
+    warm-up the first `steps` undisturbed by other processes are kept (as `timed_steps` keeps them;
+    the least disturbed of the others when too few are clean)."""
+    import tempfile
+
+    variant = sp.parse_variant(args.variant)
+    flags, env = real_loop_settings(variant)
+    plan = PLAN[args.model]
+    b, seq = plan["b"], args.seq
+    arch = sp._model_cfg(args.model, False).resolve().arch
+    total = plan["warmup"] + 2 * plan["steps"]
+    with tempfile.TemporaryDirectory(prefix="ernie_real_loop_") as tmp:
+        work = Path(tmp)
+        prefix, vocab = write_corpus(work, arch["vocab_size"], seq)
+        (work / "step_timer.py").write_text(_TIMER_PLUGIN)
+        times_file = work / "times.json"
+        big = str(10 * total)
+        cmd = [sys.executable, str(sp.ROOT / "run_multitask_static.py"), "--device", "cpu",
+               "--model_name_or_path", sp.MODELS.get(args.model, args.model), "--vocab_size", str(arch["vocab_size"]),
+               "--input_dir", str(prefix), "--tokenizer_name_or_path", str(vocab), "--split", "98,1,1",
+               "--max_seq_len", str(seq), "--short_seq_prob", "0", "--micro_batch_size", str(b),
+               "--global_batch_size", str(b), "--max_steps", str(total), "--logging_freq", big, "--eval_freq", big,
+               "--eval_iters", "1", "--checkpoint_steps", big, "--save_steps", big, "--seed", "1",
+               "--output_dir", str(work / "out"), "--plugins", str(work / "step_timer.py"),
+               "--callbacks", "bench_step_timer", *flags]
+        run_env = {**os.environ, **env, "ERNIE_BENCH_STEP_TIMES": str(times_file),
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(sp.ROOT), os.environ.get("PYTHONPATH")]))}
+        out = subprocess.run(cmd, capture_output=True, text=True, env=run_env, cwd=tmp)
+        log = out.stdout + out.stderr
+        if out.returncode or not times_file.exists():
+            raise SystemExit(f"the real loop failed ({' '.join(cmd)}):\n{log[-3000:]}")
+        marks = json.loads(times_file.read_text())
+    steps = []  # (seconds, other-process cores, non-pad tokens, seconds outside Executor.run) of steps warmup+1 ..
+    for prev, cur in list(zip(marks, marks[1:]))[plan["warmup"]:]:
+        wall = cur[0] - prev[0]
+        steps.append((wall, max(0.0, ((cur[1] - prev[1]) - (cur[2] - prev[2])) / max(wall, 1e-9)), cur[3] - prev[3],
+                      wall - (cur[4] - prev[4])))
+    # as timed_steps keeps them: the first `steps` undisturbed steps after warm-up (then the least disturbed)
+    clean = [x for x in steps if x[1] < sp.CLEAN][:plan["steps"]]
+    kept = clean + sorted((x for x in steps if x[1] >= sp.CLEAN), key=lambda x: x[1])[:plan["steps"] - len(clean)]
+
+    def line(prefix_):
+        return next((x[x.index(prefix_):] for x in log.splitlines() if prefix_ in x), "?")
+
+    return {"times": [k[0] for k in kept], "other_cores": [k[1] for k in kept], "tokens_per_step": b * seq,
+            "all_times": [x[0] for x in steps], "host_seconds": [k[3] for k in kept],
+            "fill": sum(k[2] for k in kept) / (len(kept) * b * seq), "threads": line("threads:"),
+            "cpu_kernels": line("CPU kernels:")}
 
 
 def _arch_summary(arch):
@@ -351,12 +474,24 @@ def main():
     if args.real_loop:
         for name in models:
             for variant in variants:
-                raw = [child_run("static", name, variant, args) for _ in range(args.runs)]
-                loop = [child_run("real_loop", name, variant, args) for _ in range(args.runs)]
+                raw, loop = [], []
+                for _ in range(args.runs):  # alternating, so drifting load from other jobs hits both sides
+                    raw.append(child_run("static", name, variant, args))
+                    loop.append(child_run("real_loop", name, variant, args))
                 tps = raw[0]["tokens_per_step"]
                 r, l_ = summarize(raw, tps)[0], summarize(loop, tps)[0]
-                print(f"{name} {variant}: raw program {r:,.0f} tokens/s, real loop {l_:,.0f} tokens/s, "
-                      f"loop / raw {l_ / r:.2f}")
+                print("# per run, tokens/s: raw " + ", ".join(f"{tps / statistics.median(x['times']):,.0f}" for x in raw)
+                      + "; real loop " + ", ".join(f"{tps / statistics.median(x['times']):,.0f}" for x in loop)
+                      + "; real loop, every step after warm-up (s): "
+                      + " | ".join(", ".join(f"{t:.2f}" for t in x["all_times"]) for x in loop), file=sys.stderr)
+                host = statistics.median(h for x in loop for h in x["host_seconds"])
+                step_s = statistics.median(t for x in loop for t in x["times"])
+                print(f"# real loop: {1e3 * host:.1f} ms per step outside Executor.run (data, feed, fetch conversion, "
+                      f"metrics, callbacks) of {1e3 * step_s:.0f} ms: the loop's own share {host / step_s:.1%}",
+                      file=sys.stderr)
+                print(f"{name} (batch {PLAN[name]['b']} x seq {args.seq}) {variant}: raw program {r:,.0f} tokens/s, "
+                      f"real loop {l_:,.0f} tokens/s, loop / raw {l_ / r:.3f}; real loop: {loop[0]['threads']}; "
+                      f"{loop[0]['cpu_kernels']}; non-pad fill {min(x['fill'] for x in loop):.1%}")
         print(f"load average after: {loadavg()}")
         return
 
