@@ -116,6 +116,7 @@ def run_static(args) -> dict:
     step.initialize(exe, scope)
     def train_step(i):
         exe.run(step.main, feed=step.feed(i), fetch_list=[step.loss], scope=scope)
+        step.after_run()
 
     for i in range(plan["warmup"]):
         train_step(i)
@@ -184,8 +185,11 @@ def run_paired(args) -> dict:
             step.seed_vars = sp.add_dropout_seed_inputs(step.main)  # identical masks on every side
         scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
         step.initialize(exe, scope)
-        losses = [float(np.asarray(exe.run(step.main, feed=step.feed(i), fetch_list=[step.loss], scope=scope)[0])
-                        .reshape(-1)[0]) for i in range(plan["warmup"])]
+        losses = []
+        for i in range(plan["warmup"]):
+            losses.append(float(np.asarray(exe.run(step.main, feed=step.feed(i), fetch_list=[step.loss],
+                                                   scope=scope)[0]).reshape(-1)[0]))
+            step.after_run()
         sides.append({"step": step, "exe": exe, "scope": scope, "losses": losses, "times": [], "others": []})
     rounds = args.rounds or plan["steps"] * 2
     for r in range(rounds):
@@ -197,6 +201,7 @@ def run_paired(args) -> dict:
                 (loss,) = side["exe"].run(side["step"].main, feed=side["step"].feed(i), fetch_list=[side["step"].loss],
                                           scope=side["scope"])
                 side["times"].append(time.perf_counter() - start)
+            side["step"].after_run()
             side["others"].append(other.cores)
             side["losses"].append(float(np.asarray(loss).reshape(-1)[0]))
     return {"threads": threads, "variants": args.variant.split(","), "tokens_per_step": plan["b"] * args.seq,
@@ -224,10 +229,11 @@ def run_short_docs(args) -> dict:
         feed_rng = np.random.RandomState(1)
         for i, lens in enumerate(lengths):
             width = seq if policy == "max_seq_len" else min(seq, -(-int(max(lens)) // 8) * 8)
-            feed = sp.pretrain_batch(feed_rng, b, width, step.arch["vocab_size"], real_len=lens)
+            feed = step.engine_feed(sp.pretrain_batch(feed_rng, b, width, step.arch["vocab_size"], real_len=lens), 0, i)
             feed.update({k: v for k, v in step.feed(i).items() if k.startswith(sp.SEED_PREFIX)})
             start = time.perf_counter()
             exe.run(step.main, feed=feed, fetch_list=[step.loss], scope=scope)
+            step.after_run()
             if i >= plan["warmup"]:
                 times.append(time.perf_counter() - start)
                 real += int(sum(lens))
@@ -341,7 +347,8 @@ def time_real_loop(args) -> dict:
                "--model_name_or_path", sp.MODELS.get(args.model, args.model), "--vocab_size", str(arch["vocab_size"]),
                "--input_dir", str(prefix), "--tokenizer_name_or_path", str(vocab), "--split", "98,1,1",
                "--max_seq_len", str(seq), "--short_seq_prob", "0", "--micro_batch_size", str(b),
-               "--global_batch_size", str(b), "--max_steps", str(total), "--logging_freq", big, "--eval_freq", big,
+               "--global_batch_size", str(b), "--max_steps", str(total), "--warmup_rate", "0",
+               "--decay_steps", str(sp.LR_HORIZON), "--logging_freq", big, "--eval_freq", big,
                "--eval_iters", "1", "--checkpoint_steps", big, "--save_steps", big, "--seed", "1",
                "--output_dir", str(work / "out"), "--plugins", str(work / "step_timer.py"),
                "--callbacks", "bench_step_timer", *flags]

@@ -59,6 +59,7 @@ def child(args) -> dict:
         nonlocal i
         for _ in range(per_step):
             exe.run(step.main, feed=step.feed(i), fetch_list=[step.loss], scope=scope)
+            step.after_run()
             i += 1
 
     run_step()  # warm-up: kernel selection, allocations

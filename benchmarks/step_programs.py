@@ -41,6 +41,10 @@ if str(ROOT) not in sys.path:
 
 MODELS = {"tiny": "ernie-tiny-test", "small": "ernie-small", "base": "ernie-1.0-base-zh"}
 SEED_PREFIX = "dropout_seed_"
+# the LR schedule of every benchmark program: no warm-up, linear decay from the default max_lr over this many
+# steps, stepped after every run (`Step.after_run`) as the trainer steps it, so the programs really train
+# (bench_train --real_loop gives the CLI the same schedule: --warmup_rate 0 --decay_steps LR_HORIZON)
+LR_HORIZON = 1000
 
 
 def cpu_idle(seconds: float = 3.0) -> float:
@@ -191,6 +195,7 @@ class Step:
     seed_vars: List[str] = field(default_factory=list)
     tasks: List[str] = field(default_factory=list)
     programs: Any = None  # the engine's build.Programs
+    task_types: List[Any] = field(default_factory=list)  # the engine's task objects (ernie_mtl.tasks)
     dropout_seeds: int = 0  # length of the engine's `dropout_seeds` feed (ernie_mtl/randomness.py)
     seed: int = 1
 
@@ -199,6 +204,25 @@ class Step:
         the usual estimate of a training step's FLOPs per token (Kaplan et al.; heads not counted)."""
         h, layers, ffn = self.arch["hidden_size"], self.arch["num_hidden_layers"], self.arch["intermediate_size"]
         return 6 * layers * (4 * h * h + 2 * h * ffn) + 12 * layers * h * self.seq
+
+    def engine_feed(self, batch: Dict[str, np.ndarray], task_index: int, i: int) -> Dict[str, np.ndarray]:
+        """The full feed of run i for an unprefixed `batch` of task `task_index` (e.g. another width)."""
+        from ernie_mtl.forward import make_feed
+        from ernie_mtl.randomness import DROPOUT_SEEDS, draw_dropout_seeds
+
+        batch = dict(batch)
+        if self.kind == "pretrain" and not getattr(self.task_types[0], "binary_head", True):
+            batch.pop("next_sentence_labels", None)
+        feed = {**make_feed(self.task_types, task_index, batch),
+                **self.programs.freeze.feed([self.task_types[task_index].spec.name])}
+        if self.dropout_seeds:
+            feed[DROPOUT_SEEDS] = draw_dropout_seeds(self.seed, i, 0, 0, self.dropout_seeds)
+        return feed
+
+    def after_run(self) -> None:
+        """After each run of `main` (one optimizer step): the LR schedule's next step, as the trainer does."""
+        if self.programs is not None:
+            self.programs.lr_scheduler.step()
 
     def feed(self, i: int) -> Dict[str, np.ndarray]:
         f = dict(self.feeds[i % len(self.feeds)])
@@ -259,7 +283,8 @@ def _build(model, tasks, b: int, seed: int):
     from ernie_mtl.config import AmpConfig, OptimConfig
 
     topo, strategy = _fleet(b)
-    return build_programs(model, OptimConfig(max_steps=1000), strategy, topo, tasks, seed=seed, amp_cfg=AmpConfig())
+    return build_programs(model, OptimConfig(max_steps=LR_HORIZON, warmup_rate=0.0), strategy, topo, tasks, seed=seed,
+                          amp_cfg=AmpConfig())
 
 
 def build_pretrain_step(name: str, b: int, seq: int, *, seed: int = 1, nodrop: bool = False,
@@ -287,7 +312,7 @@ def build_pretrain_step(name: str, b: int, seq: int, *, seed: int = 1, nodrop: b
             batch.pop("next_sentence_labels")
         feeds.append({**make_feed([task], 0, batch), **progs.freeze.feed(["pretrain"])})
     return Step("pretrain", progs.main, progs.initialize, feeds, progs.fwd.task_losses["pretrain"], arch, b, seq,
-                tasks=["pretrain"], programs=progs, dropout_seeds=progs.dropout_seeds, seed=seed)
+                tasks=["pretrain"], programs=progs, task_types=[task], dropout_seeds=progs.dropout_seeds, seed=seed)
 
 
 def build_multitask_step(name: str, b: int, seq: int, *, seed: int = 1, nodrop: bool = False) -> Step:
@@ -325,7 +350,8 @@ def build_multitask_step(name: str, b: int, seq: int, *, seed: int = 1, nodrop: 
         feed.update(progs.freeze.feed([tasks[i].spec.name]))  # the heads of the other tasks are idle this step
         feeds.append(feed)
     return Step("multitask", progs.main, progs.initialize, feeds, progs.fwd.loss, arch, b, seq,
-                tasks=[t.spec.name for t in tasks], programs=progs, dropout_seeds=progs.dropout_seeds, seed=seed)
+                tasks=[t.spec.name for t in tasks], programs=progs, task_types=tasks, dropout_seeds=progs.dropout_seeds,
+                seed=seed)
 
 
 def add_dropout_seed_inputs(program) -> List[str]:
