@@ -1,7 +1,7 @@
 """NumPy reference of the index helper: the executable specification of data_tools/helpers.cpp.
 
 The compiled helper (used through :mod:`data_tools.index`) must return exactly what these
-functions return (same values, same dtype); tests/test_index_helper.py checks that on random
+functions return (same values, same dtype); tests/unit/test_index_helper.py checks that on random
 and edge-case inputs. This module is written for clarity, not speed, and assumes validated
 inputs (the wrapper validates); it is never used as a silent fallback.
 

@@ -2,7 +2,7 @@
 
 - `TextTokenizer`: ERNIE's WordPiece tokenizer built from a local vocab.txt. The default "fast"
   backend is the Rust `tokenizers` WordPiece configured to reproduce paddlenlp's
-  `ErnieTokenizer` exactly (tests/test_preprocess.py compares ids on real text); the
+  `ErnieTokenizer` exactly (tests/unit/test_preprocess.py compares ids on real text); the
   "paddlenlp" backend *is* that tokenizer (slow; the reference).
 - `sentence_spans` / `split_sentences`: rule-based Chinese + English sentence splitting.
 - `JiebaSegmenter`: jieba's word boundaries. The default engine re-implements jieba's accurate
@@ -121,7 +121,7 @@ def bert_pipeline(do_lower_case: bool):
 class TextTokenizer:
     """ERNIE WordPiece tokenizer from a local vocab.txt (no special tokens are added).
 
-    Backends, all producing the same ids as paddlenlp's ErnieTokenizer (tests/test_preprocess.py):
+    Backends, all producing the same ids as paddlenlp's ErnieTokenizer (tests/unit/test_preprocess.py):
     - "tokenizers": the Rust `tokenizers` pipeline of `bert_pipeline` + WordPiece (greedy
       longest match, "##" continuations, words over 100 characters -> [UNK]). A special-token
       string in the text ("[MASK]") is split like any text, as by ErnieTokenizer(vocab_file=...):
@@ -299,7 +299,7 @@ class WordCounter:
     pre-tokenized exactly as the tokenizer will see the text). Characters that are always a word of
     their own (CJK, most punctuation and symbols: `_classify_chars`) are counted with NumPy; the
     runs between them go through the Rust pipeline, joined by spaces (a space always separates
-    words). `tests/test_build_vocab.py` checks the counts against the pipeline applied to each text."""
+    words). `tests/unit/test_build_vocab.py` checks the counts against the pipeline applied to each text."""
 
     def __init__(self, do_lower_case: bool = True):
         self.do_lower_case = bool(do_lower_case)

@@ -1,4 +1,9 @@
-"""Shared fixtures for tests that build static programs with fleet."""
+"""Fixtures shared by the tests (their helpers are in tests/helpers.py; no test module imports another).
+
+- `static_mode`, `build_programs`: static-graph programs of tiny-ERNIE pretraining;
+- `demo`: a capped demo corpus and vocab (flag-mode runs), one per test module;
+- `data`: the multi-task files (two learnable tasks, a corpus, YAMLs, a plugin), one per module;
+- `job`: processes of a multi-process test, all killed afterwards."""
 import zlib  # noqa: F401  (before paddle: paddle 2.6.2 exports clashing zlib symbols)
 
 import functools
@@ -26,3 +31,27 @@ def build_programs(static_mode, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("vocab")
     return functools.partial(pretraining_programs, folder)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from helpers import make_demo
+
+    return make_demo(tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Task files, a corpus and YAMLs (tests/helpers.make_mtl_data)."""
+    from helpers import make_mtl_data
+
+    return make_mtl_data(tmp_path_factory.mktemp("mtl"))
+
+
+@pytest.fixture
+def job(tmp_path):
+    from helpers import Job
+
+    j = Job(tmp_path)
+    yield j
+    j.kill_all()

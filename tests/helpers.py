@@ -14,8 +14,11 @@ import functools
 import json
 import os
 import pickle
+import glob
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
@@ -213,7 +216,7 @@ def first(mapping: Optional[Mapping], default=None):
 
 def rehash_checkpoint(path: Path) -> None:
     """After a test edits a checkpoint's files on purpose: record their new sizes and SHA-1s, so the
-    edit reaches the code under test instead of the integrity check (tests/test_checkpoint.py
+    edit reaches the code under test instead of the integrity check (tests/unit/test_checkpoint.py
     covers that check itself)."""
     from ernie_mtl.checkpoint import TRAIN_STATE, sha1_of
 
@@ -222,3 +225,269 @@ def rehash_checkpoint(path: Path) -> None:
     raw["files"] = {rel: {"size": (path / rel).stat().st_size, "sha1": sha1_of(path / rel)}
                     for rel in raw.get("files", {}) if (path / rel).is_file()}
     (path / TRAIN_STATE).write_text(json.dumps(raw))
+
+
+def train(argv, *, cwd, env=None, launch_procs=0, timeout=400, log_dir=None):
+    """A flag-mode run: `run_cli` (the name the flag-mode tests read best)."""
+    return run_cli(argv, cwd=cwd, env=env, launch_procs=launch_procs, timeout=timeout, log_dir=log_dir)
+
+
+# -- the demo corpus (flag mode) -------------------------------------------------------------------------
+def make_demo(folder: Path) -> Path:
+    """A capped demo corpus and its vocab, as `make demo` prepares them (400 documents)."""
+    from data_tools import prepare_demo_data
+
+    assert prepare_demo_data.main(["--output_dir", str(folder), "--max_documents", "400", "--vocab_size", "3000",
+                                   "--workers", "1"]) == 0
+    return Path(folder)
+
+
+def tiny_args(demo, output_dir, **flags):
+    vocab_size = sum(1 for _ in open(demo / "vocab.txt", encoding="utf-8"))
+    argv = ["--device", "cpu", "--model_name_or_path", "ernie-tiny-test", "--vocab_size", str(vocab_size),
+            "--max_seq_len", "64", "--num_workers", "0", "--split", "90,5,5", "--input_dir", str(demo / "corpus"),
+            "--tokenizer_name_or_path", str(demo / "vocab.txt"), "--output_dir", str(output_dir)]
+    for k, v in flags.items():
+        argv += [f"--{k}", str(v)]
+    return argv
+
+
+# -- multi-task files: learnable tasks over a small character vocabulary ------------------------------
+S_CHARS = list("的了是在我有他这中大")  # single-character words: tag S
+B_CHARS = list("国人民日天北上东西南")  # first character of a two-character word: B
+E_CHARS = list("家们主本下京海方北边")  # second character: E
+GOOD = "好"
+CHARS = sorted(set(S_CHARS + B_CHARS + E_CHARS + [GOOD, "坏", "。"]))
+VOCAB = SPECIALS + CHARS + ["##" + c for c in CHARS]
+
+
+def _sentence(rng, n_words):
+    chars, tags = [], []
+    for _ in range(n_words):
+        if rng.random() < 0.5:
+            chars.append(rng.choice(S_CHARS)), tags.append("S")
+        else:
+            chars += [rng.choice(B_CHARS), rng.choice(E_CHARS)]
+            tags += ["B", "E"]
+    return chars, tags
+
+
+def make_mtl_data(root: Path) -> Path:
+    """Task files, a corpus and YAMLs: sentiment (label 1 iff the text contains 好), segmentation with
+    a character-determined BMES rule, and a .bin/.idx corpus over the same vocabulary."""
+    from data_tools import create_pretraining_data
+
+    (root / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 160), ("dev", 64)):
+        rows = []
+        for i in range(n):
+            chars, _ = _sentence(rng, int(rng.integers(3, 7)))
+            label = i % 2
+            chars.insert(int(rng.integers(0, len(chars) + 1)), GOOD if label else "坏")
+            rows.append(f"{label}\t{''.join(chars)}")
+        (root / f"cls_{split}.tsv").write_text("label\ttext_a\n" + "\n".join(rows) + "\n", encoding="utf-8")
+        rows = []
+        for _ in range(n):
+            chars, tags = _sentence(rng, int(rng.integers(3, 8)))
+            rows.append("\x02".join(chars) + "\t" + "\x02".join(tags))
+        (root / f"seg_{split}.tsv").write_text("text_a\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    (root / "label_map.json").write_text(json.dumps({"B": 0, "M": 1, "E": 2, "S": 3}), encoding="utf-8")
+    (root / "pred.tsv").write_text("text_a\n国家好的\n坏了是\n", encoding="utf-8")
+    (root / "seg_pred.tsv").write_text("text_a\n国\x02家\x02的\x02了\n了\x02东\x02方\n", encoding="utf-8")
+    docs = ["\n".join("".join(_sentence(rng, 4)[0]) + "。" for _ in range(4)) for _ in range(40)]
+    (root / "docs.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    assert create_pretraining_data.main(["--input", str(root / "docs.txt"), "--vocab_file", str(root / "vocab.txt"),
+                                         "--output_prefix", str(root / "corpus"), "--workers", "1"]) == 0
+    tasks = root / "tasks"
+    tasks.mkdir()
+    (tasks / "sentiment.yaml").write_text(
+        "reader: cls\nparadigm: cls\ntrain_file: ../cls_train.tsv\ndev_file: ../cls_dev.tsv\nn_classes: 2\n")
+    (tasks / "wordseg.yaml").write_text(
+        "reader: seq_label\ntrain_file: ../seg_train.tsv\ndev_file: ../seg_dev.tsv\nlabel_map: ../label_map.json\n")
+    (tasks / "corpus.yaml").write_text(
+        "reader: pretrain\ntrain_file: ../corpus\ndev_file: ../corpus\nsplit: '90,5,5'\nbinary_head: false\n"
+        "batch_size: 4\n")
+    (tasks / "score.yaml").write_text("reader: regression\ntrain_file: ../cls_train.tsv\ndev_file: ../cls_dev.tsv\n")
+    plugin = root / "plugins.py"
+    plugin.write_text((ROOT / "examples/plugins/regression_task.py").read_text() + IDLE_CHECK)
+    return root
+
+
+IDLE_CHECK = '''
+
+@register_callback("idle_check")
+class IdleCheck(Callback):
+    """Test probe: after every step, records per head group whether its parameters and optimizer
+    state changed, next to the tasks of the step."""
+
+    def __init__(self):
+        self.before = None
+
+    def _values(self, trainer):
+        return {g.name: {n: np.array(trainer.scope.find_var(n).get_tensor())
+                         for n in trainer.freeze.state_vars(trainer.p.main, g)} for g in trainer.freeze.groups}
+
+    def on_step_end(self, trainer, step, tasks):
+        now = self._values(trainer)
+        users = {g.name: set(g.users) for g in trainer.freeze.groups}
+        if self.before is not None:
+            rows = {g: {"sampled": bool(users[g] & set(tasks)),
+                        "changed": [n for n in now[g] if not np.array_equal(now[g][n], self.before[g][n])],
+                        "vars": sorted(now[g])} for g in now}
+            name = "idle_check.jsonl" if trainer.is_rank0 else f"idle_check_rank{trainer.info.rank}.jsonl"
+            with open(os.path.join(trainer.cfg.train.output_dir, name), "a") as f:
+                f.write(json.dumps({"step": step, "tasks": tasks, "groups": rows}) + "\\n")
+        self.before = now
+
+@register_task_type("regression_skewed")
+class SkewedRegression(RegressionTask):
+    """Test probe: a metric that differs by rank, as float reductions of different ranks may."""
+
+    def evaluate(self, data, outputs):
+        metrics = super().evaluate(data, outputs)
+        return {k: v + 10.0 * self.ctx.rank for k, v in metrics.items()}
+
+
+@register_callback("record_eval")
+class RecordEval(Callback):
+    """Test probe: every rank writes what on_evaluate received and what it decided."""
+
+    def on_evaluate(self, trainer, task, metrics):
+        path = os.path.join(trainer.cfg.train.output_dir, f"eval_rank{trainer.info.rank}.jsonl")
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": trainer.step, "task": task, "metrics": metrics,
+                                "finished": list(trainer.schedule.state_dict().get("finished_early", []))}) + "\\n")
+
+import json, os  # noqa: E401
+'''
+
+
+def global_yaml(root, name, **keys):
+    base = {"task_instance": "sentiment, wordseg, corpus", "target_tag": "1, 1, 0", "mix_ratio": "1.0, 1.0, 0.5",
+            "task_dir": "tasks", "backbone": "ernie", "model_name_or_path": "ernie-tiny-test",
+            "vocab_path": str(root / "vocab.txt"), "vocab_size": len(VOCAB), "max_seq_len": 32, "batch_size": 8,
+            "num_epochs": 3, "learning_rate": "5e-3", "warmup_proportion": 0.1, "device": "cpu",
+            "print_every_n_steps": 10, "eval_freq": 30, "eval_iters": 2, "num_workers": 0, "random_seed": 5,
+            "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    base.update(keys)
+    path = root / name
+    import yaml
+
+    path.write_text(yaml.safe_dump(base, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def last(rows, tag):
+    return [r[tag] for r in rows if tag in r][-1]
+
+
+# -- processes of multi-process tests --------------------------------------------------------------------
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    """Processes of one test job, found by a marker in their environment (ranks run in sessions of
+    their own and outlive a killed launcher); `kill_all` ends every one of them."""
+
+    def __init__(self, tmp_path):
+        self.marker = f"ERNIE_MTL_TEST_JOB={os.getpid()}-{time.monotonic_ns()}"
+        self.tmp = tmp_path
+        self.launchers = []
+
+    def env(self, **extra):
+        key, value = self.marker.split("=", 1)
+        return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", key: value, **extra}
+
+    def launch(self, args, *, log, **env):
+        out = open(self.tmp / f"{log}.out", "w")
+        proc = subprocess.Popen(args, cwd=self.tmp, env=self.env(**env), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.launchers.append(proc)
+        return proc
+
+    def pids(self):
+        found = []
+        needle = self.marker.encode()
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != os.getpid():
+                try:
+                    with open(f"/proc/{entry}/environ", "rb") as f:
+                        if needle in f.read().split(b"\0"):
+                            found.append(int(entry))
+                except OSError:
+                    pass
+        return [p for p in found if proc_alive(p)]
+
+    def ranks(self):
+        return [p for p in self.pids() if "paddle.distributed.launch" not in proc_cmdline(p)]
+
+    def kill_all(self):
+        for _ in range(3):
+            for pid in self.pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        for proc in self.launchers:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def proc_cmdline(pid):
+    from ernie_mtl import watchdog
+
+    return watchdog._cmdline(pid)
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def proc_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def proc_ppid(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+class FileBarrier:
+    """A barrier between processes of one machine through files in a shared folder (tests only): call
+    k of rank r creates `<k>.<r>`, then waits until all `world` ranks have made call k."""
+
+    def __init__(self, folder, rank, world, timeout_s=60.0):
+        self.folder, self.rank, self.world, self.timeout_s = str(folder), rank, world, timeout_s
+        self.calls = 0
+        os.makedirs(self.folder, exist_ok=True)
+
+    def __call__(self, what="barrier"):
+        self.calls += 1
+        open(os.path.join(self.folder, f"{self.calls}.{self.rank}"), "w").close()
+        deadline = time.monotonic() + self.timeout_s
+        while len(glob.glob(os.path.join(self.folder, f"{self.calls}.*"))) < self.world:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {self.rank}: {what} #{self.calls} not reached by every rank")
+            time.sleep(0.005)

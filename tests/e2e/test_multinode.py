@@ -23,11 +23,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_mtl_trainer import data, global_yaml  # noqa: F401  (the multi-task fixture)
-from test_trainer import demo, metrics, state  # noqa: F401  (the demo-corpus fixture)
-from test_watchdog import Job, _alive, _ppid, free_port, wait_for
+from helpers import (Job, free_port, global_yaml, launch_logs, metrics, proc_alive, proc_cmdline, proc_ppid, state,
+                     wait_for)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUN_CPU = str(ROOT / "scripts" / "run_cpu.sh")
 ENTRY = str(ROOT / "run_multitask_static.py")
 HOOKS = ROOT / "tests" / "plugins" / "test_hooks.py"
@@ -183,7 +182,7 @@ def test_two_nodes_multitask_equal_one_process(data, tmp_path):  # noqa: F811
 def kill_node(job, nodes, n):
     """SIGKILL node n: its launcher and its rank (the rank runs in a session of its own)."""
     launcher = nodes.launchers[n]
-    for pid in [p for p in job.ranks() if _ppid(p) == launcher.pid] + [launcher.pid]:
+    for pid in [p for p in job.ranks() if proc_ppid(p) == launcher.pid] + [launcher.pid]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -199,11 +198,11 @@ def start_and_lose_a_node(job, nodes, at_step=2, node_env=({}, {})):
     lost_rank = nodes.rank_of(1)
 
     def node_1_rank():
-        return [p for p in job.ranks() if _ppid(p) == nodes.launchers[1].pid]
+        return [p for p in job.ranks() if proc_ppid(p) == nodes.launchers[1].pid]
 
     wait_for(node_1_rank, 120, "node 1's rank")
     (rank_pid,) = node_1_rank()
-    wait_for(lambda: not _alive(rank_pid), 180, "node 1's rank to reach the kill step")
+    wait_for(lambda: not proc_alive(rank_pid), 180, "node 1's rank to reach the kill step")
     kill_node(job, nodes, 1)
     t0 = time.monotonic()
     code = nodes.launchers[0].wait(timeout=300)
@@ -216,10 +215,15 @@ def test_a_lost_node_stops_the_survivor_and_the_same_command_resumes_bitwise(fla
     out = tmp_path / "resumed"
     try:
         nodes = Nodes(job, tmp_path, flag_runs["config"], out, "--micro_batch_size", 2, *hooks("kill_at_step"))
-        code, took, lost_rank = start_and_lose_a_node(job, nodes)
+        code, took, lost_rank = start_and_lose_a_node(job, nodes, node_env=({"NODE_RANK": "0"}, {"NODE_RANK": "1"}))
+        assert lost_rank == 1
         print(f"lost rank {lost_rank}: the survivor exited with {code} after {took:.1f} s")
-        assert code != 0, nodes.report("killed")
+        text = nodes.worker_log(0)
+        assert code == 75, nodes.report("killed")
         assert took < 60, took  # measured: a few seconds (gloo fails at once when a peer's sockets close)
+        # the survivor's collective failed; the diagnosis names the rank whose heartbeat stopped
+        assert f"ernie_mtl watchdog: rank {1 - lost_rank}: lost rank {lost_rank} (node 127.0.0.1)" in text, text[-3000:]
+        assert f"Run the same command again on every node to resume from {out / 'model_last'}." in text
         assert json.loads((out / "model_last/train_state.json").read_text())["step"] == 2
         # the same two-node command again, on both nodes: resumes and finishes
         nodes.start(tag="rerun")
@@ -232,10 +236,10 @@ def test_a_lost_node_stops_the_survivor_and_the_same_command_resumes_bitwise(fla
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lost", [1, 0])
+@pytest.mark.parametrize("lost", [0])
 def test_the_survivor_log_names_the_lost_rank_and_how_to_resume(flag_runs, tmp_path, lost):
-    """NODE_RANK places the lost node: rank 1 (the survivor's collective fails, the diagnosis names
-    the rank whose heartbeat stopped) or rank 0 (the job's store, in its process, is gone too)."""
+    """NODE_RANK places the lost node on rank 0: the job's store, in its process, is gone too (losing
+    rank 1 is checked by the resume test above)."""
     job = Job(tmp_path)
     out = tmp_path / "lost"
     try:
@@ -255,36 +259,10 @@ def test_the_survivor_log_names_the_lost_rank_and_how_to_resume(flag_runs, tmp_p
     assert f"Run the same command again on every node to resume from {out / 'model_last'}." in text
 
 
-@pytest.mark.slow
-def test_a_frozen_node_stops_the_survivor_within_the_peer_timeout(demo, tmp_path):  # noqa: F811
-    """SIGSTOP keeps the frozen node's sockets open, as a power loss or a partition does: gloo alone
-    would wait 9,999,999 s. ERNIE_MTL_PEER_TIMEOUT=10 bounds it."""
-    job = Job(tmp_path)
-    out = tmp_path / "frozen"
-    config = flag_config(demo, tmp_path / "long.yaml", max_steps=500, checkpoint_steps=2, eval_freq=1000)
-    frozen = []
-    try:
-        nodes = Nodes(job, tmp_path, config, out, "--micro_batch_size", 2).start(
-            node_env=({"ERNIE_MTL_PEER_TIMEOUT": "10"},) * 2)
-        wait_for(lambda: (out / "model_last/train_state.json").exists(), 180, "the first checkpoint")
-        frozen = [p for p in job.ranks() if _ppid(p) == nodes.launchers[1].pid] + [nodes.launchers[1].pid]
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
-        t0 = time.monotonic()
-        code = nodes.launchers[0].wait(timeout=60)
-        took = time.monotonic() - t0
-        print(f"frozen node: the survivor exited with {code} after {took:.1f} s")
-        text = nodes.worker_log(0)
-    finally:
-        for pid in frozen:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        job.kill_all()
-    assert code == 75, text[-3000:]
-    assert took < 10 + 2 * 1 + 20, took  # timeout + two intervals + the launcher's shutdown, with margin
-    assert "ernie_mtl watchdog: rank" in text and f"resume from {out / 'model_last'}" in text
+# A frozen node (SIGSTOP: sockets stay open, gloo alone waits 9,999,999 s) is tested with a rank
+# wired exactly as the entry point in tests/e2e/test_watchdog.py
+# (test_a_frozen_node_stops_the_survivor_within_the_timeout); the CLI's wiring of the same watchdog
+# is what the two tests above exercise.
 
 
 @pytest.mark.slow
@@ -298,21 +276,23 @@ def test_orphaned_ranks_exit_after_their_launcher_is_killed(demo, tmp_path):  # 
         launcher = job.launch(["bash", RUN_CPU, "--micro_batch_size", "2"], log="orphans", PYTHON=sys.executable, NPROC="2",
                               CONFIG=str(config), OUTPUT_DIR=str(out), LOG_DIR=str(tmp_path / "log"))
         wait_for(lambda: (out / "train_metrics.jsonl").exists(), 180, "training to start")
-        ranks = [p for p in job.ranks() if _ppid(p) == launcher.pid]
-        assert len(ranks) == 2, (ranks, [(_cmd(p), _ppid(p)) for p in job.pids()], launcher.pid)
+        ranks = [p for p in job.ranks() if proc_ppid(p) == launcher.pid]
+        assert len(ranks) == 2, (ranks, [(proc_cmdline(p), proc_ppid(p)) for p in job.pids()], launcher.pid)
         os.kill(launcher.pid, signal.SIGKILL)
         t0 = time.monotonic()
         deadline = t0 + 60
-        while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+        while any(proc_alive(p) for p in ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
         took = time.monotonic() - t0
-        alive = [p for p in ranks if _alive(p)]
+        alive = [p for p in ranks if proc_alive(p)]
         print(f"orphans: {len(ranks) - len(alive)} of {len(ranks)} ranks gone {took:.1f} s after the launcher")
     finally:
         job.kill_all()
     logs = launch_logs(tmp_path / "log")
     # the guard polls every second; a loaded CI machine gets generous slack
     assert not alive and took < 30, (alive, took, logs)
-    for r in (0, 1):
-        text = (tmp_path / "log" / f"workerlog.{r}").read_text(errors="replace")
-        assert f"ernie_mtl watchdog: rank {r}: its launcher (pid {launcher.pid}) is gone" in text
+    texts = [(tmp_path / "log" / f"workerlog.{r}").read_text(errors="replace") for r in (0, 1)]
+    # the first rank to poll sees its launcher gone; the other may instead be stopped by the watchdog
+    # when that rank's sockets close (it names the lost rank): either way it says why it stopped
+    assert any(f"ernie_mtl watchdog: rank {r}: its launcher (pid {launcher.pid}) is gone" in texts[r] for r in (0, 1)), logs
+    assert all(f"ernie_mtl watchdog: rank {r}:" in texts[r] for r in (0, 1)), logs

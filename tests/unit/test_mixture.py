@@ -21,7 +21,7 @@ from ernie_mtl.data.masking import VocabInfo
 from ernie_mtl.data.mixture import (BlendedDataset, build_mixture_datasets, parse_mixture, plan_mixture,
                                     samples_per_epoch)
 from ernie_mtl.data.pretrain import PretrainSampleConfig, build_pretrain_datasets
-from test_index_cache import FileBarrier
+from helpers import FileBarrier
 
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
 # Disjoint characters per corpus: the corpus of any sample can be told from its tokens.

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import jsonl, ok, run_cli
+from helpers import ok, run_cli
 
 CHARS = list("的了是在我有他这中大国人民日天北上东西南家们主本下京海方边好坏")
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]

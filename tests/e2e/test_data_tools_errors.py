@@ -20,7 +20,7 @@ import pytest
 from data_tools import demo_corpus
 from data_tools.tokenization import SPECIAL_TOKENS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROG = "data_tools.create_pretraining_data"
 
 

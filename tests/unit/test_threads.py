@@ -12,7 +12,7 @@ import pytest
 from ernie_mtl.threads import (CpuBudget, cgroup_cpu_quota, configure_threads, cpu_budget, device_hint,
                                local_process_count, plan_threads, shell_exports)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _write(path: Path, text: str) -> None:

@@ -1,6 +1,6 @@
 """Launch scripts: the exact command each prints in DRY_RUN mode (IPS and MASTER/NNODES rendezvous
 modes), input checks (message, exit status 2, nothing launched), the per-node thread settings, syntax,
-and one real two-process CPU run through scripts/run_cpu.sh (two real nodes: tests/test_multinode.py)."""
+and one real two-process CPU run through scripts/run_cpu.sh (two real nodes: tests/e2e/test_multinode.py)."""
 import zlib  # noqa: F401  (before paddle)
 
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {name: ROOT / "scripts" / f"{name}.sh" for name in ("run", "run_single_node", "run_cpu")}
 ENTRY = str(ROOT / "run_multitask_static.py")
 LAUNCH = "python3 -m paddle.distributed.launch"

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUN = [sys.executable, str(ROOT / "run_multitask_static.py")]
 S2D = [sys.executable, str(ROOT / "static_to_dynamic.py")]
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]

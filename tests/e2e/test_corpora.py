@@ -65,7 +65,7 @@ def test_a_three_corpus_mixture_is_planned_logged_counted_and_resumes_bitwise(co
     assert "samples" in dry.stdout and "epochs" in dry.stdout
     straight = ok(run_cli(flags(corpora, tmp_path / "straight", MIXTURE), cwd=corpora))
     log = straight.stdout + straight.stderr
-    assert all(f"task pretrain: " in log and name in log for name in ALPHABETS)  # the plan at start, per corpus
+    assert all("task pretrain: " in log and name in log for name in ALPHABETS)  # the plan at start, per corpus
     counts = metrics(tmp_path / "straight", "data/pretrain/train_samples/web")
     assert counts[6] > 0
     final = {name: metrics(tmp_path / "straight", f"data/pretrain/train_samples/{name}")[6] for name in ALPHABETS}

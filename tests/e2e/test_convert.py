@@ -15,15 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_mtl_trainer import data, global_yaml  # noqa: F401  (data: the multi-task files fixture)
-from test_mtl_trainer import run as mtl_run
-from test_trainer import demo, ok, tiny_args, train  # noqa: F401  (demo: the module-scoped corpus fixture)
 
-from helpers import rehash_checkpoint
+from helpers import global_yaml, ok, rehash_checkpoint, tiny_args, train
+from helpers import run_cli as mtl_run
 
 from ernie_mtl import convert as C
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLI = str(ROOT / "static_to_dynamic.py")
 
 
@@ -253,7 +251,7 @@ def test_multitask_mlm_head_becomes_cls_and_pair_head_is_zero_filled(flag_ckpt, 
 @pytest.mark.slow
 def test_real_multitask_run_checkpoint_and_exports(data, tmp_path):
     """The multi-task trainer's own checkpoint (heads.<group>.*, extra.tasks) and exported models, from
-    tests/test_mtl_trainer.py's tasks: sentiment (cls), wordseg (seq_label), corpus (pretrain)."""
+    the tasks of tests/helpers.make_mtl_data: sentiment (cls), wordseg (seq_label), corpus (pretrain)."""
     import paddle
 
     out = tmp_path / "run"

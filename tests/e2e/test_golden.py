@@ -4,7 +4,7 @@ that alters the numerics (a refactor, a reordered op, another RNG draw) fails he
 step that differs. When a change of numerics is intended, regenerate the files deliberately (see
 tests/golden/README.md):
 
-    ERNIE_MTL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py
+    ERNIE_MTL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/e2e/test_golden.py
 
 and commit them with the reason. The runs pin OMP_NUM_THREADS=1 (the thread count can change
 float reductions) and generate their data from fixed seeds.
@@ -21,7 +21,7 @@ import pytest
 
 from helpers import ok, run_cli
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE = os.environ.get("ERNIE_MTL_UPDATE_GOLDEN") == "1"
 RTOL = 1e-6
 CHARS = [chr(0x4E00 + i) for i in range(80)]

@@ -5,80 +5,12 @@ import zlib  # noqa: F401  (before paddle)
 
 import glob
 import json
-import os
-import pickle
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from data_tools import prepare_demo_data
-
-ROOT = Path(__file__).resolve().parents[1]
-ENTRY = str(ROOT / "run_multitask_static.py")
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
-    assert prepare_demo_data.main(["--output_dir", str(out), "--max_documents", "400", "--vocab_size", "3000",
-                                   "--workers", "1"]) == 0
-    return out
-
-
-def tiny_args(demo, output_dir, **flags):
-    vocab_size = sum(1 for _ in open(demo / "vocab.txt", encoding="utf-8"))
-    argv = ["--device", "cpu", "--model_name_or_path", "ernie-tiny-test", "--vocab_size", str(vocab_size),
-            "--max_seq_len", "64", "--num_workers", "0", "--split", "90,5,5", "--input_dir", str(demo / "corpus"),
-            "--tokenizer_name_or_path", str(demo / "vocab.txt"), "--output_dir", str(output_dir)]
-    for k, v in flags.items():
-        argv += [f"--{k}", str(v)]
-    return argv
-
-
-HOOKS = str(ROOT / "tests" / "plugins" / "test_hooks.py")
-
-
-def with_hooks(argv, env):
-    """The test-only callbacks (tests/plugins/test_hooks.py) when the environment asks for them."""
-    names = [n for n, var in (("kill_at_step", "ERNIE_MTL_TEST_KILL_AT_STEP"), ("dump_state", "ERNIE_MTL_TEST_DUMP_DIR"))
-             if (env or {}).get(var)]
-    return list(argv) + (["--plugins", HOOKS, "--callbacks", ",".join(names)] if names else [])
-
-
-def train(argv, *, cwd, env=None, launch_procs=0, timeout=240):
-    """Run the trainer (or `paddle.distributed.launch` of it) and return the completed process."""
-    argv = with_hooks(argv, env)
-    prefix = [sys.executable]
-    if launch_procs:
-        prefix += ["-m", "paddle.distributed.launch", "--nproc_per_node", str(launch_procs),
-                   "--log_dir", str(Path(cwd) / "launch_logs")]
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(prefix + [ENTRY] + argv, cwd=cwd, env=full_env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
-def metrics(output_dir, tag):
-    """{step: value} of one tag from train_metrics.jsonl (full precision)."""
-    rows = [json.loads(line) for line in open(Path(output_dir) / "train_metrics.jsonl", encoding="utf-8")]
-    return {r["step"]: r[tag] for r in rows if tag in r}
-
-
-def state(prefix):
-    """Parameters (.pdparams) and optimizer state (.pdopt) written by paddle.static.save."""
-    out = {}
-    for ext in (".pdparams", ".pdopt"):
-        with open(f"{prefix}{ext}", "rb") as f:
-            out.update({k: np.asarray(v) for k, v in pickle.load(f).items() if not k.startswith("StructuredToParameter")})
-    return out
+from helpers import ROOT, metrics, ok, state, tiny_args, train  # noqa: F401
 
 
 @pytest.mark.slow

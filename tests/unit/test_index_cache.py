@@ -1,5 +1,4 @@
 """The index cache: hash keys, atomic build-once, the builder/barrier protocol, validation."""
-import glob
 import json
 import multiprocessing as mp
 import os
@@ -12,6 +11,7 @@ import pytest
 from data_tools import index_cache
 from data_tools.index_cache import (IndexCacheError, cache_folder, cache_key, is_index_builder,
                                     load_or_build)
+from helpers import FileBarrier
 
 DESC = {"data": {"bin_size": 10, "idx_mtime_ns": 5}, "split": "949,50,1", "seed": 1, "helper_version": "1"}
 
@@ -108,25 +108,6 @@ def test_concurrent_jobs_build_once(tmp_path):
         p.join(30)
         assert p.exitcode == 0
     assert len(list(counter.iterdir())) == 1
-
-
-class FileBarrier:
-    """A barrier between processes of one machine through files in a shared folder (tests only): call
-    k of rank r creates `<k>.<r>`, then waits until all `world` ranks have made call k."""
-
-    def __init__(self, folder, rank, world, timeout_s=60.0):
-        self.folder, self.rank, self.world, self.timeout_s = str(folder), rank, world, timeout_s
-        self.calls = 0
-        os.makedirs(self.folder, exist_ok=True)
-
-    def __call__(self, what="barrier"):
-        self.calls += 1
-        open(os.path.join(self.folder, f"{self.calls}.{self.rank}"), "w").close()
-        deadline = time.monotonic() + self.timeout_s
-        while len(glob.glob(os.path.join(self.folder, f"{self.calls}.*"))) < self.world:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"rank {self.rank}: {what} #{self.calls} not reached by every rank")
-            time.sleep(0.005)
 
 
 def _node_rank(rank, local_rank, share_folder, root, fail):

