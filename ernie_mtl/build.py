@@ -36,6 +36,7 @@ from ernie_mtl.optim import WarmupLinearDecay, make_optimizer
 from ernie_mtl.parallel import Topology
 from ernie_mtl.randomness import seed_initializers, strip_dropout_seeds, wire_dropout_seeds
 from ernie_mtl.tasks.base import TaskType
+from ernie_mtl.program_utils import remove_variable  # noqa: F401  (re-exported)
 
 _BACKBONES = ("ernie", "bert")
 StrategyBuilder = Callable[..., Any]  # f(*, recompute_checkpoints) -> DistributedStrategy
@@ -226,18 +227,6 @@ def _drop_untied_duplicates(main: paddle.static.Program, startup: paddle.static.
     orphans = [p.name for p in main.global_block().all_parameters() if p.name not in used | read]
     for name in orphans:
         remove_variable(name, (main, startup))
-
-
-def remove_variable(name: str, programs) -> None:
-    """Remove variable `name` and the ops that write it from the global blocks of `programs`."""
-    for program in programs:
-        block = program.global_block()
-        for idx in reversed(range(len(block.ops))):
-            if name in block.ops[idx].output_arg_names:
-                block._remove_op(idx, sync=False)
-        if block.has_var(name):
-            block._remove_var(name, sync=False)
-        block._sync_with_cpp()
 
 
 def forward_only(main: paddle.static.Program, loss) -> paddle.static.Program:

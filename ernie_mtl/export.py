@@ -23,13 +23,8 @@ import numpy as np
 
 from ernie_mtl.config import ConfigError
 from ernie_mtl.tasks.base import TaskContext, TaskSpec, TaskType, get_task_type
+from ernie_mtl.layout import MANIFEST, MODEL_PREFIX, export_dir  # noqa: F401  (re-exported)
 
-MANIFEST = "manifest.json"
-MODEL_PREFIX = "model"
-
-
-def export_dir(output_dir: str, task: str) -> Path:
-    return Path(output_dir) / task / "infer_model"
 
 
 def export_task_model(out_dir: Path, *, program, fwd, task: TaskType, exe, vocab_file: str, arch: Mapping[str, Any],

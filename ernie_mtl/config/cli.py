@@ -412,7 +412,7 @@ def _sample_problems(cfg: RunConfig) -> List[str]:
 
 
 def _predict_problems(train: TrainConfig) -> List[str]:
-    from ernie_mtl.export import MANIFEST, export_dir
+    from ernie_mtl.layout import MANIFEST, export_dir
 
     problems = []
     if not train.task:
@@ -429,7 +429,7 @@ def _predict_problems(train: TrainConfig) -> List[str]:
 
 
 def _eval_problems(train: TrainConfig) -> List[str]:
-    from ernie_mtl.export import MANIFEST, export_dir
+    from ernie_mtl.layout import MANIFEST, export_dir
 
     problems = []
     if not train.task:
