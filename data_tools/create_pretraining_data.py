@@ -234,20 +234,29 @@ class _MalformedLimit(UserError):
     pass
 
 
+_MIN_TAIL_CHUNK = 16 << 10
+
+
 class _Reader:
-    """Streams chunks of documents and keeps the malformed-line and record counts."""
+    """Streams chunks of documents and keeps the malformed-line and record counts.
+
+    With `total_bytes` and `workers` given, chunks shrink as the input runs out (to a third of
+    what is left per worker, at least 16 KiB), so the processes finish together: at the end one
+    waits at most for a small chunk of another. (Chunking never changes the output.)"""
 
     def __init__(self, files: List[str], json_key: str, limit: Tuple[str, float], chunk_docs: int,
-                 chunk_bytes: int = 1 << 20):
+                 chunk_bytes: int = 1 << 20, total_bytes: Optional[int] = None, workers: int = 1):
         self.files, self.json_key, self.limit = files, json_key, limit
         self.chunk_docs, self.chunk_bytes = chunk_docs, chunk_bytes
+        self.total_bytes, self.workers = total_bytes, workers
         self.records = 0
         self.malformed: List[Document] = []
         self.malformed_count = 0
 
     def chunks(self) -> Iterator[Tuple[List[str], int, int]]:
         texts: List[str] = []
-        nbytes = 0
+        nbytes = done = 0
+        target = self._target(0)
         for doc in iter_documents(self.files, self.json_key):
             self.records += 1
             if doc.error is not None:
@@ -256,11 +265,19 @@ class _Reader:
                 continue
             texts.append(doc.text)
             nbytes += doc.nbytes
-            if len(texts) >= self.chunk_docs or nbytes >= self.chunk_bytes:
+            if len(texts) >= self.chunk_docs or nbytes >= target:
                 yield texts, nbytes, len(texts)
+                done += nbytes
                 texts, nbytes = [], 0
+                target = self._target(done)
         if texts or nbytes:
             yield texts, nbytes, len(texts)
+
+    def _target(self, done: int) -> int:
+        if self.total_bytes is None or self.workers < 2:
+            return self.chunk_bytes
+        share = (self.total_bytes - done) // (3 * self.workers)
+        return max(min(self.chunk_bytes, share), min(self.chunk_bytes, _MIN_TAIL_CHUNK))
 
     def _malformed(self, doc: Document) -> None:
         self.malformed_count += 1
@@ -458,8 +475,8 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     encoder_kwargs = dict(vocab_file=args.vocab_file, do_lower_case=args.do_lower_case,
                           split_sentences=args.split_sentences, whole_word=args.cn_whole_word_segment,
                           backend=args.tokenizer, segmenter=args.segmenter, hmm=args.jieba_hmm)
-    reader = _Reader(files, args.json_key, limit, args.chunk_docs, args.chunk_bytes)
     total_bytes = sum(os.path.getsize(f) for f in files)
+    reader = _Reader(files, args.json_key, limit, args.chunk_docs, args.chunk_bytes, total_bytes, args.workers)
     tqdm.monitor_interval = 0  # no monitor thread: worker processes are forked while the bar runs
     sentences = tokens = documents = empty = docs_done = bytes_done = 0
     t0 = time.perf_counter()
