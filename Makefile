@@ -23,7 +23,7 @@ install: $(STAMP)
 # prediction with one exported target through Paddle Inference.
 demo: $(STAMP)
 	$(PY) -m data_tools.prepare_demo_data --output_dir demo_data
-	$(PY) run_multitask_static.py --config scripts/demo/multitask.yaml --resume none
+	$(PY) run_multitask_static.py --config scripts/demo/multitask.yaml --resume none --overwrite_output_dir
 	$(PY) run_multitask_static.py --do_predict --task sentiment --output_dir output/demo_multitask \
 	    --pred_file demo_data/tasks/sentiment/test.tsv
 	@echo "demo done: checkpoints output/demo_multitask/model_last (best_<task>), inference models" \
