@@ -45,7 +45,7 @@ import step_programs as sp  # noqa: E402  (also puts the repository on sys.path)
 
 PLAN = {"tiny": dict(b=4, steps=10, warmup=2), "small": dict(b=16, steps=12, warmup=2),
         "base": dict(b=8, steps=4, warmup=1)}
-DEFAULT_VARIANT = "serial+onednn"
+DEFAULT_VARIANT = "serial+onednn+biasgrad"  # what a --device cpu training run applies
 
 
 def loadavg() -> str:
