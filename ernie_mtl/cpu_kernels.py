@@ -10,7 +10,7 @@ puts every op with a oneDNN kernel on it and the program fails (`could not creat
 descriptor for a reorder primitive` in `elementwise_add_grad`), and several oneDNN kernels round
 differently (softmax, layer_norm, matmul, gelu) or are slower (the broadcast `elementwise_add_grad`,
 `matmul_v2`). `EXACT_ONEDNN_OPS` holds the types measured to be bitwise exact and faster
-(benchmarks/bench_onednn_ops.py; docs/performance.md); tests/test_cpu_kernels.py trains with them
+(benchmarks/bench_onednn_ops.py; docs/performance.md); tests/unit/test_cpu_kernels.py trains with them
 and compares bitwise.
 
 **Bias gradients.** The gradient of a bias added along the last axis is the sum of the output
@@ -20,7 +20,7 @@ after dropout. `bias_grads_by_matmul` leaves that op the input gradient only and
 gradient as the vector-matrix product ones[T] x dOut[T,n] (MKL, about 1 ms). The sum is then taken in MKL's order instead
 of row by row: the gradients differ in the last bits (relative ~1e-6, the same size as changing the
 thread count moves matmul results), so this pass is exact to float32 rounding, not bitwise;
-the tolerance and its test are in tests/test_cpu_kernels.py.
+the tolerance and its test are in tests/unit/test_cpu_kernels.py.
 
 Neither pass changes what a GPU program runs: `use_mkldnn` selects CPU kernels only, and
 `tune_for_cpu` is meant for CPU runs (GPU reductions are fast; on GPU leave the program alone).
