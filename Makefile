@@ -35,8 +35,11 @@ demo-pretrain: $(STAMP)
 	$(PY) -m data_tools.prepare_demo_data --output_dir demo_data
 	$(PY) run_multitask_static.py --config scripts/demo_pretrain.yaml
 
+# Two passes: tests that run in one process at a time share the 2 cores (pytest-xdist), then the ones
+# that launch several processes or measure time (module flag EXCLUSIVE) run alone.
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 -m "not exclusive" tests
+	$(PY) -m pytest -q -m exclusive tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_index.py

@@ -1,8 +1,10 @@
 """Fixtures shared by the tests (their helpers are in tests/helpers.py; no test module imports another).
 
 - `static_mode`, `build_programs`: static-graph programs of tiny-ERNIE pretraining;
-- `demo`: a capped demo corpus and vocab (flag-mode runs), one per test module;
-- `data`: the multi-task files (two learnable tasks, a corpus, YAMLs, a plugin), one per module;
+- `demo`: a capped demo corpus and vocab (flag-mode runs), one per session (tests treat it as read-only;
+  index caches beside it are keyed by everything that shapes them);
+- `data`: the multi-task files (two learnable tasks, a corpus, YAMLs, a plugin), one per session
+  (tests add their own YAML files under distinct names);
 - `job`: processes of a multi-process test, all killed afterwards."""
 import zlib  # noqa: F401  (before paddle: paddle 2.6.2 exports clashing zlib symbols)
 
@@ -33,14 +35,14 @@ def build_programs(static_mode, tmp_path_factory):
     return functools.partial(pretraining_programs, folder)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def demo(tmp_path_factory):
     from helpers import make_demo
 
     return make_demo(tmp_path_factory.mktemp("demo"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def data(tmp_path_factory):
     """Task files, a corpus and YAMLs (tests/helpers.make_mtl_data)."""
     from helpers import make_mtl_data
@@ -55,3 +57,11 @@ def job(tmp_path):
     j = Job(tmp_path)
     yield j
     j.kill_all()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests of a module with `EXCLUSIVE = True` (several processes, port picking, measured time
+    bounds) get the `exclusive` marker: `make test` runs them alone, after the others."""
+    for item in items:
+        if getattr(item.module, "EXCLUSIVE", False):
+            item.add_marker(pytest.mark.exclusive)

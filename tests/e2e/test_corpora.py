@@ -18,6 +18,8 @@ import pytest
 
 from helpers import ENTRY, ROOT, jsonl, metrics, ok, run_cli, state
 
+EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
+
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
 # three corpora over disjoint characters, so a sample tells which corpus it came from
 ALPHABETS = {"news": "的了是在我有他这", "wiki": "中大国人民日天北", "web": "上东西南家们主本"}

@@ -21,6 +21,8 @@ import pytest
 
 from helpers import ok, run_cli
 
+EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
+
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE = os.environ.get("ERNIE_MTL_UPDATE_GOLDEN") == "1"
 RTOL = 1e-6

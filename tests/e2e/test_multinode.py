@@ -26,6 +26,8 @@ import pytest
 from helpers import (Job, free_port, global_yaml, launch_logs, metrics, proc_alive, proc_cmdline, proc_ppid, state,
                      wait_for)
 
+EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 RUN_CPU = str(ROOT / "scripts" / "run_cpu.sh")
 ENTRY = str(ROOT / "run_multitask_static.py")

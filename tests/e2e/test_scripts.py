@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {name: ROOT / "scripts" / f"{name}.sh" for name in ("run", "run_single_node", "run_cpu")}
 ENTRY = str(ROOT / "run_multitask_static.py")

@@ -12,6 +12,8 @@ import pytest
 
 from helpers import ROOT, metrics, ok, state, tiny_args, train  # noqa: F401
 
+EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
+
 
 @pytest.mark.slow
 def test_single_process_loss_falls_checkpoints_and_visualdl(demo, tmp_path):

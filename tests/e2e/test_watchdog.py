@@ -18,6 +18,8 @@ from ernie_mtl import watchdog
 from ernie_mtl.watchdog import EXIT_PEER_LOST, PeerWatch
 from helpers import ROOT, free_port, proc_alive, proc_ppid, wait_for
 
+EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
+
 ENDPOINTS = ["10.0.0.1:6070", "10.0.0.2:6070", "10.0.0.3:6070"]
 
 
