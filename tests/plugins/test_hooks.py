@@ -30,6 +30,7 @@ class DumpState(Callback):
         if folder:
             import paddle
 
+            os.makedirs(folder, exist_ok=True)  # ranks of two nodes share it: paddle.static.save's own mkdir races
             paddle.static.save(trainer.p.main, os.path.join(folder, f"rank_{trainer.info.rank}"))
 
 
