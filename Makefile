@@ -36,9 +36,9 @@ demo-pretrain: $(STAMP)
 	$(PY) run_multitask_static.py --config scripts/demo_pretrain.yaml
 
 # Two passes: tests that run in one process at a time share the 2 cores (pytest-xdist), then the ones
-# that launch several processes or measure time (module flag EXCLUSIVE) run alone.
+# that launch several processes or measure time (module flag EXCLUSIVE, tests/conftest.py) run alone.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m "not exclusive" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not exclusive" tests
 	$(PY) -m pytest -q -m exclusive tests
 
 bench: $(STAMP)

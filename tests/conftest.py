@@ -60,8 +60,11 @@ def job(tmp_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests of a module with `EXCLUSIVE = True` (several processes, port picking, measured time
-    bounds) get the `exclusive` marker: `make test` runs them alone, after the others."""
+    """Tests that launch several processes, pick ports or measure time bounds get the `exclusive`
+    marker: `make test` runs them alone, after the others (which share the cores through xdist).
+    A module says which with `EXCLUSIVE`: True (all its tests), or names that are matched against a
+    test's id (a substring) and its fixtures (e.g. a fixture that launches two ranks)."""
     for item in items:
-        if getattr(item.module, "EXCLUSIVE", False):
+        flag = getattr(item.module, "EXCLUSIVE", False)
+        if flag is True or (flag and any(n in item.name or n in item.fixturenames for n in flag)):
             item.add_marker(pytest.mark.exclusive)

@@ -18,7 +18,7 @@ import pytest
 
 from helpers import ENTRY, ROOT, jsonl, metrics, ok, run_cli, state
 
-EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
+EXCLUSIVE = {"test_per_node_caches", "test_without_a_shared_folder"}  # these launch several processes: run alone (tests/conftest.py)
 
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
 # three corpora over disjoint characters, so a sample tells which corpus it came from

@@ -21,7 +21,7 @@ import pytest
 
 from helpers import ok, run_cli
 
-EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
+EXCLUSIVE = {"2proc"}  # these launch several processes: run alone (tests/conftest.py)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE = os.environ.get("ERNIE_MTL_UPDATE_GOLDEN") == "1"

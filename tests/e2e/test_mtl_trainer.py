@@ -15,7 +15,7 @@ import pytest
 from helpers import GOOD, ROOT, VOCAB, global_yaml, jsonl, last, ok, state  # noqa: F401
 from helpers import run_cli as run
 
-EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
+EXCLUSIVE = {"test_decisions_come_from_rank_0", "test_sharded_two_process", "test_two_gloo_processes"}  # these launch several processes: run alone (tests/conftest.py)
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import ROOT, metrics, ok, state, tiny_args, train  # noqa: F401
 
-EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
+EXCLUSIVE = {"test_two_gloo_processes", "test_two_processes_sharded"}  # these launch several processes: run alone (tests/conftest.py)
 
 
 @pytest.mark.slow
