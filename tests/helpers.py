@@ -491,3 +491,17 @@ class FileBarrier:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rank {self.rank}: {what} #{self.calls} not reached by every rank")
             time.sleep(0.005)
+
+
+def write_topic_lm_tasks(root: Path, rng, chars, *, rows: int, width: int, batch_size: int,
+                         num_epochs: Optional[int] = None) -> None:
+    """A two-task PALM config in `root` over a corpus `root/corpus`: `topic` (cls, target) on
+    `rows` random texts of `width` characters, `lm` (pretrain, auxiliary); global.yaml last."""
+    lines = ["label\ttext_a"] + [f"{i % 2}\t{''.join(rng.choice(chars, width))}" for i in range(rows)]
+    (root / "cls.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (root / "tasks").mkdir()
+    (root / "tasks" / "topic.yaml").write_text("reader: cls\ntrain_file: ../cls.tsv\nn_classes: 2\n")
+    (root / "tasks" / "lm.yaml").write_text("reader: pretrain\ntrain_file: ../corpus\nsplit: '80,10,10'\n")
+    (root / "global.yaml").write_text("task_instance: topic, lm\ntarget_tag: 1, 0\nmix_ratio: 1.0, 1.0\n"
+                                      f"task_dir: tasks\nbatch_size: {batch_size}\nmax_seq_len: 32\n"
+                                      + (f"num_epochs: {num_epochs}\n" if num_epochs is not None else ""))

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from helpers import ok, run_cli
+from helpers import write_topic_lm_tasks
 
 EXCLUSIVE = {"2proc"}  # these launch several processes: run alone (tests/conftest.py)
 
@@ -42,13 +43,7 @@ def data(tmp_path_factory):
     (root / "docs.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     assert create_pretraining_data.main(["--input", str(root / "docs.txt"), "--vocab_file", str(root / "vocab.txt"),
                                          "--output_prefix", str(root / "corpus"), "--workers", "1"]) == 0
-    rows = ["label\ttext_a"] + [f"{i % 2}\t{''.join(rng.choice(CHARS, 10))}" for i in range(48)]
-    (root / "cls.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    (root / "tasks").mkdir()
-    (root / "tasks" / "topic.yaml").write_text("reader: cls\ntrain_file: ../cls.tsv\nn_classes: 2\n")
-    (root / "tasks" / "lm.yaml").write_text("reader: pretrain\ntrain_file: ../corpus\nsplit: '80,10,10'\n")
-    (root / "global.yaml").write_text("task_instance: topic, lm\ntarget_tag: 1, 0\nmix_ratio: 1.0, 1.0\n"
-                                      "task_dir: tasks\nbatch_size: 4\nmax_seq_len: 32\nnum_epochs: 2\n")
+    write_topic_lm_tasks(root, rng, CHARS, rows=48, width=10, batch_size=4, num_epochs=2)
     return root
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import write_topic_lm_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,13 +80,7 @@ def test_flag_mode_and_multitask_runs_from_the_installed_wheel(installed):
     sh([py.parent / "ernie-mtl", *common, "--input_dir", "corpus", "--split", "80,10,10", "--max_seq_len", "32",
         "--micro_batch_size", "2", "--output_dir", "flag"], cwd=work)
     assert json.loads((work / "flag" / "model_last" / "train_state.json").read_text())["step"] == 2
-    rows = ["label\ttext_a"] + [f"{i % 2}\t{''.join(rng.choice(chars, 8))}" for i in range(16)]
-    (work / "cls.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    (work / "tasks").mkdir()
-    (work / "tasks" / "topic.yaml").write_text("reader: cls\ntrain_file: ../cls.tsv\nn_classes: 2\n")
-    (work / "tasks" / "lm.yaml").write_text("reader: pretrain\ntrain_file: ../corpus\nsplit: '80,10,10'\n")
-    (work / "global.yaml").write_text("task_instance: topic, lm\ntarget_tag: 1, 0\nmix_ratio: 1.0, 1.0\n"
-                                      "task_dir: tasks\nbatch_size: 2\nmax_seq_len: 32\n")
+    write_topic_lm_tasks(work, rng, chars, rows=16, width=8, batch_size=2)
     sh([py.parent / "ernie-mtl", "--config", "global.yaml", *common, "--output_dir", "mtl"], cwd=work)
     state = json.loads((work / "mtl" / "model_last" / "train_state.json").read_text())
     assert state["step"] == 2 and sum(state["sampler"]["counts"]) == 2
