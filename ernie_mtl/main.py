@@ -34,27 +34,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     watchdog.install_orphan_guard()
     code = run_cli(PROG, lambda: _main(argv))
     if int(os.environ.get("PADDLE_TRAINERS_NUM", "1") or 1) > 1:
-        _leave(code)
+        watchdog.leave(code)
     return code
-
-
-def _leave(code: int) -> None:
-    """A rank of a multi-process job leaves once its run is over and its exit handlers have run,
-    without the interpreter's teardown: there Paddle's C++ objects of the job (the TCP store client,
-    gloo's context) are destroyed in an unspecified order, and now and then a rank that completed
-    aborted with "terminate called without an active exception" (SIGABRT), which its launcher reports
-    as a failed job. Everything of the run is closed by then (checkpoints, VisualDL, logs)."""
-    import atexit
-    import logging
-
-    atexit._run_exitfuncs()  # the watchdog's stop() among them
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 def _main(argv: Optional[Sequence[str]]) -> int:

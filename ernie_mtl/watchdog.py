@@ -462,6 +462,24 @@ def _exit_peer_lost(message: str) -> None:
     os._exit(EXIT_PEER_LOST)
 
 
+def leave(code: int) -> None:
+    """A rank of a multi-process job leaves once its run is over and its exit handlers have run,
+    without the interpreter's teardown: there Paddle's C++ objects of the job (the TCP store client,
+    gloo's context) are destroyed in an unspecified order, and now and then a rank that completed
+    aborted with "terminate called without an active exception" (SIGABRT), which its launcher reports
+    as a failed job. Everything of the run is closed by then (checkpoints, VisualDL, logs)."""
+    import logging
+
+    atexit._run_exitfuncs()  # the peer watch's stop() among them
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 _watch: Optional[PeerWatch] = None
 
 

@@ -263,6 +263,22 @@ def test_orphan_guard_stops_a_child_whose_parent_was_killed(tmp_path):
     assert f"ernie_mtl watchdog: rank ?: its launcher (pid {parent.pid}) is gone" in text
 
 
+def test_leave_runs_exit_handlers_flushes_and_keeps_the_status(tmp_path):
+    """How a launched rank ends (ernie_mtl/main.py): its exit handlers (the peer watch's stop, VisualDL)
+    and buffered output must not be lost by skipping the interpreter's teardown."""
+    script = ("import atexit, sys; sys.path.insert(0, %r)\n"
+              "from ernie_mtl import watchdog\n"
+              "atexit.register(lambda: open(%r, 'w').write('handled'))\n"
+              "sys.stdout.write('buffered, not flushed')\n"
+              "watchdog.leave(3)\n"
+              "print('never reached')\n") % (str(ROOT), str(tmp_path / "handler"))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONUNBUFFERED": ""})
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "buffered, not flushed"
+    assert (tmp_path / "handler").read_text() == "handled"
+
+
 def test_no_guard_without_a_launcher():
     """A plain run (its parent is a shell or pytest) is never guarded: it may outlive its terminal."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "ERNIE_MTL_ORPHAN"))}
@@ -312,10 +328,11 @@ RANK_SCRIPT = textwrap.dedent("""
             print("step", step, flush=True)
         time.sleep(0.02)
         if step == int(os.environ.get("EXIT_AT_STEP_RANK_%d" % info.rank, "0")):
-            sys.exit(2)                                 # as a user error ends a rank: no exception
+            watchdog.leave(2)                           # as a user error ends a rank: no exception
     time.sleep(float(os.environ.get("EXTRA_S_RANK_%d" % info.rank, "0")))  # e.g. a rank finishing late
     watchdog.finish()                                   # the run is complete on this rank
     print("finished", flush=True)
+    watchdog.leave(0)                                   # as the entry point leaves (no C++ teardown)
 """)
 
 
