@@ -38,13 +38,16 @@ demo-pretrain: $(STAMP)
 # Two passes: tests that run in one process at a time share the 2 cores (pytest-xdist), then the ones
 # that launch several processes or measure time (module flag EXCLUSIVE, tests/conftest.py) run alone.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not exclusive" tests
-	$(PY) -m pytest -q -m exclusive tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not exclusive" --durations=10 tests
+	$(PY) -m pytest -q -m exclusive --durations=10 tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_index.py
 	$(PY) benchmarks/bench_preprocess.py
 	$(PY) benchmarks/bench_dataset.py
+	$(PY) benchmarks/bench_merge.py --repeats 3
+	$(PY) benchmarks/bench_train.py
+	$(PY) benchmarks/bench_multitask.py
 
 clean:
 	rm -rf build *.egg-info data_tools/_helpers*.so demo_data output/demo_pretrain output/demo_multitask
