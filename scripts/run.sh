@@ -28,6 +28,8 @@
 #   DRY_RUN=1                print the command and exit without running it
 # OMP_NUM_THREADS/MKL_NUM_THREADS: a value you set is kept; otherwise they are decided for this node
 # by `python -m ernie_mtl.threads` (cores / processes per node) and printed before the command.
+# PORT_RANGE: a value you set is kept; otherwise the launcher's ports are taken above the kernel's
+# range for outgoing connections (`python -m ernie_mtl.ports`), printed before the command.
 # Every other argument is passed to run_multitask_static.py unchanged (after `--`, everything is).
 # If a node fails, run the same command again on every node: training resumes from OUTPUT_DIR/model_last.
 #
@@ -211,15 +213,26 @@ if [[ -z "${OMP_NUM_THREADS-}" ]]; then
         || { threads_export=""; echo "$PROG: warning: python -m ernie_mtl.threads failed; OMP_NUM_THREADS left unset" >&2; }
 fi
 
+# --- the launcher's ports, outside the kernel's range for outgoing connections (ernie_mtl/ports.py:
+# Paddle picks them in 35100:64000, which overlaps it, and an outgoing connection can take a chosen
+# port before rank 0 binds it: "Bind network on IP_ANY:<port> failed"). A PORT_RANGE you set is kept.
+# With IPS the launcher uses START_PORT onwards instead (6070 by default, below that range).
+ports_export=""
+if [[ -z "${PORT_RANGE-}" && ! ( "$MODE" == multi && -z "$MASTER" ) ]]; then
+    ports_export="$(cd "$ROOT" && "$PYTHON" -m ernie_mtl.ports --shell 2>/dev/null)" || ports_export=""
+fi
+
 # Printed so it can be pasted into a shell: arguments with unsafe characters in single quotes
 quoted=()
 for arg in "${cmd[@]}"; do
     if [[ "$arg" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then quoted+=("$arg"); else quoted+=("'${arg//\'/\'\\\'\'}'"); fi
 done
 [[ -z "$threads_export" ]] || echo "+ $threads_export"
+[[ -z "$ports_export" ]] || echo "+ $ports_export"
 echo "+ ${quoted[*]}"
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
     exit 0
 fi
 [[ -z "$threads_export" ]] || eval "$threads_export"
+[[ -z "$ports_export" ]] || eval "$ports_export"
 exec "${cmd[@]}"

@@ -384,11 +384,21 @@ def last(rows, tag):
 
 # -- processes of multi-process tests --------------------------------------------------------------------
 def free_port():
+    """A port free now, from PORT_RANGE when it is set (tests/conftest.py: above the kernel's range for
+    outgoing connections, so no connection takes it before the job binds it), else any."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    lo, _, hi = os.environ.get("PORT_RANGE", "").partition(":")
+    candidates = random.sample(range(int(lo), int(hi) + 1), min(200, int(hi) - int(lo) + 1)) if hi else [0]
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError(f"no free port in PORT_RANGE={os.environ.get('PORT_RANGE')}")
 
 
 class Job:

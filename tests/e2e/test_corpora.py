@@ -7,7 +7,6 @@ import zlib  # noqa: F401  (before paddle)
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import ENTRY, ROOT, jsonl, metrics, ok, run_cli, state
+from helpers import ENTRY, ROOT, free_port, jsonl, metrics, ok, run_cli, state
 
 EXCLUSIVE = {"test_per_node_caches", "test_without_a_shared_folder"}  # these launch several processes: run alone (tests/conftest.py)
 
@@ -131,16 +130,10 @@ def test_a_multitask_pretrain_task_reads_a_mixture_from_its_yaml(corpora, tmp_pa
 
 
 # -- per-node index caches: two launchers = two nodes, each with its own cache folder ---------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_nodes(corpora, tmp_path, share_folder: str, timeout=240):
     """The same command started on two 'nodes' (own working directories: `--data_cache index-cache` is
     node-local), rendezvous through one master; returns (exit codes, node folders)."""
-    port = _free_port()
+    port = free_port()
     procs, nodes = [], []
     for n in (0, 1):
         node = tmp_path / f"node{n}"

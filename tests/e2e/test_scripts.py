@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ernie_mtl import ports
+
 EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,10 +22,10 @@ LAUNCH = "python3 -m paddle.distributed.launch"
 
 def run(name, env=None, *args, timeout=30, cwd=None):
     """The script with a clean environment (no IPS/GPUS/... inherited from the caller's shell).
-    OMP_NUM_THREADS is set (a user value: the script exports no thread settings) unless `env` says
-    otherwise; test_thread_settings_per_node covers the decision."""
+    OMP_NUM_THREADS and PORT_RANGE are set (user values: the script exports neither) unless `env` says
+    otherwise; test_thread_settings_per_node and test_single_node_command cover the decisions."""
     full_env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "OMP_NUM_THREADS": "1",
-                **(env or {})}
+                "PORT_RANGE": os.environ.get("PORT_RANGE", "61000:65535"), **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}
     return subprocess.run(["bash", str(SCRIPTS[name]), *args], env=full_env, capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)
@@ -217,15 +219,23 @@ def test_real_two_process_cpu_run(tmp_path):
         "save_steps: 2\nnum_workers: 0\nwarmup_rate: 0.0\n")
     out = tmp_path / "out"
     proc = run("run_cpu", {"CONFIG": str(config), "OUTPUT_DIR": str(out), "PYTHONPATH": str(ROOT),
-                           "PYTHON": sys.executable}, "--seed", "7",
+                           "PYTHON": sys.executable, "PORT_RANGE": None}, "--seed", "7",
                timeout=180, cwd=tmp_path)  # the launcher's gloo store writes http.log into the working directory
     logs = "".join(p.read_text(errors="replace")[-2000:] for p in sorted((out / "launch_log").glob("workerlog.*")))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs
-    assert proc.stdout.startswith("+ ") and "--nproc_per_node 2" in proc.stdout.splitlines()[0]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "+ " + ports.shell_line({})  # no PORT_RANGE given: the script chose one and says so
+    assert lines[1].startswith("+ ") and "--nproc_per_node 2" in lines[1]
     assert sorted(p.name for p in (out / "launch_log").glob("workerlog.*")) == ["workerlog.0", "workerlog.1"]
     assert (out / "model_last" / "train_state.json").is_file()
     envlog = (out / "launch_log" / "envlog.0").read_text()
     assert "OMP_NUM_THREADS=1\n" in envlog  # the test's own setting reached the ranks unchanged
+    # the job's ports (rank 0's store, every rank's endpoint) lie outside the kernel's range for outgoing
+    # connections, so none can be taken by a connection before its rank binds it
+    env = dict(line.split("=", 1) for line in envlog.splitlines() if "=" in line)
+    eph = ports.ephemeral_range()
+    used = [env["PADDLE_MASTER"]] + env["PADDLE_TRAINER_ENDPOINTS"].split(",")
+    assert eph is None or all(not eph[0] <= int(e.rsplit(":", 1)[1]) <= eph[1] for e in used), (used, eph)
 
 
 def test_sh_invocation_and_multitask_config_without_corpus(tmp_path):
