@@ -360,21 +360,9 @@ def node_processes(job, launcher):
     return [launcher.pid] + [p for p in job.ranks() if proc_ppid(p) == launcher.pid]
 
 
-@pytest.mark.slow
-def test_orphaned_ranks_exit_when_their_launcher_is_killed(job, tmp_path):
-    (tmp_path / "rank.py").write_text(RANK_SCRIPT.format(root=str(ROOT)))
-    launcher = job.launch(launcher_args(tmp_path / "log", nproc=2), log="launcher", OUT=str(tmp_path / "out"))
-    logs = [tmp_path / "log" / f"workerlog.{r}" for r in (0, 1)]
-    wait_for(lambda: all(p.exists() and "step 20" in p.read_text(errors="replace") for p in logs), 90, "training")
-    ranks = job.ranks()
-    assert len(ranks) >= 2
-    os.kill(launcher.pid, signal.SIGKILL)
-    t0 = time.monotonic()
-    wait_for(lambda: not any(proc_alive(p) for p in ranks), 20, "the orphaned ranks to exit")
-    took = time.monotonic() - t0
-    assert took < 10, took  # poll 1 s; generous margin
-    for r, path in enumerate(logs):
-        assert f"ernie_mtl watchdog: rank {r}: its launcher (pid {launcher.pid}) is gone" in path.read_text(), r
+# Orphaned ranks (launcher SIGKILLed) and a killed node (rank 0 or rank 1 lost, the survivor names it
+# and says how to resume) are tested with the real entry point in tests/e2e/test_multinode.py; the
+# rank script here covers what needs a rank of its own: a frozen node, a rank leaving early, a late rank.
 
 
 @pytest.mark.slow
@@ -399,29 +387,6 @@ def test_a_frozen_node_stops_the_survivor_within_the_timeout(job, tmp_path):
     text = logs[1 - lost].read_text()
     assert "ernie_mtl watchdog: rank 0: lost rank 1 (node 127.0.0.1): no heartbeat for" in text
     assert f"Run the same command again on every node to resume from {tmp_path}/out/model_last" in text
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("lost_rank", [1, 0])
-def test_a_killed_node_stops_the_survivor_at_once_naming_it(job, tmp_path, lost_rank):
-    """SIGKILL of a node (launcher and rank): gloo fails at once on the survivor; the diagnosis names
-    the lost rank. Losing rank 0 also loses the job's store, which lives in its process."""
-    nodes, logs, rank_of = two_nodes(job, tmp_path, ERNIE_MTL_PEER_TIMEOUT="60")
-    lost = rank_of.index(lost_rank)
-    for pid in node_processes(job, nodes[lost]):
-        os.kill(pid, signal.SIGKILL)
-    t0 = time.monotonic()
-    code = nodes[1 - lost].wait(timeout=60)
-    took = time.monotonic() - t0
-    assert code == EXIT_PEER_LOST
-    assert took < 30, took  # far below the 60 s timeout: the failed collective is diagnosed at once
-    text = logs[1 - lost].read_text()
-    if lost_rank == 1:
-        assert "ernie_mtl watchdog: rank 0: lost rank 1 (node 127.0.0.1): no heartbeat for" in text
-    else:
-        assert ("ernie_mtl watchdog: rank 1: lost contact with the job's TCP store at 127.0.0.1:" in text
-                and "which lives in rank 0 (node 127.0.0.1)" in text)
-    assert f"resume from {tmp_path}/out/model_last" in text
 
 
 @pytest.mark.slow
