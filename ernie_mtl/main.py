@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import zlib  # noqa: F401  (before paddle: paddle 2.6.2 exports clashing zlib symbols)
 
-import os
 import sys
 from typing import Optional, Sequence
 
@@ -33,7 +32,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         runtime.THREADS_NOTE = None
     watchdog.install_orphan_guard()
     code = run_cli(PROG, lambda: _main(argv))
-    if int(os.environ.get("PADDLE_TRAINERS_NUM", "1") or 1) > 1:
+    if runtime.ProcessInfo.from_env().world_size > 1:
         watchdog.leave(code)
     return code
 

@@ -51,12 +51,16 @@ def launcher_port_range(ephemeral: Optional[Tuple[int, int]]) -> Optional[Tuple[
     return None
 
 
+def port_range_value(path: str = EPHEMERAL_FILE) -> Optional[str]:
+    """PORT_RANGE's value (`a:b`) for this machine, or None when no safe range is known."""
+    chosen = launcher_port_range(ephemeral_range(path))
+    return f"{chosen[0]}:{chosen[1]}" if chosen else None
+
+
 def shell_line(env: Mapping[str, str] = os.environ, path: str = EPHEMERAL_FILE) -> str:
     """`export PORT_RANGE=a:b`, or "" when the user set PORT_RANGE or no safe range is known."""
-    if env.get("PORT_RANGE"):
-        return ""
-    chosen = launcher_port_range(ephemeral_range(path))
-    return f"export PORT_RANGE={chosen[0]}:{chosen[1]}" if chosen else ""
+    value = None if env.get("PORT_RANGE") else port_range_value(path)
+    return f"export PORT_RANGE={value}" if value else ""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -71,11 +75,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(line)
         return 0
     eph = ephemeral_range()
-    chosen = launcher_port_range(eph)
     print(f"ephemeral (outgoing) ports: {eph[0]}-{eph[1]}" if eph else "ephemeral ports: unknown")
     print(f"PORT_RANGE in the environment: {os.environ.get('PORT_RANGE') or 'unset'} "
           f"(Paddle's default {PADDLE_DEFAULT[0]}:{PADDLE_DEFAULT[1]})")
-    print(f"suggested PORT_RANGE: {chosen[0]}:{chosen[1]}" if chosen else "suggested PORT_RANGE: none (keep the default)")
+    print(f"suggested PORT_RANGE: {port_range_value() or 'none (keep the default)'}")
     return 0
 
 

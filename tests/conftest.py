@@ -18,9 +18,9 @@ from ernie_mtl import ports
 # Every job the tests launch takes its ports above the kernel's range for outgoing connections
 # (ernie_mtl/ports.py): with Paddle's default range a chosen port was now and then taken by an
 # outgoing connection before rank 0 bound it ("Bind network on IP_ANY:<port> failed").
-_RANGE = ports.launcher_port_range(ports.ephemeral_range())
-if _RANGE and not os.environ.get("PORT_RANGE"):
-    os.environ["PORT_RANGE"] = f"{_RANGE[0]}:{_RANGE[1]}"
+_PORT_RANGE = ports.port_range_value()
+if _PORT_RANGE and not os.environ.get("PORT_RANGE"):
+    os.environ["PORT_RANGE"] = _PORT_RANGE
 
 
 @pytest.fixture(scope="module")
