@@ -36,7 +36,7 @@ from ernie_mtl.optim import WarmupLinearDecay, make_optimizer
 from ernie_mtl.parallel import Topology
 from ernie_mtl.randomness import seed_initializers, strip_dropout_seeds, wire_dropout_seeds
 from ernie_mtl.tasks.base import TaskType
-from ernie_mtl.program_utils import remove_variable  # noqa: F401  (re-exported)
+from ernie_mtl.program_utils import declare_sub_block_inputs, live_blocks, remove_variable  # noqa: F401  (remove_variable re-exported)
 
 _BACKBONES = ("ernie", "bert")
 StrategyBuilder = Callable[..., Any]  # f(*, recompute_checkpoints) -> DistributedStrategy
@@ -130,6 +130,7 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
                                         fwd.recompute_checkpoints, no_decay=fwd.no_decay,
                                         skip_flags=freeze.param_flags)
         test = forward_only(main, fwd.loss)
+    declare_sub_block_inputs(main)
     check_coverage(main, freeze)
     fetched = [v.name for v in fwd.task_losses.values()] + [fwd.loss.name]
     fetched += [v.name for scalars in fwd.task_scalars.values() for v in scalars.values()]
@@ -265,7 +266,7 @@ def prune_unused_forward_ops(program: paddle.static.Program, keep: Sequence[str]
     keep = set(keep)
     removed = 0
     while True:
-        read = {name for b in program.blocks for op in b.ops for name in op.input_arg_names}
+        read = {name for b in live_blocks(program) for op in b.ops for name in op.input_arg_names}
         dead = []
         for idx, op in enumerate(block.ops):
             outputs = op.output_arg_names

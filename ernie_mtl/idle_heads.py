@@ -32,6 +32,8 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set,
 
 import numpy as np
 
+from ernie_mtl.program_utils import live_blocks
+
 IDLE_GROUPS = "idle_groups"
 # AdamW's per-parameter state (also of AMP O2's fp32 master copy `<param>_fp32_master_0`)
 _STATE_SUFFIX = re.compile(r"^(_fp32_master_0)?(_moment1_0|_moment2_0|_beta1_pow_acc_0|_beta2_pow_acc_0)?$")
@@ -201,7 +203,7 @@ def check_coverage(program, plan: FreezePlan) -> None:
     if not plan.groups:
         return
     allowed_skip: Dict[str, Set[str]] = {}
-    all_ops = [op for block in program.blocks for op in block.ops]
+    all_ops = [op for block in live_blocks(program) for op in block.ops]
     for op in all_ops:  # the OR-ed flags
         if op.type == "logical_or":
             for flag in plan.flag_vars.values():

@@ -2,6 +2,72 @@
 (kept out of the program builder so that task types import no builder)."""
 from __future__ import annotations
 
+from typing import Any, Dict, List
+
+# Ops that run a block of their own (the `sub_block` attribute)
+_CONTROL_FLOW_ATTR = "sub_block"
+
+
+def live_blocks(program) -> List[Any]:
+    """The blocks of `program` that can run: the global block and, recursively, the sub-blocks
+    named by the control-flow ops of live blocks.
+
+    A program can hold blocks nothing runs: fleet's sharding with gradient merge
+    (`_sharding_gradient_merge`, Paddle 2.6.2) copies the optimizer ops into a scratch block, then
+    builds the real conditional block from the copies and leaves the scratch block in the program.
+    Checks over "every op of the program" must read the live blocks only, or they count each
+    optimizer op twice."""
+    return live_blocks_from(program, 0)
+
+
+def declare_sub_block_inputs(program) -> Dict[int, List[str]]:
+    """Add to each control-flow op of the global block the non-persistable variables its sub-block
+    reads from outside; returns {op index: names added}.
+
+    Fleet's sharding with gradient merge (Paddle 2.6.2) builds its conditional block of optimizer
+    ops with `Input: []`. The executor frees a non-persistable variable after its last declared
+    reader, so a variable computed in the global block and read only inside that block (the idle-head
+    flags that gate AdamW, ernie_mtl/idle_heads.py) is freed before the block runs: "Tensor holds no
+    memory ... [operator < adamw > error]" on the first accumulated step. Declaring the reads keeps
+    them alive until the block has run (and orders the block after their producers)."""
+    block = program.global_block()
+    added: Dict[int, List[str]] = {}
+    for idx, op in enumerate(block.ops):
+        if not op.has_attr(_CONTROL_FLOW_ATTR) or "Input" not in op.input_names:
+            continue
+        sub = program.block(op._block_attr_id(_CONTROL_FLOW_ATTR))
+        inner = [o for b in live_blocks_from(program, sub.idx) for o in b.ops]
+        made_inside = {n for o in inner for n in o.output_arg_names}
+        outer = []
+        for o in inner:
+            for name in o.input_arg_names:
+                if name in made_inside or name in outer or not block.has_var(name):
+                    continue
+                if not block.var(name).persistable:
+                    outer.append(name)
+        missing = [n for n in outer if n not in op.input("Input")]
+        if missing:
+            op.desc.set_input("Input", list(op.input("Input")) + missing)
+            added[idx] = missing
+    if added:
+        block._sync_with_cpp()
+    return added
+
+
+def live_blocks_from(program, start: int) -> List[Any]:
+    """Block `start` and the blocks its control-flow ops run, recursively."""
+    seen: List[int] = []
+    stack = [start]
+    while stack:
+        idx = stack.pop()
+        if idx in seen:
+            continue
+        seen.append(idx)
+        for op in program.block(idx).ops:
+            if op.has_attr(_CONTROL_FLOW_ATTR):
+                stack.append(op._block_attr_id(_CONTROL_FLOW_ATTR))
+    return [program.block(idx) for idx in sorted(seen)]
+
 
 def remove_variable(name: str, programs) -> None:
     """Remove variable `name` and the ops that write it from the global blocks of `programs`."""

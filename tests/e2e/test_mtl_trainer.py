@@ -246,12 +246,16 @@ def exported_params(model_dir):
 
 @pytest.mark.slow
 def test_sharded_two_process_run_exports_merged_targets(data, tmp_path):
-    """Sharding 2: each rank holds half the parameters; the export merges them, and the exported
-    sentiment model predicts what the merged checkpoint computes (both ranks' files together)."""
+    """Sharding 2 with gradient accumulation 2 (the combination that died before its first step:
+    tests/unit/test_program_matrix.py), a pretraining corpus without the pair head and a CRF tagger:
+    each rank holds half the parameters; the export merges them, and the exported sentiment model
+    predicts what the merged checkpoint computes (both ranks' files together)."""
     out = tmp_path / "run"
     cfg = global_yaml(data, "g9.yaml", save_path=str(out), num_epochs=1, use_sharding=True, sharding_degree=2,
-                      eval_freq=1000, plugins=["plugins.py"], callbacks=["idle_check"])
-    ok(run(["--config", cfg], cwd=tmp_path, launch_procs=2))
+                      micro_batch_size=8, global_batch_size=32, eval_freq=1000, plugins=["plugins.py"],
+                      callbacks=["idle_check"])
+    proc = ok(run(["--config", cfg, "--tasks.wordseg.use_crf=true"], cwd=tmp_path, launch_procs=2))
+    assert "micro-batches per step: 2" in proc.stdout + proc.stderr
     # idle heads stay bitwise frozen on both ranks, each holding its own shard of parameters and state
     rank0, rank1 = jsonl(out / "idle_check.jsonl"), jsonl(out / "idle_check_rank1.jsonl")
     check_idle_rows(rank0, min_vars=0)
