@@ -1,6 +1,17 @@
-"""ernie_mtl.onednn: oneDNN kernels on the exact op types leave training bitwise unchanged; the
-attribute really switches kernels (a non-exact type changes the numbers); optimizer ops are skipped."""
+"""ernie_mtl.cpu_kernels: oneDNN kernels on the chosen op types and bias gradients by matmul train
+within float32 rounding of the plain program; the attribute really switches kernels (oneDNN's own
+execution log says so); optimizer ops are skipped.
+
+No test here asserts *how* a kernel rounds (bitwise equal or bitwise different from another kernel):
+MKL and oneDNN take other code paths on AMD and Intel CPUs, so such an assertion tests the CPU, not
+the code (one did, and `make test` failed on AMD EPYC machines). Kernels are compared within a
+tolerance; exactness (resume, golden losses) is compared between runs on one machine."""
 import zlib  # noqa: F401  (before paddle)
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -12,6 +23,15 @@ pytestmark = pytest.mark.usefixtures("static_mode")
 
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 STEPS = 4
+# float32 rounding after STEPS AdamW steps of tiny ERNIE: relative on losses, absolute on parameters
+# (changing the thread count from 2 to 1 moved them by ~1e-7 on ernie-small)
+LOSS_RTOL, PARAM_ATOL = 1e-6, 1e-6
+
+
+def assert_within_rounding(losses, params, plain):
+    np.testing.assert_allclose(losses, plain[0], rtol=LOSS_RTOL)
+    for n, ref in plain[1].items():
+        np.testing.assert_allclose(params[n], ref, rtol=0, atol=PARAM_ATOL, err_msg=n)
 
 
 def batch(rng, b=4, seq=16, vocab=1000):
@@ -49,22 +69,47 @@ def plain(build_programs):
     return train(build_programs)
 
 
-def test_exact_ops_train_bitwise_like_the_plain_program(build_programs, plain):
+def test_chosen_ops_train_within_rounding_of_the_plain_program(build_programs, plain):
     losses, params, changed = train(build_programs, EXACT_ONEDNN_OPS)
     assert sum(changed.values()) > 20, changed  # the set really covers the network's ops
-    assert losses == plain[0]
-    assert all(np.array_equal(params[n], plain[1][n]) for n in params)
+    assert_within_rounding(losses, params, plain)
     assert losses[-1] < losses[0]  # and it trains
 
 
-def test_the_attribute_switches_kernels(build_programs, plain):
-    """Negative control: oneDNN's layer_norm rounds differently, so with it the parameters move off
-    the plain program's. Were the attribute ignored, this would be bitwise too and the test above
-    would prove nothing."""
-    losses, params, changed = train(build_programs, ["layer_norm"])
-    assert changed == {"layer_norm": 6}
-    assert not all(np.array_equal(params[n], plain[1][n]) for n in params)
-    assert max(abs(a - b) for a, b in zip(losses, plain[0])) < 1e-4  # different rounding, same training
+ONEDNN_PROBE = textwrap.dedent("""
+    import zlib, sys
+    import numpy as np
+    import paddle
+    from ernie_mtl.cpu_kernels import use_onednn_ops
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [4, 8], "float32")
+        y = paddle.nn.functional.layer_norm(x + x, [8])
+    print("changed", use_onednn_ops(main, sys.argv[1:]), flush=True)
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(startup)
+    exe.run(main, feed={"x": np.ones((4, 8), "float32")}, fetch_list=[y])
+""")
+
+
+def onednn_primitives(op_types):
+    """oneDNN primitives executed by a small program with oneDNN on `op_types`, from oneDNN's own
+    execution log (ONEDNN_VERBOSE=1: read at library load, hence a fresh process)."""
+    env = {**os.environ, "ONEDNN_VERBOSE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", ONEDNN_PROBE, *op_types], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return {line.split(",")[3] for line in proc.stdout.splitlines() if line.startswith("onednn_verbose,exec,")}
+
+
+def test_the_attribute_switches_kernels():
+    """Negative control without any assumption about rounding: oneDNN's execution log lists the
+    primitives of exactly the op types that carry the attribute (were it ignored, the test above
+    would prove nothing)."""
+    assert onednn_primitives(["layer_norm"]) == {"layer_normalization"}
+    assert onednn_primitives(["elementwise_add"]) == {"binary"}
+    assert onednn_primitives([]) == set()
 
 
 def test_optimizer_ops_and_other_types_are_left_alone(build_programs):
@@ -81,7 +126,7 @@ def test_optimizer_ops_and_other_types_are_left_alone(build_programs):
     assert changed == {t: sum(op.type == t for op in on) for t in changed}
 
 
-def test_multitask_heads_train_bitwise_with_exact_ops(tmp_path):
+def test_multitask_heads_train_within_rounding_with_the_chosen_ops(tmp_path):
     """The multi-task forward (gated losses, classification and CRF heads) through the task harness."""
     import json
 
@@ -121,8 +166,7 @@ def test_multitask_heads_train_bitwise_with_exact_ops(tmp_path):
     plain_losses, plain_params, _ = run(False)
     losses, params, changed = run(True)
     assert sum(changed.values()) > 20
-    assert losses == plain_losses
-    assert all(np.array_equal(params[n], plain_params[n]) for n in params)
+    assert_within_rounding(losses, params, (plain_losses, plain_params))
 
 
 # --------------------------------------------------------------------------- bias gradients by matmul
@@ -175,11 +219,7 @@ def test_training_with_bias_grads_by_matmul_stays_within_rounding_of_the_plain_p
         (loss,) = exe.run(p.main, feed=p.feed(batch(np.random.RandomState(0))), fetch_list=[p.loss], scope=scope)
         losses.append(float(np.asarray(loss).reshape(-1)[0]))
         p.lr_scheduler.step()
-    np.testing.assert_allclose(losses, plain[0], rtol=1e-6)
-    for n, ref in plain[1].items():
-        np.testing.assert_allclose(np.array(scope.find_var(n).get_tensor()), ref, rtol=0, atol=1e-6)
-    assert any(not np.array_equal(np.array(scope.find_var(n).get_tensor()), ref) for n, ref in plain[1].items()), \
-        "bitwise equal: the pass did not change the computation (is it still needed?)"
+    assert_within_rounding(losses, {n: np.array(scope.find_var(n).get_tensor()) for n in plain[1]}, plain)
 
 
 def test_bias_grads_are_ready_before_data_parallel_all_reduce(build_programs):
