@@ -29,6 +29,7 @@ import paddle
 from paddle.utils import unique_name
 
 from ernie_mtl.config import AmpConfig, ConfigError, ModelConfig, OptimConfig
+from ernie_mtl.console import captured_prints
 from ernie_mtl.ema import DeviceEMA
 from ernie_mtl.forward import Forward, HeadGroup, build_forward
 from ernie_mtl.idle_heads import FreezePlan, check_coverage, plan_freeze, strip_idle_flags
@@ -207,7 +208,8 @@ def minimize_with_fleet(loss, name_map: Mapping[str, str], optim_cfg: OptimConfi
             level=amp_cfg.amp_level, dtype="bfloat16", init_loss_scaling=1.0,
             use_dynamic_loss_scaling=False, use_amp_guard=True)
     dist_optimizer = fleet.distributed_optimizer(optimizer, strategy=dist_strategy)
-    dist_optimizer.minimize(loss)
+    with captured_prints():  # fleet prints its meta-optimizers (ernie_mtl/console.py)
+        dist_optimizer.minimize(loss)
     # fleet keeps the applied AMP meta-optimizer in global state: take it now, before another build
     amp_optimizer = fleet.fleet._get_amp_optimizer() if fp16 else optimizer if bf16 else None
     main = loss.block.program

@@ -25,6 +25,8 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import paddle
 from paddle.base import core
 
+from ernie_mtl.console import fleet_log_level
+
 _UNIFIED_COMM_FLAG = "FLAGS_dynamic_static_unified_comm"
 # Stream-ordering ops: GPU-only kernels, no-ops for synchronous gloo collectives.
 GPU_SYNC_OPS = ("c_sync_calc_stream", "c_sync_comm_stream", "c_wait_comm", "c_wait_compute")
@@ -174,7 +176,7 @@ def emulate_gpu_program(rank: int, world_size: int, *,
         patches.set(fp16_lists, "_get_sys_unsupported_list", _all_ops_have_gpu_kernels)
         role = fleet.UserDefinedRoleMaker(is_collective=True, current_id=rank, role=fleet.Role.WORKER,
                                           worker_num=world_size, worker_endpoints=endpoints)
-        fleet.init(role_maker=role, is_collective=True)
+        fleet.init(role_maker=role, is_collective=True, log_level=fleet_log_level())
         yield
     finally:
         patches.restore()

@@ -210,7 +210,7 @@ def infer(model_dir: Path, manifest: Mapping[str, Any], task: TaskType, data, *,
     from tqdm import tqdm
 
     for start in tqdm(range(0, len(data), batch_size), desc=f"{desc} {task.spec.name}", unit="batch",
-                      dynamic_ncols=True, mininterval=1.0):
+                      dynamic_ncols=True, mininterval=1.0, disable=None):
         batch = task.collate([data.get(i) for i in range(start, min(start + batch_size, len(data)))])
         if manifest.get("use_task_id"):
             batch["task_type_ids"] = np.full_like(batch["input_ids"], manifest["task_index"])

@@ -18,10 +18,10 @@ PROG = "run_multitask_static.py"
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Before anything imports paddle: the rank's thread budget (ernie_mtl/threads.py: paddle's import
-    pins OMP_NUM_THREADS=1 otherwise), on CPU the serial executor (runtime.configure_executor), and the
-    orphan guard (a rank whose launcher died exits:
-    ernie_mtl/watchdog.py)."""
-    from ernie_mtl import runtime, threads, watchdog
+    pins OMP_NUM_THREADS=1 otherwise), on CPU the serial executor (runtime.configure_executor), the
+    framework's console chatter off unless --log_level debug (ernie_mtl/console.py), and the orphan
+    guard (a rank whose launcher died exits: ernie_mtl/watchdog.py)."""
+    from ernie_mtl import console, runtime, threads, watchdog
 
     argv = list(sys.argv[1:] if argv is None else argv)
     device = threads.device_hint(argv)
@@ -30,6 +30,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         runtime.configure_executor(device=device)  # CPU: the serial executor, read by paddle at import
     except RuntimeError:  # paddle already imported (main() called in-process): its threads stay as they are
         runtime.THREADS_NOTE = None
+    console.quiet_framework(debug=console.debug_requested(argv))  # imports paddle, without its chatter
+    console.quiet_fleet_loggers()
     watchdog.install_orphan_guard()
     code = run_cli(PROG, lambda: _main(argv))
     if runtime.ProcessInfo.from_env().world_size > 1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
+from ernie_mtl.console import fleet_log_level
 from ernie_mtl.config import AmpConfig, ConfigError, ParallelConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -189,7 +190,7 @@ def init_fleet(topo: Topology, *, role_maker: Any = None) -> None:
     """`fleet.init(is_collective=True)` and a check that the launcher's world matches `topo`."""
     import paddle.distributed.fleet as fleet
 
-    fleet.init(role_maker=role_maker, is_collective=True)
+    fleet.init(role_maker=role_maker, is_collective=True, log_level=fleet_log_level())
     if fleet.worker_num() != topo.world_size:
         raise ConfigError([f"the launcher started {fleet.worker_num()} processes but the topology expects "
                            f"{topo.world_size} (dp {topo.dp_degree} x sharding {topo.sharding_degree})"])

@@ -190,7 +190,8 @@ class Trainer:
             self.writer.hparams(self.cfg.to_dict(), self.reporter.hparam_metrics(self))
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=self.step, unit="step", dynamic_ncols=True, mininterval=1.0)
+            self.bar = tqdm(total=total, initial=self.step, unit="step", dynamic_ncols=True, mininterval=1.0,
+                            disable=None)  # a bar on a terminal only: log files get the log lines
         t = self.cfg.train
         self._emit("on_train_begin")
         self.window.reset()

@@ -29,7 +29,7 @@ from ernie_mtl.config import palm
 from ernie_mtl.config.errors import ConfigError
 from ernie_mtl.config.multitask import MTL_DEFAULTS, MTL_KEYS, RUN_WIDE_KEYS, MultiTaskConfig, MultiTaskSetup
 from ernie_mtl.config.run import SLICES, RunConfig
-from ernie_mtl.config.slices import DataConfig, OptimConfig, RESUME_WORDS, TrainConfig, DEVICES, field_help
+from ernie_mtl.config.slices import DataConfig, DEVICES, LOG_LEVELS, OptimConfig, RESUME_WORDS, TrainConfig, field_help
 from ernie_mtl.config.task import TaskSpec
 from ernie_mtl.config.values import EXPECTED, NONE_WORDS, coerce, read_yaml, suggest
 
@@ -555,6 +555,8 @@ def _train_problems(train: TrainConfig, optim: OptimConfig) -> List[str]:
         value = getattr(train, name)
         if value < 1:
             problems.append(f"--{name} {value} must be >= 1")
+    if train.log_level not in LOG_LEVELS:
+        problems.append(f"--log_level {train.log_level!r} is not supported; use one of {list(LOG_LEVELS)}")
     if train.device not in DEVICES:
         problems.append(f"--device {train.device!r} is not supported; use one of {list(DEVICES)}")
     elif train.device == "gpu":

@@ -172,6 +172,7 @@ class DataConfig:
 
 
 DEVICES = ("auto", "cpu", "gpu")
+LOG_LEVELS = ("info", "debug")
 RESUME_WORDS = ("auto", "none")
 
 
@@ -213,6 +214,9 @@ class TrainConfig:
                                          "instead of the exported model.")
     eval_output: Optional[str] = _f(None, "Where --do_eval writes its metrics JSON; default: "
                                           "output_dir/<task>/eval_results.json.")
+    log_level: str = _f("info", '"info": our log lines only; "debug": also Paddle\'s own console output (glog '
+                                "lines, fleet's messages and prints, its OMP warning) and our debug lines "
+                                "(ERNIE_MTL_DEBUG=1 does the same and adds tracebacks to user errors).")
     prebuild_index: bool = _f(False, "Build the sample-index caches this run needs (with exactly this run's flags) "
                                      "and exit without training: run it ahead so GPUs do not wait for rank 0.")
 
