@@ -214,3 +214,65 @@ def test_plan_report_gradient_merge_and_o2_without_sharding():
     assert "sharding: off" in lines and "recompute: off" in lines
     assert any(line.startswith("fp32 master weights (O2)") for line in lines)
     assert "== task schedule ==" not in lines
+
+
+# -- the dry run's GPU program (built on CPU as rank 0 of a GPU job) -------------------------------------
+ENDPOINTS = [f"127.0.0.1:{6170 + i}" for i in range(4)]
+
+
+def gpu_program(tmp_path, world, parallel, amp):
+    """Rank 0's GPU program of tiny-ERNIE pretraining, built on this CPU build, in static mode."""
+    import paddle
+
+    from helpers import pretraining_programs
+
+    was_dynamic = paddle.in_dynamic_mode()
+    paddle.enable_static()
+    try:
+        return pretraining_programs(tmp_path, world=world, rank=0, gpu=True, parallel=parallel, amp=amp)
+    finally:
+        if was_dynamic:
+            paddle.disable_static()
+
+
+def test_gpu_program_facts_of_rank_0_under_sharding_amp_and_accumulation(tmp_path):
+    """4 GPUs = sharding 2 x dp 2, AMP O1, 4 micro-batches per step: float16 casts, the sharding ring
+    (broadcasts and reduces among ranks 0-1), the dp ring (all-reduce among ranks 0 and 2), gradient
+    merge's conditional block, and persistable bytes equal to the memory table's persistent row."""
+    from ernie_mtl.planner import estimate, format_gpu_program, program_facts
+
+    parallel = ParallelConfig(use_sharding=True, sharding_degree=2, micro_batch_size=2, global_batch_size=32)
+    p = gpu_program(tmp_path, 4, parallel, O1)
+    facts = program_facts(p.main, p.startup, endpoints=ENDPOINTS)
+    assert facts.casts["to_16bit"] > 0 and facts.casts["from_16bit"] > 0
+    assert facts.amp_ops["check_finite_and_unscale"] > 0 and facts.amp_ops["update_loss_scaling"] > 0
+    assert facts.rings == {1: [0, 1], 2: [0, 2]}
+    assert facts.collectives[1]["c_broadcast"] > 0 and facts.collectives[1]["c_reduce_sum"] > 0
+    assert facts.collectives[2]["c_allreduce_sum"] > 0 and "c_broadcast" not in facts.collectives[2]
+    assert facts.conditional_blocks == 1
+    parts = estimate(TINY, parallel, O1, world_size=4, seq_len=64, masked_tokens_per_seq=10)
+    assert facts.persistable_bytes == pytest.approx(parts["memory"]["persistent"], rel=0.01)
+    lines = format_gpu_program(facts, topology=parts["topology"], amp=O1, memory=parts["memory"])
+    assert lines[0].startswith("== GPU program (rank 0 of 4")
+    assert any(line.startswith(f"amp float16 O1: {sum(facts.casts.values())} cast ops "
+                               f"({facts.casts['to_16bit']} to float16") for line in lines)
+    assert any(line.startswith("  ring 1 (ranks 0,1: rank 0's sharding group): ") and "c_reduce_sum" in line
+               for line in lines)
+    assert any(line.startswith("  ring 2 (ranks 0,2: rank 0's data-parallel group): c_allreduce_sum ")
+               for line in lines)
+    assert "gradient merge: 1 conditional_block (the update runs once every 4 micro-batches)" in lines
+
+
+def test_gpu_program_facts_of_one_float32_rank(tmp_path):
+    from ernie_mtl.planner import estimate, format_gpu_program, program_facts
+
+    parallel = ParallelConfig(micro_batch_size=2)
+    p = gpu_program(tmp_path, 1, parallel, FP32_AMP)
+    facts = program_facts(p.main, p.startup, endpoints=ENDPOINTS[:1])
+    assert facts.casts["to_16bit"] == 0 and facts.rings == {} and facts.collectives == {}
+    assert facts.conditional_blocks == 0
+    parts = estimate(TINY, parallel, FP32_AMP, world_size=1, seq_len=64, masked_tokens_per_seq=10)
+    assert facts.persistable_bytes == pytest.approx(parts["memory"]["persistent"], rel=0.01)
+    lines = format_gpu_program(facts, topology=parts["topology"], amp=FP32_AMP, memory=parts["memory"])
+    assert "collectives: none in the training program (one rank)" in lines
+    assert "gradient merge: no conditional_block (accumulate steps 1)" in lines
