@@ -461,8 +461,9 @@ def dry_run(cfg) -> str:
     laptop). The run plan (ernie_mtl/plan.py) reads the task files (example counts drive sampling
     and quotas); head parameters are counted on heads created lazily (`paddle.LazyGuard`: shapes,
     no memory, no program). With `--device gpu` (accepted on a CPU build for a dry run) the program
-    rank 0 would run on GPUs is built, never run, and described (`format_gpu_program`)."""
-    from ernie_mtl.plan import prepare
+    rank 0 would run on GPUs is built, never run, and described (`format_gpu_program`). Warnings
+    about the plan (ernie_mtl/plan.py `plan_warnings`) come last."""
+    from ernie_mtl.plan import corpus_warnings, plan_warnings, prepare
     from ernie_mtl.runtime import ProcessInfo, resolve_device
 
     world_size = ProcessInfo.from_env().world_size
@@ -474,6 +475,8 @@ def dry_run(cfg) -> str:
                          masked_tokens_per_seq=cfg.data.max_predictions_per_seq, pretraining_heads=True)
         corpus = _corpus_plan(cfg, topo)
         sections = [format_plan(**parts), "== data ==", *corpus.lines()]
+        warnings = corpus_warnings(corpus.epoch_counts("train"), what="--input_dir",
+                                   global_batch=topo.global_batch_size, flag_mode=True, max_steps=cfg.optim.max_steps)
         tasks, total_steps = None, cfg.optim.max_steps
     else:
         info = ProcessInfo(rank=0, world_size=world_size, local_rank=0)
@@ -487,6 +490,7 @@ def dry_run(cfg) -> str:
         parts = estimate(arch, cfg.parallel, cfg.amp, world_size=world_size, seq_len=longest, masked_tokens_per_seq=20,
                          task_heads=heads, pretraining_heads=False)
         sections = [format_plan(**parts, schedule_summary=summary)]
+        warnings = plan_warnings(run_plan, topo, flag_mode=False)
         tasks, total_steps = run_plan.tasks, run_plan.planned.total_steps
     if resolve_device(cfg.train.device) == "gpu":
         if tasks is None:  # flag mode: the one pretrain task, its corpus not loaded (the program needs none)
@@ -495,6 +499,8 @@ def dry_run(cfg) -> str:
         programs = build_gpu_program(cfg, topo, tasks, total_steps=total_steps, endpoints=endpoints)
         sections += format_gpu_program(program_facts(programs.main, programs.startup, endpoints=endpoints),
                                        topology=topo, amp=cfg.amp, memory=parts["memory"])
+    if warnings:
+        sections += ["== warnings ==", *warnings]
     return "\n".join(sections)
 
 
@@ -509,7 +515,7 @@ def _flag_mode_tasks(cfg) -> List[Any]:
 
 def _corpus_plan(cfg, topo: Topology):
     """The MixturePlan of `--input_dir` for the run: per corpus its weight, documents, samples planned
-    and (`lines()`) epochs (arithmetic and one pass of the compiled helper; no index
+    and (`lines()`, `epoch_counts()`) epochs (arithmetic and one pass of the compiled helper; no index
     is built)."""
     from ernie_mtl.data.mixture import parse_mixture, plan_mixture
     from ernie_mtl.data.pretrain import PretrainSampleConfig

@@ -181,6 +181,11 @@ class Trainer:
             for task in self.tasks:
                 for line in task.describe_data():
                     self.log.info(line)
+            from ernie_mtl.plan import plan_warnings
+
+            for line in plan_warnings(self.plan, self.topo, flag_mode=self.setup.flag_mode,
+                                      max_steps=self.cfg.optim.max_steps):
+                self.log.warning(line)
             self.writer.hparams(self.cfg.to_dict(), self.reporter.hparam_metrics(self))
             from tqdm import tqdm
 

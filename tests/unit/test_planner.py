@@ -216,7 +216,7 @@ def test_plan_report_gradient_merge_and_o2_without_sharding():
     assert "== task schedule ==" not in lines
 
 
-# -- the dry run's GPU program (built on CPU as rank 0 of a GPU job) -------------------------------------
+# -- the dry run's GPU program (built on CPU as rank 0 of a GPU job) and the plan's warnings -------------
 ENDPOINTS = [f"127.0.0.1:{6170 + i}" for i in range(4)]
 
 
@@ -276,3 +276,50 @@ def test_gpu_program_facts_of_one_float32_rank(tmp_path):
     lines = format_gpu_program(facts, topology=parts["topology"], amp=FP32_AMP, memory=parts["memory"])
     assert "collectives: none in the training program (one rank)" in lines
     assert "gradient merge: no conditional_block (accumulate steps 1)" in lines
+
+
+def test_corpus_warnings_give_the_numbers_and_the_fix():
+    from ernie_mtl.plan import REPEAT_WARN_EPOCHS, corpus_warnings
+
+    kwargs = dict(what="--input_dir", flag_mode=True)
+    # the issue's plan: 32 GPUs x micro batch 4 x ... = 6,400 per step, 32,000 steps of a 5,785-sample corpus
+    warnings = corpus_warnings([("news", 204_800_000, 5_785)], global_batch=6_400, max_steps=32_000, **kwargs)
+    assert len(warnings) == 2
+    assert warnings[0].startswith("warning: --input_dir: the plan reads corpus 'news' 35,401.90 times "
+                                  "(204,800,000 train samples planned, 5,785 per epoch), more than 10 epochs")
+    assert warnings[0].endswith("Use more data, fewer --max_steps, or a smaller --global_batch_size; --max_steps 9 "
+                                "reads it 10 times")  # 32,000 x 10 / 35,401.9
+    assert warnings[1] == ("warning: --input_dir: its train split gives 5,785 samples per epoch, fewer than one "
+                           "global batch (6,400): every optimizer step reads some samples more than once. Use more "
+                           "data or a smaller --global_batch_size")
+    # a mixture: only the corpus that repeats is named; a plan within the threshold says nothing
+    mixed = corpus_warnings([("web", 80_000, 40_000), ("wiki", 50_000, 1_000)], global_batch=512, **kwargs)
+    assert len(mixed) == 1 and "corpus 'wiki' 50.00 times" in mixed[0] and "web" not in mixed[0]
+    assert REPEAT_WARN_EPOCHS == 10
+    assert corpus_warnings([("web", 10 * 40_000, 40_000)], global_batch=512, **kwargs) == []
+
+
+def test_plan_warnings_of_a_multitask_plan():
+    """An auxiliary task repeated past the threshold and a task smaller than one global batch of the
+    task are flagged with their numbers; a target's epochs are its quota (num_epochs asked for them)."""
+    from types import SimpleNamespace
+
+    from ernie_mtl.plan import plan_warnings
+
+    def task(name, batch, target):
+        spec = SimpleNamespace(name=name, batch_size=batch, is_target=target)
+        return SimpleNamespace(spec=spec, train_sources=lambda: None, num_train_examples=len)
+
+    topo = Topology.create(2, micro_batch_size=8, global_batch_size=32)  # 2 data-parallel ranks x 2 micro-batches
+    run_plan = SimpleNamespace(
+        tasks=[task("big", 8, True), task("long", 8, True), task("tiny", 8, False), task("aux", 4, False)],
+        train={"big": [0] * 1000, "long": [0] * 100, "tiny": [0] * 10, "aux": [0] * 400},
+        planned=SimpleNamespace(epochs=(3.0, 40.0, 30.0, 2.0), micro_batches=(189, 280, 30, 100)))
+    warnings = plan_warnings(run_plan, topo, flag_mode=False)
+    assert warnings == [
+        "warning: task tiny (auxiliary): the plan reads its 10 training examples 30.00 times (30 micro-batches of 8 x "
+        "2 data-parallel ranks), more than 10 epochs. Give it more data, a lower sampling weight (mix_ratio), a "
+        "shorter run (the targets' num_epochs, max_steps) or a smaller batch_size",
+        "warning: task tiny: its train data has 10 examples, fewer than one global batch of the task (8 per rank x 2 "
+        "data-parallel ranks x 2 micro-batches per step = 32): a step that draws only this task reads examples more "
+        "than once. Give it more data or a smaller batch_size"]
