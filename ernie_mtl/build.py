@@ -155,6 +155,23 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
         _amp_optimizer=minimized.amp_optimizer)
 
 
+def build_run_programs(cfg, topo: Topology, tasks: Sequence[TaskType], *, total_steps: int) -> Programs:
+    """`build_programs` as a run configured by the RunConfig `cfg` calls it (fleet initialised first):
+    the strategy of its parallel and AMP slices, the LR horizon `total_steps` (the plan's optimizer
+    steps), its seed, task ids and EMA. The trainer and the dry run's GPU program
+    (ernie_mtl/planner.py) both build through here, so the plan shows the program the run builds."""
+    import functools
+    from dataclasses import replace
+
+    from ernie_mtl.parallel import build_strategy
+
+    m = cfg.setup.mtl
+    strategy = functools.partial(build_strategy, topo, cfg.parallel, cfg.amp)
+    return build_programs(cfg.model, replace(cfg.optim, max_steps=total_steps), strategy, topo, tasks,
+                          seed=cfg.train.seed, amp_cfg=cfg.amp, use_task_id=m.use_task_id,
+                          ema_decay=m.ema_decay if m.use_ema else None)
+
+
 def build_forward_program(model_type: str, arch: Dict[str, Any], tasks: Sequence[TaskType], *, seed: int = 0,
                           use_task_id: bool = False):
     """(program, Forward): the multi-task forward alone, dropout off (for export and verification)."""

@@ -7,17 +7,27 @@ steps (so the plan is exactly --max_steps long). A task type that generates its 
 (`sized_by_run`: a pretraining corpus) gets exactly the samples the run reads: the planned
 micro-batches x batch x data-parallel ranks for training, `eval_iters` global batches for each
 evaluation, ten times that for the final test split.
+
+`plan_warnings` names what a plan allows but a user rarely means -- a corpus read more than
+`REPEAT_WARN_EPOCHS` times, a task smaller than one global batch -- with the numbers and the fix;
+`--dry_run` prints the warnings and the trainer logs them at the start (warnings, never errors).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ernie_mtl.config import ConfigError
 from ernie_mtl.schedule import (Plan, TaskSchedule, TaskStream, sampling_probabilities, steps_per_epoch,
                                 target_quotas)
 
 TEST_ITERS_PER_EVAL_ITER = 10  # the final test split takes 10 x eval_iters global batches (PaddleNLP)
+# A plan that reads a pretraining corpus (or an auxiliary task's data) more than this many epochs
+# is flagged. Muennighoff et al. 2023 ("Scaling Data-Constrained Language Models") found up to about
+# 4 epochs of repeated text nearly as useful as new text and the value of more repetition fading fast
+# after that (BERT's 40 epochs were over a 3.3B-word corpus). Past ten epochs a plan has almost surely
+# met a corpus far smaller than its --max_steps was sized for. A warning, never an error.
+REPEAT_WARN_EPOCHS = 10
 
 
 @dataclass
@@ -120,3 +130,70 @@ def load_eval_split(task, split: str, eval_batches: int):
         finally:
             task.ctx.extra.pop("num_samples", None)
     return task.load(split)
+
+
+# -- warnings about the plan (printed by --dry_run, logged at the start of a run) ---------------------
+_REPEAT_FIX = {True: "Use more data, fewer --max_steps, or a smaller --global_batch_size",
+               False: "Give it more data, a lower sampling weight (mix_ratio), a shorter run (the targets' "
+                      "num_epochs, max_steps) or a smaller batch_size"}  # by flag mode
+
+
+def corpus_warnings(sources: Sequence[Tuple[str, int, int]], *, what: str, global_batch: int, flag_mode: bool,
+                    max_steps: Optional[int] = None) -> List[str]:
+    """Warnings about a pretraining corpus (or mixture) read by the plan: a corpus repeated more than
+    `REPEAT_WARN_EPOCHS` epochs, and a train split with fewer samples per epoch than one global batch.
+
+    `sources`: (corpus name, samples planned, samples per epoch) per corpus
+    (`MixturePlan.epoch_counts`, `TaskType.train_sources`); `what` names the flag or task it comes
+    from; `flag_mode` picks the flags the fixes name; `max_steps` (flag mode, where the corpus is
+    read in proportion to the steps) adds the largest --max_steps that stays within the threshold."""
+    out = []
+    for name, planned, per_epoch in sources:
+        if per_epoch <= 0:
+            continue  # an empty split is refused by the data loader with its own message
+        epochs = planned / per_epoch
+        if epochs > REPEAT_WARN_EPOCHS:
+            steps = int(max_steps * REPEAT_WARN_EPOCHS / epochs) if flag_mode and max_steps else 0
+            hint = f"; --max_steps {steps:,} reads it {REPEAT_WARN_EPOCHS} times" if steps >= 1 else ""
+            out.append(f"warning: {what}: the plan reads corpus '{name}' {epochs:,.2f} times ({planned:,} train "
+                       f"samples planned, {per_epoch:,} per epoch), more than {REPEAT_WARN_EPOCHS} epochs: the "
+                       f"model mostly re-reads the same text. {_REPEAT_FIX[flag_mode]}{hint}")
+    per_epoch = sum(p for _, _, p in sources)
+    if sources and 0 < per_epoch < global_batch:
+        out.append(f"warning: {what}: its train split gives {per_epoch:,} samples per epoch, fewer than one global "
+                   f"batch ({global_batch:,}): every optimizer step reads some samples more than once. Use more "
+                   f"data or a smaller {'--global_batch_size' if flag_mode else 'batch_size'}")
+    return out
+
+
+def plan_warnings(run_plan: RunPlan, topo, *, flag_mode: bool, max_steps: Optional[int] = None) -> List[str]:
+    """Everything in a run plan that is legal but rarely meant (warnings, never errors):
+
+    - a pretraining corpus (a task that generates its samples, per corpus of a mixture) read more
+      than `REPEAT_WARN_EPOCHS` epochs; in a multi-task run also an *auxiliary* task whose examples
+      the schedule repeats that often (a target's epochs are its quota, which `num_epochs` asked for);
+    - a task whose training data is smaller than one global batch of the task (batch_size x
+      data-parallel ranks x accumulate steps): a step that draws only that task repeats examples.
+    """
+    dw, acc = topo.data_world_size, topo.accumulate_steps
+    out: List[str] = []
+    epochs = run_plan.planned.epochs
+    for i, t in enumerate(run_plan.tasks):
+        name, batch = t.spec.name, t.spec.batch_size
+        global_batch = batch * dw * acc
+        sources = t.train_sources()
+        if sources is not None:
+            out += corpus_warnings(sources, what="--input_dir" if flag_mode else f"task {name}",
+                                   global_batch=global_batch, flag_mode=flag_mode, max_steps=max_steps)
+            continue
+        examples = t.num_train_examples(run_plan.train[name])
+        if epochs is not None and not t.spec.is_target and epochs[i] > REPEAT_WARN_EPOCHS:
+            out.append(f"warning: task {name} (auxiliary): the plan reads its {examples:,} training examples "
+                       f"{epochs[i]:,.2f} times ({run_plan.planned.micro_batches[i]:,} micro-batches of {batch} x "
+                       f"{dw} data-parallel ranks), more than {REPEAT_WARN_EPOCHS} epochs. {_REPEAT_FIX[False]}")
+        if examples < global_batch:
+            out.append(f"warning: task {name}: its train data has {examples:,} examples, fewer than one global batch "
+                       f"of the task ({batch} per rank x {dw} data-parallel ranks x {acc} micro-batches per step = "
+                       f"{global_batch:,}): a step that draws only this task reads examples more than once. Give it "
+                       "more data or a smaller batch_size")
+    return out

@@ -1,7 +1,14 @@
-"""Run planner: parameter count, per-rank memory and a readable plan, by arithmetic only.
+"""Run planner: parameter count, per-rank memory and a readable plan, by arithmetic; for a GPU job
+also the program rank 0 would run, built on this machine and never run.
 
-Nothing here builds a program or touches a device; `run_multitask_static.py --dry_run` prints
-`format_plan(...)` and exits. Every figure is per rank, in bytes.
+The arithmetic builds no program and touches no device; `run_multitask_static.py --dry_run` prints
+`format_plan(...)` and exits. With `--device gpu` (accepted on a CPU build for a dry run: planning
+a GPU job before spending GPU hours is what the dry run is for) `dry_run` also builds rank 0's
+program through `compat.emulate_gpu_program` -- a CUDA build's float16 op lists, so AMP inserts the
+casts a GPU build would, and the NCCL communicator ops -- with the trainer's own builder, and
+prints what it holds (`format_gpu_program`): casts, collectives per communication ring, gradient
+merge's conditional block, the persistable bytes next to the memory table. Every figure is per
+rank, in bytes.
 
 What fleet's static sharding keeps on a rank (read in Paddle 2.6.2,
 `python/paddle/distributed/fleet/meta_optimizers/sharding_optimizer.py` and `sharding/shard.py`)
@@ -41,7 +48,10 @@ scalars per parameter tensor.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
 
 from ernie_mtl.config import AmpConfig, ParallelConfig
 from ernie_mtl.parallel import Topology, build_strategy
@@ -252,10 +262,11 @@ def format_plan(*, topology: Topology, strategy: Any, amp: AmpConfig, param_coun
     return "\n".join(lines)
 
 
-def plan(arch: Mapping[str, Any], parallel: ParallelConfig, amp: AmpConfig, *, world_size: int, seq_len: int,
-         masked_tokens_per_seq: int, task_heads: Optional[Mapping[str, int]] = None,
-         pretraining_heads: bool = True, schedule_summary: str = "") -> str:
-    """`format_plan` for a configuration, composing the functions above (validates through Topology)."""
+def estimate(arch: Mapping[str, Any], parallel: ParallelConfig, amp: AmpConfig, *, world_size: int, seq_len: int,
+             masked_tokens_per_seq: int, task_heads: Optional[Mapping[str, int]] = None,
+             pretraining_heads: bool = True) -> Dict[str, Any]:
+    """The arguments of `format_plan` (topology, strategy, parameter counts, memory per rank) for a
+    configuration, composing the functions above (validates through Topology)."""
     topo = Topology.from_config(parallel, world_size)
     # The real checkpoints are variables of the built forward; the plan only reports how many there
     # are (the embedding output and every layer's output, as build_pretrain_programs passes them).
@@ -271,8 +282,176 @@ def plan(arch: Mapping[str, Any], parallel: ParallelConfig, amp: AmpConfig, *, w
     memory = memory_estimate(counts["total"], topology=topo, amp=amp, num_tensors=counts["tensors"],
                              owned_params=max(shard_sizes(sizes, topo.sharding_degree)), activation_bytes=act,
                              segment_broadcast_mb=strategy.sharding_configs["segment_broadcast_MB"])
-    return format_plan(topology=topo, strategy=strategy, amp=amp, param_counts=counts, memory=memory,
-                       schedule_summary=schedule_summary)
+    return {"topology": topo, "strategy": strategy, "amp": amp, "param_counts": counts, "memory": memory}
+
+
+def plan(arch: Mapping[str, Any], parallel: ParallelConfig, amp: AmpConfig, *, world_size: int, seq_len: int,
+         masked_tokens_per_seq: int, task_heads: Optional[Mapping[str, int]] = None,
+         pretraining_heads: bool = True, schedule_summary: str = "") -> str:
+    """`format_plan` of `estimate(...)`."""
+    parts = estimate(arch, parallel, amp, world_size=world_size, seq_len=seq_len,
+                     masked_tokens_per_seq=masked_tokens_per_seq, task_heads=task_heads,
+                     pretraining_heads=pretraining_heads)
+    return format_plan(**parts, schedule_summary=schedule_summary)
+
+
+# -- the GPU program of a dry run ------------------------------------------------------------------------
+# Op types that only set up communication or order CUDA streams: not counted as collectives.
+_COMM_SETUP_OPS = ("c_gen_nccl_id", "c_comm_init")
+_AMP_OPS = ("check_finite_and_unscale", "update_loss_scaling")
+
+
+@dataclass
+class ProgramFacts:
+    """What one rank's built programs hold (`program_facts`)."""
+
+    main_ops: int  # every block of the training program
+    main_blocks: int
+    startup_ops: int
+    casts: Dict[str, int]  # "to_16bit", "from_16bit", "other" (int/bool casts)
+    amp_ops: Dict[str, int]  # check_finite_and_unscale, update_loss_scaling
+    rings: Dict[int, List[int]]  # ring id -> global ranks of the communicator (c_comm_init's endpoints)
+    collectives: Dict[int, Dict[str, int]]  # training program: ring id -> op type -> count
+    startup_collectives: Dict[int, Dict[str, int]]  # start-up program, communicator set-up excluded
+    conditional_blocks: int  # gradient merge's update (every accumulate_steps micro-batches)
+    persistable_bytes: int  # persistable tensors of the training program: what the rank keeps between steps
+
+
+def program_facts(main: Any, startup: Any, *, endpoints: Sequence[str]) -> ProgramFacts:
+    """Read `ProgramFacts` from a built training program and its start-up program; `endpoints` are the
+    job's endpoints in rank order (the communicators' endpoint lists map back to ranks)."""
+    from paddle.base import core
+
+    from ernie_mtl.compat import GPU_SYNC_OPS
+
+    VarType = core.VarDesc.VarType
+    low = {int(VarType.FP16), int(VarType.BF16)}
+
+    def ops(program):
+        return [op for block in program.blocks for op in block.ops]
+
+    def collectives(op_list):
+        out: Dict[int, Dict[str, int]] = {}
+        for op in op_list:
+            if op.type.startswith("c_") and op.type not in _COMM_SETUP_OPS + GPU_SYNC_OPS and op.has_attr("ring_id"):
+                ring = out.setdefault(int(op.attr("ring_id")), {})
+                ring[op.type] = ring.get(op.type, 0) + 1
+        return out
+
+    main_ops, startup_ops = ops(main), ops(startup)
+    casts = {"to_16bit": 0, "from_16bit": 0, "other": 0}
+    for op in main_ops:
+        if op.type == "cast":
+            key = ("to_16bit" if int(op.attr("out_dtype")) in low else
+                   "from_16bit" if int(op.attr("in_dtype")) in low else "other")
+            casts[key] += 1
+    rank_of = {e: i for i, e in enumerate(endpoints)}
+    rings = {int(op.attr("ring_id")): sorted(rank_of.get(e, -1) for e in op.attr("endpoints").split(","))
+             for op in startup_ops if op.type == "c_comm_init"}
+    persistable = 0
+    for var in main.global_block().vars.values():
+        if var.persistable and var.type == VarType.LOD_TENSOR and all(d >= 0 for d in var.shape):
+            persistable += int(np.prod(var.shape, dtype=np.int64)) * core.size_of_dtype(var.dtype)
+    return ProgramFacts(
+        main_ops=len(main_ops), main_blocks=main.num_blocks, startup_ops=len(startup_ops), casts=casts,
+        amp_ops={t: sum(op.type == t for op in main_ops) for t in _AMP_OPS}, rings=rings,
+        collectives=collectives(main_ops), startup_collectives=collectives(startup_ops),
+        conditional_blocks=sum(op.type == "conditional_block" for op in main_ops), persistable_bytes=persistable)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """0-7, 0,4,...,28 or 0,3,5: a rank list, short."""
+    r = list(ranks)
+    if len(r) > 2 and r == list(range(r[0], r[-1] + 1)):
+        return f"{r[0]}-{r[-1]}"
+    if len(r) > 3 and len({b - a for a, b in zip(r, r[1:])}) == 1:
+        return f"{r[0]},{r[1]},...,{r[-1]}"
+    return ",".join(map(str, r))
+
+
+def _ring_label(ring: int, ranks: Optional[List[int]], topo: Topology) -> str:
+    """`ring 1 (ranks 0-1: rank 0's sharding group)`: the ring's members and what they are in `topo`."""
+    if ranks is None:
+        return f"ring {ring}"
+    s, dp, n = topo.sharding_degree, topo.dp_degree, topo.world_size
+    roles = []
+    if ranks == list(range(n)):
+        roles.append(f"all {n} ranks")
+    if s > 1 and ranks == list(range(s)):
+        roles.append("rank 0's sharding group")
+    if s > 1 and dp > 1 and ranks == [k * s for k in range(dp)]:
+        roles.append("rank 0's data-parallel group")
+    return f"ring {ring} (ranks {_ranks(ranks)}" + (f": {', '.join(roles)})" if roles else ")")
+
+
+def _counts(ops: Mapping[str, int]) -> str:
+    return ", ".join(f"{t} {n}" for t, n in sorted(ops.items()))
+
+
+def format_gpu_program(facts: ProgramFacts, *, topology: Topology, amp: AmpConfig,
+                       memory: Optional[Mapping[str, int]] = None) -> List[str]:
+    """The dry run's `== GPU program ==` section: what rank 0's built program holds (op counts, AMP
+    casts, collectives per communication ring, gradient merge, persistable memory next to the
+    memory table's estimate)."""
+    t = topology
+    c = facts.casts
+    lines = [f"== GPU program (rank 0 of {t.world_size}: built on this machine as a CUDA build of paddle builds it, "
+             "not run) ==",
+             f"training program: {facts.main_ops:,} ops in {facts.main_blocks} block(s); start-up program: "
+             f"{facts.startup_ops:,} ops"]
+    total = sum(c.values())
+    if amp.use_amp:
+        lines.append(f"amp {amp.amp_dtype} {amp.amp_level}: {total} cast ops ({c['to_16bit']} to {amp.amp_dtype}, "
+                     f"{c['from_16bit']} back from it, {c['other']} other); {_counts(facts.amp_ops)}")
+    else:
+        lines.append(f"amp: off (float32): {total} cast op(s), {c['to_16bit']} to 16 bits")
+    if facts.collectives:
+        lines.append("collectives per ring (training program):")
+        lines += [f"  {_ring_label(r, facts.rings.get(r), t)}: {_counts(ops)}"
+                  for r, ops in sorted(facts.collectives.items())]
+    else:
+        lines.append("collectives: none in the training program" + (" (one rank)" if t.world_size == 1 else ""))
+    if facts.rings:
+        setup = ("start-up program: NCCL communicators (c_gen_nccl_id + c_comm_init) for ring(s) "
+                 + ", ".join(str(r) for r in sorted(facts.rings)))
+        setup += "".join(f"; {_counts(ops)} on ring {r}" for r, ops in sorted(facts.startup_collectives.items()))
+        lines.append(setup)
+    if facts.conditional_blocks:
+        lines.append(f"gradient merge: {facts.conditional_blocks} conditional_block (the update runs once every "
+                     f"{t.accumulate_steps} micro-batches)")
+    else:
+        lines.append(f"gradient merge: no conditional_block (accumulate steps {t.accumulate_steps})")
+    kept = f"persistable tensors of rank 0's training program: {facts.persistable_bytes / MiB:.1f} MiB"
+    if memory is not None:
+        kept += f" (the memory table's persistent row, for the most loaded rank: {memory['persistent'] / MiB:.1f} MiB)"
+    lines.append(kept)
+    return lines
+
+
+def build_gpu_program(cfg, topo: Topology, tasks, *, total_steps: int, endpoints: Sequence[str]):
+    """The programs rank 0 of `topo.world_size` GPU workers would build for `cfg`, built on this machine
+    through `compat.emulate_gpu_program` (fp16 op lists of a GPU build, NCCL communicator ops), with
+    the builder the trainer uses (`build.build_run_programs`). Never run. Built in a temporary working
+    directory (fleet's sharding dumps its programs into the cwd) with fleet's prints sent to stderr
+    (stdout is the plan); static mode is restored as it was."""
+    import contextlib
+    import sys
+    import tempfile
+
+    import paddle
+
+    from ernie_mtl.build import build_run_programs
+    from ernie_mtl.compat import emulate_gpu_program
+
+    was_dynamic = paddle.in_dynamic_mode()
+    paddle.enable_static()
+    try:
+        with tempfile.TemporaryDirectory(prefix="ernie_mtl_dry_run_") as tmp, contextlib.chdir(tmp), \
+                contextlib.redirect_stdout(sys.stderr), emulate_gpu_program(0, topo.world_size, endpoints=endpoints):
+            return build_run_programs(cfg, topo, tasks, total_steps=total_steps)
+    finally:
+        if was_dynamic:
+            paddle.disable_static()
 
 
 def dry_run(cfg) -> str:
@@ -281,34 +460,63 @@ def dry_run(cfg) -> str:
     World size: PADDLE_TRAINERS_NUM (set by the launcher, or by hand to plan a cluster job from a
     laptop). The run plan (ernie_mtl/plan.py) reads the task files (example counts drive sampling
     and quotas); head parameters are counted on heads created lazily (`paddle.LazyGuard`: shapes,
-    no memory, no program)."""
-    import os
+    no memory, no program). With `--device gpu` (accepted on a CPU build for a dry run) the program
+    rank 0 would run on GPUs is built, never run, and described (`format_gpu_program`). Warnings
+    about the plan (ernie_mtl/plan.py `plan_warnings`) come last."""
+    from ernie_mtl.plan import corpus_warnings, plan_warnings, prepare
+    from ernie_mtl.runtime import ProcessInfo, resolve_device
 
-    from ernie_mtl.plan import prepare
-    from ernie_mtl.runtime import ProcessInfo
-
-    world_size = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    world_size = ProcessInfo.from_env().world_size
     resolved = cfg.model.resolve()
     arch = dict(resolved.arch)
     topo = Topology.from_config(cfg.parallel, world_size)
     if cfg.flag_mode:
-        text = plan(arch, cfg.parallel, cfg.amp, world_size=world_size, seq_len=cfg.data.max_seq_len,
-                    masked_tokens_per_seq=cfg.data.max_predictions_per_seq, pretraining_heads=True)
-        return text + "\n" + "\n".join(["== data =="] + _corpus_lines(cfg, topo))
-    info = ProcessInfo(rank=0, world_size=world_size, local_rank=0)
-    run_plan = prepare(cfg, info=info, topo=topo, barrier=lambda *a, **k: None, log=lambda m: None,
-                       is_builder=True, load_dev=False)
-    heads = head_parameter_counts(cfg.model.model_type, arch, run_plan.tasks, use_task_id=cfg.setup.mtl.use_task_id)
-    longest = max(t.spec.max_seq_len for t in run_plan.tasks)
-    summary = (f"task schedule (planned {run_plan.planned.total_steps} optimizer steps = LR horizon):\n"
-               + run_plan.schedule.summary())
-    return plan(arch, cfg.parallel, cfg.amp, world_size=world_size, seq_len=longest,
-                masked_tokens_per_seq=20, task_heads=heads, pretraining_heads=False, schedule_summary=summary)
+        parts = estimate(arch, cfg.parallel, cfg.amp, world_size=world_size, seq_len=cfg.data.max_seq_len,
+                         masked_tokens_per_seq=cfg.data.max_predictions_per_seq, pretraining_heads=True)
+        corpus = _corpus_plan(cfg, topo)
+        sections = [format_plan(**parts), "== data ==", *corpus.lines()]
+        warnings = corpus_warnings(corpus.epoch_counts("train"), what="--input_dir",
+                                   global_batch=topo.global_batch_size, flag_mode=True, max_steps=cfg.optim.max_steps)
+        tasks, total_steps = None, cfg.optim.max_steps
+    else:
+        info = ProcessInfo(rank=0, world_size=world_size, local_rank=0)
+        run_plan = prepare(cfg, info=info, topo=topo, barrier=lambda *a, **k: None, log=lambda m: None,
+                           is_builder=True, load_dev=False)
+        heads = head_parameter_counts(cfg.model.model_type, arch, run_plan.tasks,
+                                      use_task_id=cfg.setup.mtl.use_task_id)
+        longest = max(t.spec.max_seq_len for t in run_plan.tasks)
+        summary = (f"task schedule (planned {run_plan.planned.total_steps} optimizer steps = LR horizon):\n"
+                   + run_plan.schedule.summary())
+        parts = estimate(arch, cfg.parallel, cfg.amp, world_size=world_size, seq_len=longest, masked_tokens_per_seq=20,
+                         task_heads=heads, pretraining_heads=False)
+        sections = [format_plan(**parts, schedule_summary=summary)]
+        warnings = plan_warnings(run_plan, topo, flag_mode=False)
+        tasks, total_steps = run_plan.tasks, run_plan.planned.total_steps
+    if resolve_device(cfg.train.device) == "gpu":
+        if tasks is None:  # flag mode: the one pretrain task, its corpus not loaded (the program needs none)
+            tasks = _flag_mode_tasks(cfg)
+        endpoints = [f"127.0.0.1:{6170 + i}" for i in range(world_size)]  # stand-ins: only their order matters
+        programs = build_gpu_program(cfg, topo, tasks, total_steps=total_steps, endpoints=endpoints)
+        sections += format_gpu_program(program_facts(programs.main, programs.startup, endpoints=endpoints),
+                                       topology=topo, amp=cfg.amp, memory=parts["memory"])
+    if warnings:
+        sections += ["== warnings ==", *warnings]
+    return "\n".join(sections)
 
 
-def _corpus_lines(cfg, topo: Topology) -> List[str]:
-    """Per corpus of `--input_dir`: weight, documents, samples planned and epochs (arithmetic and one
-    pass of the compiled helper; nothing is built)."""
+def _flag_mode_tasks(cfg) -> List[Any]:
+    """The task objects of a flag-mode run (the one `pretrain` task), without loading their data."""
+    from ernie_mtl.tasks.base import TaskContext, get_task_type
+
+    ctx = TaskContext(vocab_file=str(cfg.data.vocab_file), seed=cfg.train.seed, model_type=cfg.model.model_type,
+                      log=lambda m: None, cache_dir=cfg.data.data_cache)
+    return [get_task_type(spec.reader)(spec, ctx) for spec in cfg.setup.tasks]
+
+
+def _corpus_plan(cfg, topo: Topology):
+    """The MixturePlan of `--input_dir` for the run: per corpus its weight, documents, samples planned
+    and (`lines()`, `epoch_counts()`) epochs (arithmetic and one pass of the compiled helper; no index
+    is built)."""
     from ernie_mtl.data.mixture import parse_mixture, plan_mixture
     from ernie_mtl.data.pretrain import PretrainSampleConfig
     from ernie_mtl.plan import TEST_ITERS_PER_EVAL_ITER
@@ -322,7 +530,7 @@ def _corpus_lines(cfg, topo: Topology) -> List[str]:
                                       max_predictions_per_seq=d.max_predictions_per_seq, max_ngrams=d.max_ngrams,
                                       seed=cfg.train.seed)
     mixture = parse_mixture(d.input_dir, what="--input_dir")
-    return plan_mixture(mixture, split=d.split, num_samples=counts, cfg=sample_cfg).lines()
+    return plan_mixture(mixture, split=d.split, num_samples=counts, cfg=sample_cfg)
 
 
 def head_parameter_counts(model_type: str, arch: Mapping[str, Any], tasks, *, use_task_id: bool = False

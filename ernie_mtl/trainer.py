@@ -25,7 +25,6 @@ import contextlib
 import functools
 import json
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -95,17 +94,12 @@ def build_programs(cfg, topo, plan):
     into the cwd."""
     import contextlib as _contextlib
 
-    from ernie_mtl.build import build_programs as build
-    from ernie_mtl.parallel import build_strategy
+    from ernie_mtl.build import build_run_programs
 
-    optim = replace(cfg.optim, max_steps=plan.planned.total_steps)
     dump_dir = os.path.join(cfg.train.output_dir, "program_desc")
     os.makedirs(dump_dir, exist_ok=True)
-    strategy = functools.partial(build_strategy, topo, cfg.parallel, cfg.amp)
-    m = cfg.setup.mtl
     with _contextlib.chdir(dump_dir):
-        return build(cfg.model, optim, strategy, topo, plan.tasks, seed=cfg.train.seed, amp_cfg=cfg.amp,
-                     use_task_id=m.use_task_id, ema_decay=m.ema_decay if m.use_ema else None)
+        return build_run_programs(cfg, topo, plan.tasks, total_steps=plan.planned.total_steps)
 
 
 class Trainer:
@@ -187,6 +181,11 @@ class Trainer:
             for task in self.tasks:
                 for line in task.describe_data():
                     self.log.info(line)
+            from ernie_mtl.plan import plan_warnings
+
+            for line in plan_warnings(self.plan, self.topo, flag_mode=self.setup.flag_mode,
+                                      max_steps=self.cfg.optim.max_steps):
+                self.log.warning(line)
             self.writer.hparams(self.cfg.to_dict(), self.reporter.hparam_metrics(self))
             from tqdm import tqdm
 

@@ -559,12 +559,13 @@ def _train_problems(train: TrainConfig, optim: OptimConfig) -> List[str]:
         problems.append(f"--log_level {train.log_level!r} is not supported; use one of {list(LOG_LEVELS)}")
     if train.device not in DEVICES:
         problems.append(f"--device {train.device!r} is not supported; use one of {list(DEVICES)}")
-    elif train.device == "gpu":
+    elif train.device == "gpu" and not train.dry_run:  # a dry run builds the GPU program without running it
         from paddle.base import core
 
         if not core.is_compiled_with_cuda():
-            problems.append("--device gpu but this paddle is a CPU build; install paddlepaddle-gpu or pass "
-                            "--device cpu")
+            problems.append("--device gpu but this paddle is a CPU build; install paddlepaddle-gpu, pass "
+                            "--device cpu, or add --dry_run to plan the GPU job on this machine (it builds "
+                            "rank 0's GPU program without running it)")
     if train.resume not in RESUME_WORDS and not os.path.isfile(os.path.join(train.resume, "train_state.json")):
         problems.append(f"--resume {train.resume}: not a complete checkpoint (no train_state.json); use auto, "
                         "none, or a model_last / model_<step> folder")

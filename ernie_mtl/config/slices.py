@@ -200,7 +200,9 @@ class TrainConfig:
     resume: str = _f("auto", '"auto": continue from the newest complete checkpoint in --output_dir if any; '
                              '"none": start fresh; or the path of a model_last / model_<step> folder.')
     dry_run: bool = _f(False, "Print the plan (topology, batches, task schedule, strategy, parameters, memory per "
-                              "rank) and exit without training.")
+                              "rank, warnings about the data) and exit without training. With --device gpu, also "
+                              "the program rank 0 of the GPU job would run (casts, collectives; built, never run), "
+                              "on a CPU build too.")
     do_predict: bool = _f(False, "Predict with an exported task model instead of training: needs --task and "
                                  "--pred_file; reads output_dir/<task>/infer_model.")
     task: Optional[str] = _f(None, "The task to predict with (--do_predict).")

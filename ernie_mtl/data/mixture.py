@@ -452,6 +452,19 @@ class MixturePlan:
                 if cp.samples[name] != 0:
                     cp.samples_per_epoch[name] = samples_per_epoch(corpus, cp.doc_ranges[name], self.cfg)
 
+    def epoch_counts(self, split_name: str = "train") -> List[Tuple[str, int, int]]:
+        """(corpus name, samples planned, samples per epoch) of every corpus that `split_name` reads
+        (what the plan's repeat warnings compare: ernie_mtl/plan.py `corpus_warnings`)."""
+        self.count_epochs()
+        out = []
+        for cp in self.corpora:
+            if cp.samples[split_name] == 0:
+                continue
+            per_epoch = cp.samples_per_epoch.get(split_name, 0)
+            planned = per_epoch if cp.samples[split_name] is None else int(cp.samples[split_name])
+            out.append((cp.corpus.name, planned, per_epoch))
+        return out
+
     def lines(self, realised: Optional[Mapping] = None) -> List[str]:
         """Human-readable plan: per corpus its weight and share, documents, and per split the documents,
         samples planned and the epochs of its split they take; `realised` = {split: counts per corpus}."""

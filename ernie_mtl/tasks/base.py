@@ -195,6 +195,13 @@ class TaskType(abc.ABC):
         """Scalars for VisualDL after `consumed` training examples were read (e.g. samples per corpus)."""
         return {}
 
+    def train_sources(self) -> Optional[List[Tuple[str, int, int]]]:
+        """(source name, samples planned, samples per epoch) of each source of the training data, for
+        a task that generates exactly the samples the run reads (`sized_by_run`: per corpus of a
+        mixture, whose small corpora may repeat far more often than the task as a whole). None (the
+        default): the plan's warnings use the task's examples and the schedule's epochs."""
+        return None
+
     def manifest(self) -> Dict[str, Any]:
         """Extra facts for the exported model's manifest (label map, ...)."""
         return {}

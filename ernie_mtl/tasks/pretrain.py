@@ -105,6 +105,11 @@ class PretrainTask(TaskType):
         train = self.datasets.get("train")
         return [f"task {self.spec.name}: {line}" for line in train.describe()] if train is not None else []
 
+    def train_sources(self):
+        """Per corpus of the latest training load: samples planned and samples per epoch."""
+        train = self.datasets.get("train")
+        return train.plan.epoch_counts("train") if train is not None else None
+
     def data_scalars(self, consumed: int) -> Dict[str, float]:
         train = self.datasets.get("train")
         if train is None or len(train.names) < 2:

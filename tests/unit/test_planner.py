@@ -214,3 +214,112 @@ def test_plan_report_gradient_merge_and_o2_without_sharding():
     assert "sharding: off" in lines and "recompute: off" in lines
     assert any(line.startswith("fp32 master weights (O2)") for line in lines)
     assert "== task schedule ==" not in lines
+
+
+# -- the dry run's GPU program (built on CPU as rank 0 of a GPU job) and the plan's warnings -------------
+ENDPOINTS = [f"127.0.0.1:{6170 + i}" for i in range(4)]
+
+
+def gpu_program(tmp_path, world, parallel, amp):
+    """Rank 0's GPU program of tiny-ERNIE pretraining, built on this CPU build, in static mode."""
+    import paddle
+
+    from helpers import pretraining_programs
+
+    was_dynamic = paddle.in_dynamic_mode()
+    paddle.enable_static()
+    try:
+        return pretraining_programs(tmp_path, world=world, rank=0, gpu=True, parallel=parallel, amp=amp)
+    finally:
+        if was_dynamic:
+            paddle.disable_static()
+
+
+def test_gpu_program_facts_of_rank_0_under_sharding_amp_and_accumulation(tmp_path):
+    """4 GPUs = sharding 2 x dp 2, AMP O1, 4 micro-batches per step: float16 casts, the sharding ring
+    (broadcasts and reduces among ranks 0-1), the dp ring (all-reduce among ranks 0 and 2), gradient
+    merge's conditional block, and persistable bytes equal to the memory table's persistent row."""
+    from ernie_mtl.planner import estimate, format_gpu_program, program_facts
+
+    parallel = ParallelConfig(use_sharding=True, sharding_degree=2, micro_batch_size=2, global_batch_size=32)
+    p = gpu_program(tmp_path, 4, parallel, O1)
+    facts = program_facts(p.main, p.startup, endpoints=ENDPOINTS)
+    assert facts.casts["to_16bit"] > 0 and facts.casts["from_16bit"] > 0
+    assert facts.amp_ops["check_finite_and_unscale"] > 0 and facts.amp_ops["update_loss_scaling"] > 0
+    assert facts.rings == {1: [0, 1], 2: [0, 2]}
+    assert facts.collectives[1]["c_broadcast"] > 0 and facts.collectives[1]["c_reduce_sum"] > 0
+    assert facts.collectives[2]["c_allreduce_sum"] > 0 and "c_broadcast" not in facts.collectives[2]
+    assert facts.conditional_blocks == 1
+    parts = estimate(TINY, parallel, O1, world_size=4, seq_len=64, masked_tokens_per_seq=10)
+    assert facts.persistable_bytes == pytest.approx(parts["memory"]["persistent"], rel=0.01)
+    lines = format_gpu_program(facts, topology=parts["topology"], amp=O1, memory=parts["memory"])
+    assert lines[0].startswith("== GPU program (rank 0 of 4")
+    assert any(line.startswith(f"amp float16 O1: {sum(facts.casts.values())} cast ops "
+                               f"({facts.casts['to_16bit']} to float16") for line in lines)
+    assert any(line.startswith("  ring 1 (ranks 0,1: rank 0's sharding group): ") and "c_reduce_sum" in line
+               for line in lines)
+    assert any(line.startswith("  ring 2 (ranks 0,2: rank 0's data-parallel group): c_allreduce_sum ")
+               for line in lines)
+    assert "gradient merge: 1 conditional_block (the update runs once every 4 micro-batches)" in lines
+
+
+def test_gpu_program_facts_of_one_float32_rank(tmp_path):
+    from ernie_mtl.planner import estimate, format_gpu_program, program_facts
+
+    parallel = ParallelConfig(micro_batch_size=2)
+    p = gpu_program(tmp_path, 1, parallel, FP32_AMP)
+    facts = program_facts(p.main, p.startup, endpoints=ENDPOINTS[:1])
+    assert facts.casts["to_16bit"] == 0 and facts.rings == {} and facts.collectives == {}
+    assert facts.conditional_blocks == 0
+    parts = estimate(TINY, parallel, FP32_AMP, world_size=1, seq_len=64, masked_tokens_per_seq=10)
+    assert facts.persistable_bytes == pytest.approx(parts["memory"]["persistent"], rel=0.01)
+    lines = format_gpu_program(facts, topology=parts["topology"], amp=FP32_AMP, memory=parts["memory"])
+    assert "collectives: none in the training program (one rank)" in lines
+    assert "gradient merge: no conditional_block (accumulate steps 1)" in lines
+
+
+def test_corpus_warnings_give_the_numbers_and_the_fix():
+    from ernie_mtl.plan import REPEAT_WARN_EPOCHS, corpus_warnings
+
+    kwargs = dict(what="--input_dir", flag_mode=True)
+    # the issue's plan: 32 GPUs x micro batch 4 x ... = 6,400 per step, 32,000 steps of a 5,785-sample corpus
+    warnings = corpus_warnings([("news", 204_800_000, 5_785)], global_batch=6_400, max_steps=32_000, **kwargs)
+    assert len(warnings) == 2
+    assert warnings[0].startswith("warning: --input_dir: the plan reads corpus 'news' 35,401.90 times "
+                                  "(204,800,000 train samples planned, 5,785 per epoch), more than 10 epochs")
+    assert warnings[0].endswith("Use more data, fewer --max_steps, or a smaller --global_batch_size; --max_steps 9 "
+                                "reads it 10 times")  # 32,000 x 10 / 35,401.9
+    assert warnings[1] == ("warning: --input_dir: its train split gives 5,785 samples per epoch, fewer than one "
+                           "global batch (6,400): every optimizer step reads some samples more than once. Use more "
+                           "data or a smaller --global_batch_size")
+    # a mixture: only the corpus that repeats is named; a plan within the threshold says nothing
+    mixed = corpus_warnings([("web", 80_000, 40_000), ("wiki", 50_000, 1_000)], global_batch=512, **kwargs)
+    assert len(mixed) == 1 and "corpus 'wiki' 50.00 times" in mixed[0] and "web" not in mixed[0]
+    assert REPEAT_WARN_EPOCHS == 10
+    assert corpus_warnings([("web", 10 * 40_000, 40_000)], global_batch=512, **kwargs) == []
+
+
+def test_plan_warnings_of_a_multitask_plan():
+    """An auxiliary task repeated past the threshold and a task smaller than one global batch of the
+    task are flagged with their numbers; a target's epochs are its quota (num_epochs asked for them)."""
+    from types import SimpleNamespace
+
+    from ernie_mtl.plan import plan_warnings
+
+    def task(name, batch, target):
+        spec = SimpleNamespace(name=name, batch_size=batch, is_target=target)
+        return SimpleNamespace(spec=spec, train_sources=lambda: None, num_train_examples=len)
+
+    topo = Topology.create(2, micro_batch_size=8, global_batch_size=32)  # 2 data-parallel ranks x 2 micro-batches
+    run_plan = SimpleNamespace(
+        tasks=[task("big", 8, True), task("long", 8, True), task("tiny", 8, False), task("aux", 4, False)],
+        train={"big": [0] * 1000, "long": [0] * 100, "tiny": [0] * 10, "aux": [0] * 400},
+        planned=SimpleNamespace(epochs=(3.0, 40.0, 30.0, 2.0), micro_batches=(189, 280, 30, 100)))
+    warnings = plan_warnings(run_plan, topo, flag_mode=False)
+    assert warnings == [
+        "warning: task tiny (auxiliary): the plan reads its 10 training examples 30.00 times (30 micro-batches of 8 x "
+        "2 data-parallel ranks), more than 10 epochs. Give it more data, a lower sampling weight (mix_ratio), a "
+        "shorter run (the targets' num_epochs, max_steps) or a smaller batch_size",
+        "warning: task tiny: its train data has 10 examples, fewer than one global batch of the task (8 per rank x 2 "
+        "data-parallel ranks x 2 micro-batches per step = 32): a step that draws only this task reads examples more "
+        "than once. Give it more data or a smaller batch_size"]
