@@ -1,5 +1,5 @@
 """oneDNN vs Paddle's plain CPU kernels, op by op, on ERNIE's shapes: the evidence behind
-ernie_mtl.cpu_kernels.EXACT_ONEDNN_OPS.
+ernie_mtl.program.cpu_kernels.EXACT_ONEDNN_OPS.
 
     python benchmarks/bench_onednn_ops.py                  # ERNIE-base shapes, batch 8 x seq 128
     python benchmarks/bench_onednn_ops.py --hidden 256 --layers-ffn 1024 --heads 4 --batch 16
@@ -10,7 +10,7 @@ gradient, so nothing else runs), each plain and with oneDNN on the case's op typ
 runs `--repeats` times and the minimum is reported (the figure least disturbed by other processes
 on a shared machine; the median in parentheses). The oneDNN programs' outputs (and input gradients)
 are compared with the plain ones: "exact" means bitwise equal.
-Threads: ernie_mtl.threads, as the training entry points (OMP_NUM_THREADS wins if set); serial executor.
+Threads: ernie_mtl.dist.threads, as the training entry points (OMP_NUM_THREADS wins if set); serial executor.
 """
 import zlib  # noqa: F401  (before paddle)
 

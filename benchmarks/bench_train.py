@@ -8,7 +8,7 @@ and the model's FLOP/s as a fraction of Paddle's own matmul speed measured in th
     python benchmarks/bench_train.py --models base --real_loop         # the real training loop vs the raw program
 
 Both sides: same architecture, batch, sequence length, AdamW + global-norm clipping, MLM + NSP
-loss, random batches in the collate layout, the same OMP/MKL threads (ernie_mtl.threads: the
+loss, random batches in the collate layout, the same OMP/MKL threads (ernie_mtl.dist.threads: the
 cores of this process / ranks on this node, unless the environment sets them); each side runs in
 its own processes, `--runs` times, alternating, so drifting machine load hits both. Each run times
 its steps while measuring the CPU other processes used (/proc/stat minus this process); disturbed
@@ -246,7 +246,7 @@ def run_short_docs(args) -> dict:
 # and the time spent inside Executor.run (the rest of a step is the loop's own host work)
 _TIMER_PLUGIN = """
 import json, os, time
-from ernie_mtl.callbacks import Callback, register_callback
+from ernie_mtl.engine.callbacks import Callback, register_callback
 
 _IN_RUN = [0.0]
 

@@ -10,7 +10,7 @@ during which other processes used CPU are repeated, up to 3x), then `--steps` pr
 table; the CPU other processes used meanwhile is printed). `pretrain` is flag-mode pretraining (MLM + sentence
 order); `multitask` is masked LM + classification + CRF tagging on one ERNIE, one micro-batch of each
 task per step, reported per micro-batch. Variants are `+`-joined parts (benchmarks/step_programs.py):
-plain (threads from ernie_mtl.threads), threads1 (Paddle's default of one thread), serial, inplace,
+plain (threads from ernie_mtl.dist.threads), threads1 (Paddle's default of one thread), serial, inplace,
 onednn[=op types], seed (dropout seeds fed as Seed inputs, as the training engine does), nodrop.
 
 Op time is the profiler's time inside each op (kernel, shape inference, layout transforms), summed

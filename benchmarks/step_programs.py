@@ -1,10 +1,10 @@
 """Training-step programs and their CPU variants, shared by bench_train.py and profile_step.py.
 
-The coupling to the library is the training engine's one builder, `ernie_mtl.build.build_programs`,
+The coupling to the library is the training engine's one builder, `ernie_mtl.program.builder.build_programs`,
 called by `build_pretrain_step` (the one task `pretrain` of flag-mode pretraining) and
 `build_multitask_step` (masked LM + classification + CRF tagging), with tasks made from
 `ernie_mtl.tasks` as the config loader makes them. Both return a `Step`: the main program, how to
-initialise its scope, a few fixed feeds (`ernie_mtl.forward.make_feed`, plus the engine's dropout
+initialise its scope, a few fixed feeds (`ernie_mtl.program.forward.make_feed`, plus the engine's dropout
 seeds drawn per step as the trainer draws them) and the loss to fetch. When the builder changes,
 only these functions follow.
 
@@ -12,16 +12,16 @@ Variants (a `+`-joined list, applied by `prepare_env` before paddle is imported 
 `apply_variant` after the build):
 
     threads1   OMP_NUM_THREADS=1 / MKL_NUM_THREADS=1, as Paddle runs when nobody sets them
-    (default)  threads from ernie_mtl.threads (cores / ranks on this node)
+    (default)  threads from ernie_mtl.dist.threads (cores / ranks on this node)
     serial     FLAGS_new_executor_serial_run=1 (ops run in order on the calling thread)
     inplace    FLAGS_new_executor_use_inplace=1
-    onednn     ernie_mtl.cpu_kernels.use_onednn_ops(main): the exact oneDNN op types
+    onednn     ernie_mtl.program.cpu_kernels.use_onednn_ops(main): the exact oneDNN op types
     onednn=T1:T2  oneDNN on the listed op types (candidates under study; `:`-separated)
-    biasgrad   bias gradients by matmul (ernie_mtl.cpu_kernels.bias_grads_by_matmul)
+    biasgrad   bias gradients by matmul (ernie_mtl.program.cpu_kernels.bias_grads_by_matmul)
     fusedadam  the per-parameter adamw ops replaced by one fused_adam op per (decay, no decay) group
                (Paddle's multi-tensor op; its CPU kernel loops over the same AdamW kernel)
     seed       kept for old command lines: the engine's programs already read every dropout seed from
-               the fed `dropout_seeds` (ernie_mtl/randomness.py), so this adds nothing
+               the fed `dropout_seeds` (ernie_mtl/program/randomness.py), so this adds nothing
     nodrop     dropout probabilities 0 (the dropout ops stay, with p = 0)
 """
 from __future__ import annotations
@@ -152,7 +152,7 @@ def prepare_env(variant: Dict[str, Optional[str]], env=None) -> str:
     env = os.environ if env is None else env
     if "threads1" in variant:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
-    from ernie_mtl.threads import configure_threads
+    from ernie_mtl.dist.threads import configure_threads
 
     line = configure_threads(env)
     if "serial" in variant:
@@ -196,7 +196,7 @@ class Step:
     tasks: List[str] = field(default_factory=list)
     programs: Any = None  # the engine's build.Programs
     task_types: List[Any] = field(default_factory=list)  # the engine's task objects (ernie_mtl.tasks)
-    dropout_seeds: int = 0  # length of the engine's `dropout_seeds` feed (ernie_mtl/randomness.py)
+    dropout_seeds: int = 0  # length of the engine's `dropout_seeds` feed (ernie_mtl/program/randomness.py)
     seed: int = 1
 
     def flops_per_token(self) -> float:
@@ -207,8 +207,8 @@ class Step:
 
     def engine_feed(self, batch: Dict[str, np.ndarray], task_index: int, i: int) -> Dict[str, np.ndarray]:
         """The full feed of run i for an unprefixed `batch` of task `task_index` (e.g. another width)."""
-        from ernie_mtl.forward import make_feed
-        from ernie_mtl.randomness import DROPOUT_SEEDS, draw_dropout_seeds
+        from ernie_mtl.program.forward import make_feed
+        from ernie_mtl.program.randomness import DROPOUT_SEEDS, draw_dropout_seeds
 
         batch = dict(batch)
         if self.kind == "pretrain" and not getattr(self.task_types[0], "binary_head", True):
@@ -227,7 +227,7 @@ class Step:
     def feed(self, i: int) -> Dict[str, np.ndarray]:
         f = dict(self.feeds[i % len(self.feeds)])
         if self.dropout_seeds:  # the trainer's seeds of (step i, micro-batch 0, data rank 0)
-            from ernie_mtl.randomness import DROPOUT_SEEDS, draw_dropout_seeds
+            from ernie_mtl.program.randomness import DROPOUT_SEEDS, draw_dropout_seeds
 
             f[DROPOUT_SEEDS] = draw_dropout_seeds(self.seed, i, 0, 0, self.dropout_seeds)
         for k, name in enumerate(self.seed_vars):  # a new seed per op and step, as real dropout gets
@@ -246,7 +246,7 @@ def _fleet(b: int):
     import functools
 
     from ernie_mtl.config import AmpConfig, ParallelConfig
-    from ernie_mtl.parallel import Topology, build_strategy, init_fleet
+    from ernie_mtl.dist.topology import Topology, build_strategy, init_fleet
 
     parallel = ParallelConfig(micro_batch_size=b, global_batch_size=b)
     topo = Topology.from_config(parallel, 1)
@@ -278,8 +278,8 @@ def _make_task(ctx, type_name: str, task_name: str, index: int, b: int, seq: int
 
 
 def _build(model, tasks, b: int, seed: int):
-    """`ernie_mtl.build.build_programs` for `tasks`, one process, no accumulation (as the trainer builds)."""
-    from ernie_mtl.build import build_programs
+    """`ernie_mtl.program.builder.build_programs` for `tasks`, one process, no accumulation (as the trainer builds)."""
+    from ernie_mtl.program.builder import build_programs
     from ernie_mtl.config import AmpConfig, OptimConfig
 
     topo, strategy = _fleet(b)
@@ -290,11 +290,11 @@ def _build(model, tasks, b: int, seed: int):
 def build_pretrain_step(name: str, b: int, seq: int, *, seed: int = 1, nodrop: bool = False,
                         n_feeds: int = 4, real_len=None) -> Step:
     """Flag-mode pretraining (the one task `pretrain`: MLM + sentence-pair head) through the training
-    engine's builder (ernie_mtl.build.build_programs), one process, no accumulation."""
+    engine's builder (ernie_mtl.program.builder.build_programs), one process, no accumulation."""
     import paddle
 
     paddle.enable_static()
-    from ernie_mtl.forward import make_feed
+    from ernie_mtl.program.forward import make_feed
     from ernie_mtl.tasks.base import TaskContext
 
     model = _model_cfg(name, nodrop)
@@ -318,13 +318,13 @@ def build_pretrain_step(name: str, b: int, seq: int, *, seed: int = 1, nodrop: b
 def build_multitask_step(name: str, b: int, seq: int, *, seed: int = 1, nodrop: bool = False) -> Step:
     """Three tasks on one ERNIE, through the training engine's builder: masked LM, 2-class
     classification, CRF word segmentation (4 tags). Feed i is a micro-batch of task i % 3 (the others
-    get their placeholder labels, as `ernie_mtl.forward.make_feed` gives them)."""
+    get their placeholder labels, as `ernie_mtl.program.forward.make_feed` gives them)."""
     import json
 
     import paddle
 
     paddle.enable_static()
-    from ernie_mtl.forward import make_feed
+    from ernie_mtl.program.forward import make_feed
     from ernie_mtl.tasks.base import TaskContext
 
     model = _model_cfg(name, nodrop)
@@ -415,13 +415,13 @@ def apply_variant(step: Step, variant: Dict[str, Optional[str]]) -> str:
     """Program-level parts of `variant` (oneDNN ops, dropout seeds); returns what was done."""
     done = []
     if "onednn" in variant:
-        from ernie_mtl.cpu_kernels import use_onednn_ops
+        from ernie_mtl.program.cpu_kernels import use_onednn_ops
 
         types = variant["onednn"].split(":") if variant["onednn"] else None
         changed = use_onednn_ops(step.main, types)
         done.append("onednn " + ",".join(f"{k}:{v}" for k, v in sorted(changed.items())))
     if "biasgrad" in variant:
-        from ernie_mtl.cpu_kernels import bias_grads_by_matmul
+        from ernie_mtl.program.cpu_kernels import bias_grads_by_matmul
 
         done.append(f"{len(bias_grads_by_matmul(step.main))} bias gradients by matmul")
     if "fusedadam" in variant:

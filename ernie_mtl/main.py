@@ -17,11 +17,14 @@ PROG = "run_multitask_static.py"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Before anything imports paddle: the rank's thread budget (ernie_mtl/threads.py: paddle's import
+    """Before anything imports paddle: the rank's thread budget (ernie_mtl/dist/threads.py: paddle's import
     pins OMP_NUM_THREADS=1 otherwise), on CPU the serial executor (runtime.configure_executor), the
-    framework's console chatter off unless --log_level debug (ernie_mtl/console.py), and the orphan
-    guard (a rank whose launcher died exits: ernie_mtl/watchdog.py)."""
-    from ernie_mtl import console, runtime, threads, watchdog
+    framework's console chatter off unless --log_level debug (ernie_mtl/dist/console.py), and the orphan
+    guard (a rank whose launcher died exits: ernie_mtl/dist/watchdog.py)."""
+    from ernie_mtl.dist import console
+    from ernie_mtl.dist import process as runtime
+    from ernie_mtl.dist import threads
+    from ernie_mtl.dist import watchdog
 
     argv = list(sys.argv[1:] if argv is None else argv)
     device = threads.device_hint(argv)
@@ -48,17 +51,17 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         if cfg.train.do_predict:
             return _predict(cfg)
         if cfg.train.do_eval:
-            from ernie_mtl.evaluate import run_eval
-            from ernie_mtl.runtime import resolve_device
+            from ernie_mtl.engine.inference import run_eval
+            from ernie_mtl.dist.process import resolve_device
 
             run_eval(cfg.train, use_gpu=resolve_device(cfg.train.device) == "gpu")
             return 0
         if cfg.train.dry_run:
-            from ernie_mtl.planner import dry_run
+            from ernie_mtl.planning.dryrun import dry_run
 
             print(dry_run(cfg))
             return 0
-        from ernie_mtl.trainer import run
+        from ernie_mtl.engine.loop import run
 
         return run(cfg)
     except CheckpointError as e:  # e.g. resuming with another topology: a user error, not a crash
@@ -68,8 +71,8 @@ def _main(argv: Optional[Sequence[str]]) -> int:
 def _predict(cfg) -> int:
     import os
 
-    from ernie_mtl.export import export_dir, predict
-    from ernie_mtl.runtime import resolve_device
+    from ernie_mtl.engine.exporter import export_dir, predict
+    from ernie_mtl.dist.process import resolve_device
 
     t = cfg.train
     output = t.predict_output or os.path.join(t.output_dir, t.task, "predictions.json")

@@ -27,9 +27,9 @@
 #   PYTHON                   interpreter (default: .venv/bin/python of the repository, else python3)
 #   DRY_RUN=1                print the command and exit without running it
 # OMP_NUM_THREADS/MKL_NUM_THREADS: a value you set is kept; otherwise they are decided for this node
-# by `python -m ernie_mtl.threads` (cores / processes per node) and printed before the command.
+# by `python -m ernie_mtl.dist.threads` (cores / processes per node) and printed before the command.
 # PORT_RANGE: a value you set is kept; otherwise the launcher's ports are taken above the kernel's
-# range for outgoing connections (`python -m ernie_mtl.ports`), printed before the command.
+# range for outgoing connections (`python -m ernie_mtl.dist.ports`), printed before the command.
 # Every other argument is passed to run_multitask_static.py unchanged (after `--`, everything is).
 # If a node fails, run the same command again on every node: training resumes from OUTPUT_DIR/model_last.
 #
@@ -204,22 +204,22 @@ cmd+=(--device "$device" ${train_args[@]+"${train_args[@]}"})
 
 # --- threads per process, decided for this node before the launcher starts (it imports paddle,
 # which sets OMP_NUM_THREADS=1 for every rank it starts). A value the user set is never changed:
-# ernie_mtl.threads prints nothing then. The decision is ernie_mtl/threads.py's (stdlib only, so
+# ernie_mtl.dist.threads prints nothing then. The decision is ernie_mtl/dist/threads.py's (stdlib only, so
 # any python3 runs it); if it cannot run, the ranks report their thread count themselves.
 threads_export=""
 if [[ -z "${OMP_NUM_THREADS-}" ]]; then
-    threads_export="$(cd "$ROOT" && "$PYTHON" -m ernie_mtl.threads --shell --nproc_per_node "$nproc_local" \
+    threads_export="$(cd "$ROOT" && "$PYTHON" -m ernie_mtl.dist.threads --shell --nproc_per_node "$nproc_local" \
         --device "$device" 2>/dev/null)" \
-        || { threads_export=""; echo "$PROG: warning: python -m ernie_mtl.threads failed; OMP_NUM_THREADS left unset" >&2; }
+        || { threads_export=""; echo "$PROG: warning: python -m ernie_mtl.dist.threads failed; OMP_NUM_THREADS left unset" >&2; }
 fi
 
-# --- the launcher's ports, outside the kernel's range for outgoing connections (ernie_mtl/ports.py:
+# --- the launcher's ports, outside the kernel's range for outgoing connections (ernie_mtl/dist/ports.py:
 # Paddle picks them in 35100:64000, which overlaps it, and an outgoing connection can take a chosen
 # port before rank 0 binds it: "Bind network on IP_ANY:<port> failed"). A PORT_RANGE you set is kept.
 # With IPS the launcher uses START_PORT onwards instead (6070 by default, below that range).
 ports_export=""
 if [[ -z "${PORT_RANGE-}" && ! ( "$MODE" == multi && -z "$MASTER" ) ]]; then
-    ports_export="$(cd "$ROOT" && "$PYTHON" -m ernie_mtl.ports --shell 2>/dev/null)" || ports_export=""
+    ports_export="$(cd "$ROOT" && "$PYTHON" -m ernie_mtl.dist.ports --shell 2>/dev/null)" || ports_export=""
 fi
 
 # Printed so it can be pasted into a shell: arguments with unsafe characters in single quotes

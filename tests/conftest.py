@@ -13,10 +13,10 @@ import os
 
 import pytest
 
-from ernie_mtl import ports
+from ernie_mtl.dist import ports
 
 # Every job the tests launch takes its ports above the kernel's range for outgoing connections
-# (ernie_mtl/ports.py): with Paddle's default range a chosen port was now and then taken by an
+# (ernie_mtl/dist/ports.py): with Paddle's default range a chosen port was now and then taken by an
 # outgoing connection before rank 0 bound it ("Bind network on IP_ANY:<port> failed").
 _PORT_RANGE = ports.port_range_value()
 if _PORT_RANGE and not os.environ.get("PORT_RANGE"):

@@ -93,8 +93,8 @@ class PretrainingPrograms:
     def feed(self, batch: Mapping[str, np.ndarray], step: int = 0, micro: int = 0, seed: int = 1,
              data_rank: int = 0) -> Dict[str, np.ndarray]:
         """The program's feed of a pretraining batch (unprefixed names, as collate_pretrain makes)."""
-        from ernie_mtl.forward import make_feed
-        from ernie_mtl.randomness import DROPOUT_SEEDS, draw_dropout_seeds
+        from ernie_mtl.program.forward import make_feed
+        from ernie_mtl.program.randomness import DROPOUT_SEEDS, draw_dropout_seeds
 
         batch = dict(batch)
         if not self.task.binary_head:
@@ -110,10 +110,10 @@ def pretraining_programs(vocab_folder: Path, *, world=1, rank=0, gpu=False, para
     """Tiny-ERNIE pretraining programs as rank `rank` of `world`. `gpu=True` (implied by world > 1)
     builds the program a GPU worker would run, on CPU (`compat.emulate_gpu_program`); otherwise
     fleet is initialised for this single process."""
-    from ernie_mtl.build import build_programs
-    from ernie_mtl.compat import emulate_gpu_program
+    from ernie_mtl.program.builder import build_programs
+    from ernie_mtl.dist.compat import emulate_gpu_program
     from ernie_mtl.config import AmpConfig, ModelConfig, OptimConfig, ParallelConfig
-    from ernie_mtl.parallel import Topology, build_strategy, init_fleet
+    from ernie_mtl.dist.topology import Topology, build_strategy, init_fleet
 
     parallel = parallel or ParallelConfig(micro_batch_size=2)
     amp = amp or AmpConfig()
@@ -453,7 +453,7 @@ class Job:
 
 
 def proc_cmdline(pid):
-    from ernie_mtl import watchdog
+    from ernie_mtl.dist import watchdog
 
     return watchdog._cmdline(pid)
 

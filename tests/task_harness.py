@@ -1,5 +1,5 @@
 """Test harness for task types: a tiny ERNIE + the task's head through the real multi-task forward
-(`ernie_mtl.forward`), trained with plain Adam on one process (no fleet).
+(`ernie_mtl.program.forward`), trained with plain Adam on one process (no fleet).
 
     harness = TaskHarness([task_a, task_b])           # TaskType instances
     losses = harness.train(task_index, batches, steps=30)
@@ -15,7 +15,7 @@ import paddle
 from paddle.utils import unique_name
 
 from ernie_mtl.config import ARCHITECTURES
-from ernie_mtl.forward import build_forward, make_feed
+from ernie_mtl.program.forward import build_forward, make_feed
 
 TINY = {k: v for k, v in ARCHITECTURES["ernie-tiny-test"].items() if k != "model_type"}
 

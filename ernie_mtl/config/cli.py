@@ -330,8 +330,8 @@ def _model_dir(name_or_path: str) -> Optional[str]:
 
 def validate(cfg: RunConfig, *, world_size: Optional[int] = None) -> RunConfig:
     """Check every slice and their combinations; raise one ConfigError with all problems."""
-    from ernie_mtl.parallel import Topology
-    from ernie_mtl.runtime import resolve_device
+    from ernie_mtl.dist.topology import Topology
+    from ernie_mtl.dist.process import resolve_device
 
     problems: List[str] = []
 
@@ -388,8 +388,8 @@ def validate(cfg: RunConfig, *, world_size: Optional[int] = None) -> RunConfig:
 def _extension_problems(cfg: RunConfig) -> List[str]:
     """Plugins import (flag mode: the multi-task loader imported a YAML's already) and every callback
     named is registered."""
-    from ernie_mtl.callbacks import registered_callbacks
-    from ernie_mtl.plugins import import_plugins
+    from ernie_mtl.engine.callbacks import registered_callbacks
+    from ernie_mtl.engine.plugins import import_plugins
 
     problems = import_plugins(cfg.setup.mtl.plugins, where="--plugins") if cfg.flag_mode else []
     known = registered_callbacks()
@@ -412,7 +412,7 @@ def _sample_problems(cfg: RunConfig) -> List[str]:
 
 
 def _predict_problems(train: TrainConfig) -> List[str]:
-    from ernie_mtl.layout import MANIFEST, export_dir
+    from ernie_mtl.checkpoint.layout import MANIFEST, export_dir
 
     problems = []
     if not train.task:
@@ -429,7 +429,7 @@ def _predict_problems(train: TrainConfig) -> List[str]:
 
 
 def _eval_problems(train: TrainConfig) -> List[str]:
-    from ernie_mtl.layout import MANIFEST, export_dir
+    from ernie_mtl.checkpoint.layout import MANIFEST, export_dir
 
     problems = []
     if not train.task:

@@ -29,7 +29,7 @@ from ernie_mtl.config.values import coerce as _coerce
 from ernie_mtl.config.values import kind_of_default as _option_kind
 from ernie_mtl.config.values import read_yaml, suggest, yaml_value as _yaml_value
 
-SAMPLING_STRATEGIES = ("palm", "proportional", "temperature")  # ernie_mtl/schedule.py implements them
+SAMPLING_STRATEGIES = ("palm", "proportional", "temperature")  # ernie_mtl/planning/schedule.py implements them
 
 # PALM v0.3 name -> our run flag (args.py). `optimizer` is checked, not mapped (we have AdamW only).
 PALM_ALIASES: Dict[str, str] = {
@@ -301,7 +301,7 @@ class _Loader:
                                   "plugins": tuple(plugins)})
 
     def _import_plugins(self, plugins: Sequence[str]) -> None:
-        from ernie_mtl.plugins import import_plugins
+        from ernie_mtl.engine.plugins import import_plugins
 
         self.problems += import_plugins(plugins, where=f"{self.path}: key 'plugins'")
 

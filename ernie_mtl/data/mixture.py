@@ -454,7 +454,7 @@ class MixturePlan:
 
     def epoch_counts(self, split_name: str = "train") -> List[Tuple[str, int, int]]:
         """(corpus name, samples planned, samples per epoch) of every corpus that `split_name` reads
-        (what the plan's repeat warnings compare: ernie_mtl/plan.py `corpus_warnings`)."""
+        (what the plan's repeat warnings compare: ernie_mtl/planning/plan.py `corpus_warnings`)."""
         self.count_epochs()
         out = []
         for cp in self.corpora:

@@ -30,7 +30,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Seque
 import numpy as np
 
 from ernie_mtl.config import ConfigError, TaskSpec
-from ernie_mtl.feeds import FeedSpec
+from ernie_mtl.tasks.feeds import FeedSpec
 
 ATTENTION_PAD = -1e4
 PAD_MULTIPLE = 8  # sequence lengths of a batch are padded to a multiple of 8 (tensor-core friendly)

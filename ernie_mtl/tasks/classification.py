@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 import numpy as np
 
 from ernie_mtl.config import ConfigError
-from ernie_mtl.feeds import FeedSpec
+from ernie_mtl.tasks.feeds import FeedSpec
 from ernie_mtl.tasks.base import (Encoded, HeadOutputs, Option, TaskData, TaskType, pad_backbone_inputs,
                                   read_label_map, read_tsv, register_task_type)
 

@@ -17,7 +17,7 @@ import numpy as np
 from ernie_mtl.config import ConfigError
 from ernie_mtl.data.masking import VocabInfo, mask_whole_word_ngrams
 from ernie_mtl.data.pretrain import PretrainSampleConfig, collate_pretrain
-from ernie_mtl.feeds import IGNORE_LABEL, MLM_FEEDS, FeedSpec
+from ernie_mtl.tasks.feeds import IGNORE_LABEL, MLM_FEEDS, FeedSpec
 from ernie_mtl.tasks.base import (Encoded, HeadOutputs, Option, TaskData, TaskSpec, TaskType, read_tsv,
                                   register_task_type)
 
@@ -102,7 +102,7 @@ def tie_decoder_to_embedding(lm_head: Any, enc: Encoded) -> None:
         return
     name = orphan.name  # read once: removing the variable frees the object's description
     del orphan
-    from ernie_mtl.program_utils import remove_variable
+    from ernie_mtl.program.edits import remove_variable
 
     remove_variable(name, (paddle.static.default_main_program(), paddle.static.default_startup_program()))
 

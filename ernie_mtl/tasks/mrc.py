@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ernie_mtl.config import ConfigError
-from ernie_mtl.feeds import FeedSpec
+from ernie_mtl.tasks.feeds import FeedSpec
 from ernie_mtl.tasks.base import (read_json_file, 
     Encoded, HeadOutputs, Option, TaskData, TaskType, pad_backbone_inputs, register_task_type)
 

@@ -15,9 +15,9 @@ import numpy as np
 from ernie_mtl.config import ConfigError
 from ernie_mtl.data.masking import VocabInfo
 from ernie_mtl.data.pretrain import SPLIT_NAMES, collate_pretrain, parse_split
-from ernie_mtl.feeds import FeedSpec
+from ernie_mtl.tasks.feeds import FeedSpec
 from ernie_mtl.tasks.base import Encoded, HeadOutputs, Option, TaskData, TaskSpec, TaskType, register_task_type
-from ernie_mtl.feeds import NSP_FEED
+from ernie_mtl.tasks.feeds import NSP_FEED
 from ernie_mtl.tasks.mlm import (MASKING_OPTIONS, MLM_FEEDS, Sample, build_mlm_head, concat_outputs,
                                  masked_slots_per_example, mlm_dummy_labels, mlm_metrics, mlm_outputs,
                                  sample_config)

@@ -14,9 +14,9 @@ from typing import Dict, List, Mapping, Sequence
 
 import numpy as np
 
-from ernie_mtl.callbacks import Callback, register_callback
+from ernie_mtl.engine.callbacks import Callback, register_callback
 from ernie_mtl.config import ConfigError
-from ernie_mtl.feeds import FeedSpec
+from ernie_mtl.tasks.feeds import FeedSpec
 from ernie_mtl.tasks.base import (HeadOutputs, TaskData, TaskType, pad_backbone_inputs, read_tsv,
                                   register_task_type)
 

@@ -19,7 +19,7 @@ import pytest
 from helpers import global_yaml, ok, rehash_checkpoint, tiny_args, train
 from helpers import run_cli as mtl_run
 
-from ernie_mtl import convert as C
+from ernie_mtl.convert import converter as C
 
 EXCLUSIVE = {"sharded_ckpt", "sharded_out"}  # the fixtures that launch two ranks  # these launch several processes: run alone (tests/conftest.py)
 
@@ -290,7 +290,7 @@ def test_exported_task_model_converts_and_its_head_rebuilds_in_dygraph(demo, tmp
     from paddle.utils import unique_name
 
     from ernie_mtl.config import ARCHITECTURES
-    from ernie_mtl.forward import build_backbone
+    from ernie_mtl.program.forward import build_backbone
 
     vocab_size = sum(1 for _ in open(demo / "vocab.txt", encoding="utf-8"))
     arch = dict(ARCHITECTURES["ernie-tiny-test"], vocab_size=vocab_size, hidden_dropout_prob=0.0,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ernie_mtl import ports
+from ernie_mtl.dist import ports
 
 EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
 
@@ -97,9 +97,9 @@ def test_loopback_master_warns_that_all_nodes_must_run_here(config):
 
 
 def test_thread_settings_per_node(config):
-    """Without OMP_NUM_THREADS the script exports the per-node decision of ernie_mtl.threads (cores
+    """Without OMP_NUM_THREADS the script exports the per-node decision of ernie_mtl.dist.threads (cores
     divided among this node's processes) before the command; a value the user set is kept."""
-    from ernie_mtl.threads import cpu_budget
+    from ernie_mtl.dist.threads import cpu_budget
 
     cores = cpu_budget().cpus
     proc = run("run_cpu", {"DRY_RUN": "1", "PYTHON": "python3", "CONFIG": str(config), "OMP_NUM_THREADS": None,

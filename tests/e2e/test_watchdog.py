@@ -1,4 +1,4 @@
-"""ernie_mtl.watchdog: the peer watch against an in-memory store with a controlled clock (verdicts,
+"""ernie_mtl.dist.watchdog: the peer watch against an in-memory store with a controlled clock (verdicts,
 the ring, store loss, diagnosis after a failed collective, rank 0 outliving its peers), the orphan
 guard in real processes, and both under the real `paddle.distributed.launch` with real gloo: a rank
 script wired exactly as the entry point must be (tests/e2e/test_multinode.py runs the CLI itself)."""
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from ernie_mtl import watchdog
-from ernie_mtl.watchdog import EXIT_PEER_LOST, PeerWatch
+from ernie_mtl.dist import watchdog
+from ernie_mtl.dist.watchdog import EXIT_PEER_LOST, PeerWatch
 from helpers import ROOT, free_port, proc_alive, proc_ppid, wait_for
 
 EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
@@ -222,7 +222,7 @@ def test_resume_hint_and_settings(tmp_path, monkeypatch):
 GUARDED_CHILD = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {root!r})
-    from ernie_mtl import watchdog
+    from ernie_mtl.dist import watchdog
     guard = watchdog.install_orphan_guard()
     print("guarded" if guard else "unguarded", os.getpid(), file=sys.stderr, flush=True)
     time.sleep(120)
@@ -267,7 +267,7 @@ def test_leave_runs_exit_handlers_flushes_and_keeps_the_status(tmp_path):
     """How a launched rank ends (ernie_mtl/main.py): its exit handlers (the peer watch's stop, VisualDL)
     and buffered output must not be lost by skipping the interpreter's teardown."""
     script = ("import atexit, sys; sys.path.insert(0, %r)\n"
-              "from ernie_mtl import watchdog\n"
+              "from ernie_mtl.dist import watchdog\n"
               "atexit.register(lambda: open(%r, 'w').write('handled'))\n"
               "sys.stdout.write('buffered, not flushed')\n"
               "watchdog.leave(3)\n"
@@ -282,7 +282,7 @@ def test_leave_runs_exit_handlers_flushes_and_keeps_the_status(tmp_path):
 def test_no_guard_without_a_launcher():
     """A plain run (its parent is a shell or pytest) is never guarded: it may outlive its terminal."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "ERNIE_MTL_ORPHAN"))}
-    proc = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); from ernie_mtl import watchdog; "
+    proc = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); from ernie_mtl.dist import watchdog; "
                            "print(watchdog.install_orphan_guard())" % str(ROOT)], env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.stdout.strip() == "None", proc.stderr
@@ -299,13 +299,13 @@ def test_no_guard_without_a_launcher():
 RANK_SCRIPT = textwrap.dedent("""
     import zlib, os, sys, time
     sys.path.insert(0, {root!r})
-    from ernie_mtl import watchdog
+    from ernie_mtl.dist import watchdog
     watchdog.install_orphan_guard()                     # first: before paddle is imported
     import numpy as np
     import paddle
     try:
-        from ernie_mtl.runtime import ProcessInfo, init_distributed
-    except ImportError:  # before the process set-up moved to ernie_mtl/runtime.py
+        from ernie_mtl.dist.process import ProcessInfo, init_distributed
+    except ImportError:  # before the process set-up moved to ernie_mtl/dist/process.py
         from ernie_mtl.distributed import ProcessInfo, init_distributed
     info = ProcessInfo.from_env()
     init_distributed(info)

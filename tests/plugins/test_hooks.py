@@ -12,7 +12,7 @@ import json
 import os
 import signal
 
-from ernie_mtl.callbacks import Callback, register_callback
+from ernie_mtl.engine.callbacks import Callback, register_callback
 
 
 @register_callback("kill_at_step")

@@ -1,4 +1,4 @@
-"""ernie_mtl.cpu_kernels: oneDNN kernels on the chosen op types and bias gradients by matmul train
+"""ernie_mtl.program.cpu_kernels: oneDNN kernels on the chosen op types and bias gradients by matmul train
 within float32 rounding of the plain program; the attribute really switches kernels (oneDNN's own
 execution log says so); optimizer ops are skipped.
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from ernie_mtl.config import ModelConfig, OptimConfig
-from ernie_mtl.cpu_kernels import EXACT_ONEDNN_OPS, bias_grads_by_matmul, use_onednn_ops
+from ernie_mtl.program.cpu_kernels import EXACT_ONEDNN_OPS, bias_grads_by_matmul, use_onednn_ops
 
 pytestmark = pytest.mark.usefixtures("static_mode")
 
@@ -80,7 +80,7 @@ ONEDNN_PROBE = textwrap.dedent("""
     import zlib, sys
     import numpy as np
     import paddle
-    from ernie_mtl.cpu_kernels import use_onednn_ops
+    from ernie_mtl.program.cpu_kernels import use_onednn_ops
     paddle.enable_static()
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, startup):

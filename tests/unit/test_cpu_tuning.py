@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from ernie_mtl.config import AmpConfig, ModelConfig, OptimConfig, TrainConfig
-from ernie_mtl.runtime import SERIAL_RUN, ProcessInfo, configure_executor, make_executor
+from ernie_mtl.dist.process import SERIAL_RUN, ProcessInfo, configure_executor, make_executor
 
 pytestmark = pytest.mark.usefixtures("static_mode")
 

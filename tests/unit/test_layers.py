@@ -44,10 +44,10 @@ def offending(files, forbidden):
 def test_the_checker_sees_imports_inside_functions(tmp_path):
     """Negative control: a nested import of a forbidden module is found."""
     probe = ROOT / "data_tools" / "_layer_probe_tmp.py"
-    probe.write_text("def f():\n    from ernie_mtl.trainer import Trainer\n    return Trainer\n")
+    probe.write_text("def f():\n    from ernie_mtl.engine.loop import Trainer\n    return Trainer\n")
     try:
-        assert offending([probe], ["ernie_mtl"]) == {"data_tools/_layer_probe_tmp.py": ["ernie_mtl.trainer",
-                                                                                       "ernie_mtl.trainer.Trainer"]}
+        assert offending([probe], ["ernie_mtl"]) == {"data_tools/_layer_probe_tmp.py": ["ernie_mtl.engine.loop",
+                                                                                       "ernie_mtl.engine.loop.Trainer"]}
     finally:
         probe.unlink()
 
@@ -56,17 +56,17 @@ def test_data_tools_never_imports_ernie_mtl():
     assert offending(sources("data_tools"), ["ernie_mtl"]) == {}
 
 
-@pytest.mark.parametrize("files", [["ernie_mtl/config"], ["ernie_mtl/planner.py"], ["ernie_mtl/feeds.py"],
-                                   ["ernie_mtl/plan.py"]], ids=str)
+@pytest.mark.parametrize("files", [["ernie_mtl/config"], ["ernie_mtl/planning/dryrun.py"], ["ernie_mtl/tasks/feeds.py"],
+                                   ["ernie_mtl/planning/plan.py"]], ids=str)
 def test_config_planner_and_feeds_import_no_trainer_builder_or_runtime(files):
     paths = [p for f in files for p in ([ROOT / f] if f.endswith(".py") else sources(f))]
-    assert offending(paths, ["ernie_mtl.trainer", "ernie_mtl.build", "ernie_mtl.main", "ernie_mtl.export",
-                             "ernie_mtl.evaluate"]) == {}
+    assert offending(paths, ["ernie_mtl.engine.loop", "ernie_mtl.program.builder", "ernie_mtl.main", "ernie_mtl.engine.exporter",
+                             "ernie_mtl.engine.inference"]) == {}
 
 
 def test_task_types_and_plugins_take_the_feed_contract_from_feeds():
     files = sources("ernie_mtl/tasks", "examples/plugins")
-    assert offending(files, ["ernie_mtl.build", "ernie_mtl.forward", "ernie_mtl.trainer"]) == {}
+    assert offending(files, ["ernie_mtl.program.builder", "ernie_mtl.program.forward", "ernie_mtl.engine.loop"]) == {}
 
 
 def test_nothing_cites_developer_notes_outside_the_repository():

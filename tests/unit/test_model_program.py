@@ -10,7 +10,7 @@ import pytest
 
 from ernie_mtl.config import (ARCHITECTURES, AmpConfig, ConfigError, ModelConfig, OptimConfig, ParallelConfig,
                               field_help)
-from ernie_mtl.optim import WarmupLinearDecay, lr_at
+from ernie_mtl.program.optim import WarmupLinearDecay, lr_at
 from helpers import make_batch, params, scope_and_exe
 
 pytestmark = pytest.mark.usefixtures("static_mode")
@@ -285,7 +285,7 @@ def test_pretrained_directory_round_trip_gives_identical_outputs(build_programs,
 def test_loading_reports_missing_and_misshapen_weights_and_writes_nothing(tiny, tmp_path):
     import paddle
 
-    from ernie_mtl.build import load_pretrained_into_scope
+    from ernie_mtl.program.builder import load_pretrained_into_scope
 
     p = tiny
     scope, exe = scope_and_exe(p)
@@ -310,7 +310,7 @@ def test_loading_reports_missing_and_misshapen_weights_and_writes_nothing(tiny, 
 def test_backbone_only_weights_load_by_prefix(tiny, tmp_path):
     import paddle
 
-    from ernie_mtl.build import load_pretrained_into_scope
+    from ernie_mtl.program.builder import load_pretrained_into_scope
 
     p = tiny
     scope, _ = scope_and_exe(p)
@@ -383,8 +383,8 @@ def test_config_slices_report_every_problem_with_flag_and_fix():
 
 
 def test_build_checks_fleet_world_against_topology(static_mode, tmp_path):
-    from ernie_mtl.build import build_programs
-    from ernie_mtl.parallel import Topology, build_strategy, init_fleet
+    from ernie_mtl.program.builder import build_programs
+    from ernie_mtl.dist.topology import Topology, build_strategy, init_fleet
     from helpers import pretrain_task, tiny_vocab_file
 
     init_fleet(Topology.create(1, micro_batch_size=1))

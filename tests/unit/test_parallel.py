@@ -11,7 +11,7 @@ import paddle
 import pytest
 
 from ernie_mtl.config import AmpConfig, ConfigError, ParallelConfig
-from ernie_mtl.parallel import Topology, build_strategy, required_flags
+from ernie_mtl.dist.topology import Topology, build_strategy, required_flags
 
 pytestmark = pytest.mark.usefixtures("static_mode")
 
@@ -292,7 +292,7 @@ def test_emulation_restores_every_patch(build_programs):
 
 
 def test_strip_gpu_sync_ops(build_programs):
-    from ernie_mtl.compat import GPU_SYNC_OPS, strip_gpu_sync_ops
+    from ernie_mtl.dist.compat import GPU_SYNC_OPS, strip_gpu_sync_ops
 
     p = build_programs(world=2, parallel=ParallelConfig(micro_batch_size=2, use_sharding=True, sharding_degree=2))
     present = sum(counts(prog)[t] for prog in (p.main, p.startup) for t in GPU_SYNC_OPS)
@@ -305,7 +305,7 @@ def test_cpu_collective_shim_is_idempotent(monkeypatch, static_mode):
     import paddle
     from paddle.distributed.fleet.meta_optimizers import common
 
-    from ernie_mtl.compat import apply_cpu_collective_shim, is_cpu_build
+    from ernie_mtl.dist.compat import apply_cpu_collective_shim, is_cpu_build
 
     if not is_cpu_build():
         pytest.skip("the shim applies to CPU-only builds")

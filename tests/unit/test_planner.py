@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ernie_mtl.config import ARCHITECTURES, AmpConfig, ParallelConfig
-from ernie_mtl.parallel import Topology
-from ernie_mtl.planner import (MiB, activation_estimate, count_parameters, memory_estimate, parameter_sizes, plan,
+from ernie_mtl.dist.topology import Topology
+from ernie_mtl.planning.dryrun import (MiB, activation_estimate, count_parameters, memory_estimate, parameter_sizes, plan,
                                shard_sizes)
 
 TINY = ARCHITECTURES["ernie-tiny-test"]  # h 32, 2 layers, 2 heads, ffn 64, vocab 1000, 128 positions
@@ -239,7 +239,7 @@ def test_gpu_program_facts_of_rank_0_under_sharding_amp_and_accumulation(tmp_pat
     """4 GPUs = sharding 2 x dp 2, AMP O1, 4 micro-batches per step: float16 casts, the sharding ring
     (broadcasts and reduces among ranks 0-1), the dp ring (all-reduce among ranks 0 and 2), gradient
     merge's conditional block, and persistable bytes equal to the memory table's persistent row."""
-    from ernie_mtl.planner import estimate, format_gpu_program, program_facts
+    from ernie_mtl.planning.dryrun import estimate, format_gpu_program, program_facts
 
     parallel = ParallelConfig(use_sharding=True, sharding_degree=2, micro_batch_size=2, global_batch_size=32)
     p = gpu_program(tmp_path, 4, parallel, O1)
@@ -264,7 +264,7 @@ def test_gpu_program_facts_of_rank_0_under_sharding_amp_and_accumulation(tmp_pat
 
 
 def test_gpu_program_facts_of_one_float32_rank(tmp_path):
-    from ernie_mtl.planner import estimate, format_gpu_program, program_facts
+    from ernie_mtl.planning.dryrun import estimate, format_gpu_program, program_facts
 
     parallel = ParallelConfig(micro_batch_size=2)
     p = gpu_program(tmp_path, 1, parallel, FP32_AMP)
@@ -279,7 +279,7 @@ def test_gpu_program_facts_of_one_float32_rank(tmp_path):
 
 
 def test_corpus_warnings_give_the_numbers_and_the_fix():
-    from ernie_mtl.plan import REPEAT_WARN_EPOCHS, corpus_warnings
+    from ernie_mtl.planning.plan import REPEAT_WARN_EPOCHS, corpus_warnings
 
     kwargs = dict(what="--input_dir", flag_mode=True)
     # the issue's plan: 32 GPUs x micro batch 4 x ... = 6,400 per step, 32,000 steps of a 5,785-sample corpus
@@ -304,7 +304,7 @@ def test_plan_warnings_of_a_multitask_plan():
     task are flagged with their numbers; a target's epochs are its quota (num_epochs asked for them)."""
     from types import SimpleNamespace
 
-    from ernie_mtl.plan import plan_warnings
+    from ernie_mtl.planning.plan import plan_warnings
 
     def task(name, batch, target):
         spec = SimpleNamespace(name=name, batch_size=batch, is_target=target)

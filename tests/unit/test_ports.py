@@ -1,10 +1,10 @@
-"""The launcher's ports stay outside the kernel's range for outgoing connections (ernie_mtl/ports.py)."""
+"""The launcher's ports stay outside the kernel's range for outgoing connections (ernie_mtl/dist/ports.py)."""
 import os
 import socket
 import subprocess
 import sys
 
-from ernie_mtl import ports
+from ernie_mtl.dist import ports
 from helpers import ROOT, free_port
 
 
@@ -38,7 +38,7 @@ def test_shell_line_keeps_a_range_the_user_set(tmp_path):
     assert ports.shell_line({"PORT_RANGE": "40000:41000"}, str(f)) == ""
     f.write_text("1024 65535")
     assert ports.shell_line({}, str(f)) == ""
-    proc = subprocess.run([sys.executable, "-m", "ernie_mtl.ports"], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "ernie_mtl.dist.ports"], cwd=ROOT, capture_output=True, text=True,
                           timeout=30, env={**os.environ, "PORT_RANGE": ""})
     assert proc.returncode == 0 and "suggested PORT_RANGE:" in proc.stdout, proc.stderr
 

@@ -63,9 +63,9 @@ def make_task(kind, root, name, index):
 
 
 def build(tasks, *, rank, sharding, acc, amp):
-    from ernie_mtl.build import build_programs
-    from ernie_mtl.compat import emulate_gpu_program
-    from ernie_mtl.parallel import Topology, build_strategy
+    from ernie_mtl.program.builder import build_programs
+    from ernie_mtl.dist.compat import emulate_gpu_program
+    from ernie_mtl.dist.topology import Topology, build_strategy
 
     parallel = ParallelConfig(use_sharding=sharding > 1, sharding_degree=sharding, micro_batch_size=4,
                               global_batch_size=4 * 2 * acc)
@@ -80,7 +80,7 @@ def build(tasks, *, rank, sharding, acc, amp):
 
 
 def parameter_users(*args):
-    from ernie_mtl.idle_heads import parameter_users as users
+    from ernie_mtl.program.idle_heads import parameter_users as users
 
     return users(*args)
 
@@ -94,7 +94,7 @@ def outer_reads(program, sub):
 
 
 def live_ops(program):
-    from ernie_mtl.program_utils import live_blocks
+    from ernie_mtl.program.edits import live_blocks
 
     return [op for block in live_blocks(program) for op in block.ops]
 
@@ -151,8 +151,8 @@ def test_every_topology_builds_for_every_rank_with_the_freeze_covering_the_optim
 def test_the_scratch_block_of_sharded_gradient_merge_is_not_live(root, monkeypatch):
     """The fault itself: the sharded, accumulating program holds a block of optimizer ops nothing
     runs; `live_blocks` leaves it out, and without that the coverage check would fail (as it did)."""
-    import ernie_mtl.idle_heads as idle_heads
-    from ernie_mtl.program_utils import live_blocks
+    import ernie_mtl.program.idle_heads as idle_heads
+    from ernie_mtl.program.edits import live_blocks
 
     tasks = [make_task("pretrain", root, "poems", 0), make_task("seq_label_crf", root, "ner", 1)]
     p = build(tasks, rank=1, sharding=2, acc=2, amp=None)
@@ -167,7 +167,7 @@ def test_the_scratch_block_of_sharded_gradient_merge_is_not_live(root, monkeypat
 
 def test_the_flags_read_inside_the_merged_update_are_declared_inputs_of_its_block(root, monkeypatch):
     """Without the declaration the program is the one that failed at run time (flags freed early)."""
-    import ernie_mtl.build as build_module
+    import ernie_mtl.program.builder as build_module
 
     tasks = [make_task("pretrain", root, "poems", 0), make_task("seq_label_crf", root, "ner", 1)]
     p = build(tasks, rank=1, sharding=2, acc=2, amp=None)

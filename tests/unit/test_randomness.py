@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ernie_mtl.config import AmpConfig, ModelConfig, OptimConfig, ParallelConfig
-from ernie_mtl.randomness import DROPOUT_SEEDS, draw_dropout_seeds, dropout_ops, parameter_seed
+from ernie_mtl.program.randomness import DROPOUT_SEEDS, draw_dropout_seeds, dropout_ops, parameter_seed
 from helpers import make_batch, params, scope_and_exe
 
 pytestmark = pytest.mark.usefixtures("static_mode")
@@ -162,9 +162,9 @@ def make_tasks(root, *, cls_name="sentiment", use_crf=False):
 
 
 def build_mtl(tasks, *, world=1, rank=0, gpu=False, parallel=None, amp=None, dropout=0.1, ema_decay=None):
-    from ernie_mtl.compat import emulate_gpu_program
-    from ernie_mtl.build import build_programs as build_multitask_programs
-    from ernie_mtl.parallel import Topology, build_strategy, init_fleet
+    from ernie_mtl.dist.compat import emulate_gpu_program
+    from ernie_mtl.program.builder import build_programs as build_multitask_programs
+    from ernie_mtl.dist.topology import Topology, build_strategy, init_fleet
 
     parallel = parallel or ParallelConfig(micro_batch_size=4)
     amp = amp or AmpConfig()
@@ -193,8 +193,8 @@ def _persistables(p, scope, group):
 def test_idle_groups_are_heads_and_the_pooler_and_stay_bitwise_frozen(task_files):
     import paddle
 
-    from ernie_mtl.forward import make_feed
-    from ernie_mtl.randomness import draw_dropout_seeds
+    from ernie_mtl.program.forward import make_feed
+    from ernie_mtl.program.randomness import draw_dropout_seeds
 
     tasks = make_tasks(task_files)
     p = build_mtl(tasks, parallel=ParallelConfig(micro_batch_size=4, global_batch_size=8))  # accumulation 2
@@ -270,8 +270,8 @@ def test_coverage_check_fails_a_program_whose_update_ignores_the_flags(task_file
     import paddle
     from paddle.utils import unique_name
 
-    from ernie_mtl.idle_heads import FreezeCoverageError, check_coverage, plan_freeze
-    from ernie_mtl.forward import build_forward as build_multitask_forward
+    from ernie_mtl.program.idle_heads import FreezeCoverageError, check_coverage, plan_freeze
+    from ernie_mtl.program.forward import build_forward as build_multitask_forward
 
     tasks = make_tasks(task_files)
     main, startup = paddle.static.Program(), paddle.static.Program()
@@ -310,8 +310,8 @@ def test_crf_decode_is_in_the_evaluation_program_only(task_files):
 def test_device_ema_matches_the_formula_swaps_in_and_restores(task_files):
     import paddle
 
-    from ernie_mtl.ema import ema_name, warmup_decay
-    from ernie_mtl.forward import make_feed
+    from ernie_mtl.program.ema import ema_name, warmup_decay
+    from ernie_mtl.program.forward import make_feed
 
     tasks = make_tasks(task_files)
     p = build_mtl(tasks, dropout=0.0, ema_decay=0.9)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ernie_mtl.config import ConfigError
-from ernie_mtl.schedule import (TaskSchedule, TaskStream, sampling_probabilities, steps_per_epoch,
+from ernie_mtl.planning.schedule import (TaskSchedule, TaskStream, sampling_probabilities, steps_per_epoch,
                                 target_quotas)
 
 

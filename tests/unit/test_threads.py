@@ -1,4 +1,4 @@
-"""ernie_mtl.threads: CPU budget from affinity and cgroup quota, division among the ranks of a
+"""ernie_mtl.dist.threads: CPU budget from affinity and cgroup quota, division among the ranks of a
 node, user values kept, and the variables really reaching paddle when set before its import."""
 import zlib  # noqa: F401  (before paddle)
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ernie_mtl.threads import (CpuBudget, cgroup_cpu_quota, configure_threads, cpu_budget, device_hint,
+from ernie_mtl.dist.threads import (CpuBudget, cgroup_cpu_quota, configure_threads, cpu_budget, device_hint,
                                local_process_count, plan_threads, shell_exports)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +137,7 @@ def _env_without_threads():
 
 
 def test_the_module_does_not_import_paddle():
-    code = "import ernie_mtl.threads, sys; assert 'paddle' not in sys.modules, 'paddle imported'"
+    code = "import ernie_mtl.dist.threads, sys; assert 'paddle' not in sys.modules, 'paddle imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(ROOT))
 
 
@@ -145,7 +145,7 @@ def test_paddle_import_forces_one_thread_unless_configured_first():
     """The premise (paddle 2.6's bootstrap sets OMP_NUM_THREADS=1 when unset) and the fix: set
     before the import, the decided value survives it. Forced to 2 CPUs so it holds on any host."""
     code = ("import zlib, os, sys\n"
-            "from ernie_mtl.threads import CpuBudget, configure_threads\n"
+            "from ernie_mtl.dist.threads import CpuBudget, configure_threads\n"
             "if sys.argv[1] == 'configure': configure_threads(budget=CpuBudget(affinity=2))\n"
             "import paddle\n"
             "print(os.environ['OMP_NUM_THREADS'], os.environ.get('MKL_NUM_THREADS'))\n")
@@ -157,7 +157,7 @@ def test_paddle_import_forces_one_thread_unless_configured_first():
 
 
 def test_cli_shell_line_evaluates_in_bash():
-    script = (f"eval \"$({sys.executable} -m ernie_mtl.threads --shell --nproc_per_node 1 2>/dev/null)\"; "
+    script = (f"eval \"$({sys.executable} -m ernie_mtl.dist.threads --shell --nproc_per_node 1 2>/dev/null)\"; "
               "echo \"$OMP_NUM_THREADS|$MKL_NUM_THREADS|$ERNIE_MTL_THREADS_ORIGIN\"")
     out = subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True, cwd=str(ROOT),
                          env=_env_without_threads()).stdout.strip().split("|")

@@ -38,7 +38,7 @@ def get_logger(rank: int) -> logging.Logger:
         handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(message)s", "%H:%M:%S"))
         logger.addHandler(handler)
         logger.propagate = False
-    from ernie_mtl.console import is_debug
+    from ernie_mtl.dist.console import is_debug
 
     logger.setLevel(logging.DEBUG if is_debug() else logging.INFO if rank == 0 else logging.WARNING)
     return logger

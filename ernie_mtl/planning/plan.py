@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ernie_mtl.config import ConfigError
-from ernie_mtl.schedule import (Plan, TaskSchedule, TaskStream, sampling_probabilities, steps_per_epoch,
+from ernie_mtl.planning.schedule import (Plan, TaskSchedule, TaskStream, sampling_probabilities, steps_per_epoch,
                                 target_quotas)
 
 TEST_ITERS_PER_EVAL_ITER = 10  # the final test split takes 10 x eval_iters global batches (PaddleNLP)

@@ -1,7 +1,7 @@
 """Build (never run) the programs of a run: training (fleet), evaluation, and a plain forward.
 
 One builder for every run: a flag-mode pretraining run is the one task `pretrain`, a multi-task
-run has several (ernie_mtl/forward.py). `main` is that forward minimized by AdamW through fleet
+run has several (ernie_mtl/program/forward.py). `main` is that forward minimized by AdamW through fleet
 (data parallel, sharding, AMP, gradient merge, recompute, as the strategy says); `test` is its
 forward part with dropout off, taken *after* minimize so it carries fleet's rewrites (sharding's
 broadcasts: every rank runs it together; AMP's casts); `forward` is the same network built again
@@ -10,10 +10,10 @@ parameter names, because they are built in the same order under a fresh `unique_
 `Programs.name_map` maps structured names (PaddleNLP's `ernie.*` / `bert.*`, `heads.<group>.*`)
 to them: store it with every checkpoint.
 
-Besides the network: dropout seeds fed per micro-batch (ernie_mtl/randomness.py), idle parameter
-groups frozen through AdamW's SkipUpdate (ernie_mtl/idle_heads.py; the build fails if the freeze
+Besides the network: dropout seeds fed per micro-batch (ernie_mtl/program/randomness.py), idle parameter
+groups frozen through AdamW's SkipUpdate (ernie_mtl/program/idle_heads.py; the build fails if the freeze
 does not cover a group's whole optimizer state), the prediction-only ops removed from the training
-program, per-parameter initialisation seeds, and the EMA programs (ernie_mtl/ema.py).
+program, per-parameter initialisation seeds, and the EMA programs (ernie_mtl/program/ema.py).
 
 Order of use: `programs = build_programs(...)`; `programs.initialize(exe)` (startup, pretrained
 weights, AMP O2 cast, EMA); then `exe.run(programs.main, feed=..., fetch_list=...)`.
@@ -29,15 +29,15 @@ import paddle
 from paddle.utils import unique_name
 
 from ernie_mtl.config import AmpConfig, ConfigError, ModelConfig, OptimConfig
-from ernie_mtl.console import captured_prints
-from ernie_mtl.ema import DeviceEMA
-from ernie_mtl.forward import Forward, HeadGroup, build_forward
-from ernie_mtl.idle_heads import FreezePlan, check_coverage, plan_freeze, strip_idle_flags
-from ernie_mtl.optim import WarmupLinearDecay, make_optimizer
-from ernie_mtl.parallel import Topology
-from ernie_mtl.randomness import seed_initializers, strip_dropout_seeds, wire_dropout_seeds
+from ernie_mtl.dist.console import captured_prints
+from ernie_mtl.program.ema import DeviceEMA
+from ernie_mtl.program.forward import Forward, HeadGroup, build_forward
+from ernie_mtl.program.idle_heads import FreezePlan, check_coverage, plan_freeze, strip_idle_flags
+from ernie_mtl.program.optim import WarmupLinearDecay, make_optimizer
+from ernie_mtl.dist.topology import Topology
+from ernie_mtl.program.randomness import seed_initializers, strip_dropout_seeds, wire_dropout_seeds
 from ernie_mtl.tasks.base import TaskType
-from ernie_mtl.program_utils import declare_sub_block_inputs, live_blocks, remove_variable  # noqa: F401  (remove_variable re-exported)
+from ernie_mtl.program.edits import declare_sub_block_inputs, live_blocks, remove_variable  # noqa: F401  (remove_variable re-exported)
 
 _BACKBONES = ("ernie", "bert")
 StrategyBuilder = Callable[..., Any]  # f(*, recompute_checkpoints) -> DistributedStrategy
@@ -62,9 +62,9 @@ class Programs:
     arch: Dict[str, Any]
     weights: Any
     amp_level: Optional[str] = None
-    dropout_seeds: int = 0  # length of the `dropout_seeds` feed (ernie_mtl/randomness.py)
-    freeze: Optional[FreezePlan] = None  # idle parameter groups (ernie_mtl/idle_heads.py)
-    ema: Optional[DeviceEMA] = None  # use_ema (ernie_mtl/ema.py)
+    dropout_seeds: int = 0  # length of the `dropout_seeds` feed (ernie_mtl/program/randomness.py)
+    freeze: Optional[FreezePlan] = None  # idle parameter groups (ernie_mtl/program/idle_heads.py)
+    ema: Optional[DeviceEMA] = None  # use_ema (ernie_mtl/program/ema.py)
     pretrained_heads: Dict[str, str] = field(default_factory=dict)  # e.g. cls.* -> a pretrain head's parameters
     _amp_optimizer: Any = None
 
@@ -112,7 +112,7 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
     if paddle.in_dynamic_mode():
         raise RuntimeError("build_programs needs static mode: call paddle.enable_static() first")
     if fleet.fleet._role_maker is None:
-        raise RuntimeError("fleet is not initialised: call ernie_mtl.parallel.init_fleet(topo) first")
+        raise RuntimeError("fleet is not initialised: call ernie_mtl.dist.topology.init_fleet(topo) first")
     if fleet.worker_num() != topo.world_size:
         raise ValueError(f"fleet runs {fleet.worker_num()} workers but the topology has {topo.world_size}")
     resolved = model_cfg.resolve()
@@ -121,7 +121,7 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
     amp_cfg.validate()
     arch = {k: v for k, v in resolved.arch.items() if k != "model_type"}
     main, startup = paddle.static.Program(), paddle.static.Program()
-    startup.random_seed = seed  # per-parameter seeds are set below; main's stays 0 (ernie_mtl/randomness.py)
+    startup.random_seed = seed  # per-parameter seeds are set below; main's stays 0 (ernie_mtl/program/randomness.py)
     with paddle.static.program_guard(main, startup), unique_name.guard():
         fwd = build_forward(model_cfg.model_type, arch, tasks, use_task_id=use_task_id)
         _drop_untied_duplicates(main, startup, set(fwd.name_map.values()))
@@ -159,11 +159,11 @@ def build_run_programs(cfg, topo: Topology, tasks: Sequence[TaskType], *, total_
     """`build_programs` as a run configured by the RunConfig `cfg` calls it (fleet initialised first):
     the strategy of its parallel and AMP slices, the LR horizon `total_steps` (the plan's optimizer
     steps), its seed, task ids and EMA. The trainer and the dry run's GPU program
-    (ernie_mtl/planner.py) both build through here, so the plan shows the program the run builds."""
+    (ernie_mtl/planning/dryrun.py) both build through here, so the plan shows the program the run builds."""
     import functools
     from dataclasses import replace
 
-    from ernie_mtl.parallel import build_strategy
+    from ernie_mtl.dist.topology import build_strategy
 
     m = cfg.setup.mtl
     strategy = functools.partial(build_strategy, topo, cfg.parallel, cfg.amp)
@@ -201,7 +201,7 @@ def minimize_with_fleet(loss, name_map: Mapping[str, str], optim_cfg: OptimConfi
     """AdamW + LR schedule wrapped by fleet's distributed optimizer (AMP, recompute, sharding,
     gradient merge as the strategy says), minimizing `loss` in the current program_guard.
     `no_decay`: parameters without weight decay (optim.no_decay_parameters); `skip_flags`: idle
-    parameter -> its CPU skip flag (ernie_mtl/idle_heads.py)."""
+    parameter -> its CPU skip flag (ernie_mtl/program/idle_heads.py)."""
     import paddle.distributed.fleet as fleet
 
     dist_strategy = strategy(recompute_checkpoints=recompute_checkpoints) if callable(strategy) else strategy
@@ -225,7 +225,7 @@ def minimize_with_fleet(loss, name_map: Mapping[str, str], optim_cfg: OptimConfi
             level=amp_cfg.amp_level, dtype="bfloat16", init_loss_scaling=1.0,
             use_dynamic_loss_scaling=False, use_amp_guard=True)
     dist_optimizer = fleet.distributed_optimizer(optimizer, strategy=dist_strategy)
-    with captured_prints():  # fleet prints its meta-optimizers (ernie_mtl/console.py)
+    with captured_prints():  # fleet prints its meta-optimizers (ernie_mtl/dist/console.py)
         dist_optimizer.minimize(loss)
     # fleet keeps the applied AMP meta-optimizer in global state: take it now, before another build
     amp_optimizer = fleet.fleet._get_amp_optimizer() if fp16 else optimizer if bf16 else None

@@ -27,7 +27,7 @@ def declare_sub_block_inputs(program) -> Dict[int, List[str]]:
     Fleet's sharding with gradient merge (Paddle 2.6.2) builds its conditional block of optimizer
     ops with `Input: []`. The executor frees a non-persistable variable after its last declared
     reader, so a variable computed in the global block and read only inside that block (the idle-head
-    flags that gate AdamW, ernie_mtl/idle_heads.py) is freed before the block runs: "Tensor holds no
+    flags that gate AdamW, ernie_mtl/program/idle_heads.py) is freed before the block runs: "Tensor holds no
     memory ... [operator < adamw > error]" on the first accumulated step. Declaring the reads keeps
     them alive until the block has run (and orders the block after their producers)."""
     block = program.global_block()

@@ -23,7 +23,7 @@ import numpy as np
 
 from ernie_mtl.config import ConfigError
 from ernie_mtl.tasks.base import TaskContext, TaskSpec, TaskType, get_task_type
-from ernie_mtl.layout import MANIFEST, MODEL_PREFIX, export_dir  # noqa: F401  (re-exported)
+from ernie_mtl.checkpoint.layout import MANIFEST, MODEL_PREFIX, export_dir  # noqa: F401  (re-exported)
 
 
 
@@ -90,7 +90,7 @@ def float32_scope(values: Mapping[str, np.ndarray], name_map: Mapping[str, str],
     where there is one, else the value cast to float32."""
     import paddle
 
-    from ernie_mtl.ema import averages_from_state
+    from ernie_mtl.program.ema import averages_from_state
 
     scope = paddle.static.Scope()
     averaged = averages_from_state(values) if use_ema else {}
@@ -173,7 +173,7 @@ def load_task_from_manifest(manifest: Mapping[str, Any], model_dir: os.PathLike,
 
 def _import_plugins(paths: Sequence[str]) -> None:
     """The plugin files the training run imported (a custom task type must be registered to predict)."""
-    from ernie_mtl.plugins import import_plugins
+    from ernie_mtl.engine.plugins import import_plugins
 
     problems = import_plugins(paths, where="the exported model's manifest (plugins)")
     if problems:

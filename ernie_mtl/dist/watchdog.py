@@ -16,7 +16,7 @@ What Paddle 2.6.2 gives by itself (measured on CPU, read in its source for GPU; 
   SIGSTOP), gloo waits: its run timeout is 9,999,999 s. Static-graph NCCL collectives (c_allreduce_sum,
   c_broadcast, ...) have no timeout at all in 2.6 (`PADDLE_PG_TIMEOUT` and
   `FLAGS_enable_async_trace` drive the comm-task watchdog of the dygraph `ProcessGroupNCCL` only).
-- The job's TCP store barrier (`StoreBarrier`, ernie_mtl/runtime.py) gives up after 1800 s.
+- The job's TCP store barrier (`StoreBarrier`, ernie_mtl/dist/process.py) gives up after 1800 s.
 
 So two small mechanisms, both threads in each rank (Paddle releases the GIL while a program runs,
 in collectives and in TCP-store calls, measured):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from ernie_mtl.logging_utils import Window, format_eta
+from ernie_mtl.engine.metrics import Window, format_eta
 
 
 class Reporter:

@@ -540,10 +540,10 @@ def build_static_reference(model_type: str, arch: Mapping[str, Any], *, pretrain
 def run_static(ref: StaticReference, weights: Any, batch: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """Run `ref` on `batch` in a fresh scope holding `weights`: a mapping structured name -> array, or
     a PaddleNLP directory, loaded the way the static trainer starts from one
-    (`ernie_mtl.build.load_pretrained_into_scope`)."""
+    (`ernie_mtl.program.builder.load_pretrained_into_scope`)."""
     import paddle
 
-    from ernie_mtl.build import load_pretrained_into_scope
+    from ernie_mtl.program.builder import load_pretrained_into_scope
 
     scope = paddle.static.Scope()
     with _static_mode():

@@ -6,7 +6,7 @@ change training (early stopping, best checkpoints: both save or export on every 
 must be rank-independent: `on_evaluate` receives rank 0's metrics on every rank (the trainer
 shares them through the job's store), so callbacks deciding from them agree everywhere. A user's callback is registered by name in a plugin file:
 
-    from ernie_mtl.callbacks import Callback, register_callback
+    from ernie_mtl.engine.callbacks import Callback, register_callback
 
     @register_callback("print_best")
     class PrintBest(Callback):
@@ -23,7 +23,7 @@ from ernie_mtl.config import ConfigError
 
 
 class Callback:
-    """Hooks; `trainer` is the running ernie_mtl.trainer.Trainer (read its `step`, `schedule`, `tasks`,
+    """Hooks; `trainer` is the running ernie_mtl.engine.loop.Trainer (read its `step`, `schedule`, `tasks`,
     `cfg`, `info`, `freeze`, ...)."""
 
     def on_train_begin(self, trainer) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
-from ernie_mtl.console import fleet_log_level
+from ernie_mtl.dist.console import fleet_log_level
 from ernie_mtl.config import AmpConfig, ConfigError, ParallelConfig
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -2,10 +2,10 @@
 task, `pretrain`) and multi-task runs alike.
 
 `run(cfg)`: process info + static mode (+ gloo on CPU), topology, fleet, the run plan (tasks, data,
-schedule: ernie_mtl/plan.py), the programs (built once: ernie_mtl/build.py), executor and
+schedule: ernie_mtl/planning/plan.py), the programs (built once: ernie_mtl/program/builder.py), executor and
 initialisation, resume, the loop, the final test evaluation, and a closing line saying where the
 outputs are. `--prebuild_index` stops after the plan (every index cache built, nothing trained);
-`--dry_run` is ernie_mtl/planner.py.
+`--dry_run` is ernie_mtl/planning/dryrun.py.
 
 Per optimizer step the schedule draws the task of each of the `accumulate_steps` micro-batches,
 identically on every rank; each rank feeds its slice of that task's global micro-batch, the
@@ -30,18 +30,18 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ernie_mtl.callbacks import BestCheckpoint, Callback, EarlyStopping, VisualDLLogger, make_callbacks
+from ernie_mtl.engine.callbacks import BestCheckpoint, Callback, EarlyStopping, VisualDLLogger, make_callbacks
 from ernie_mtl.checkpoint import Checkpointer
-from ernie_mtl.logging_utils import MetricWriter, Window
-from ernie_mtl.reporting import reporter_for
+from ernie_mtl.engine.metrics import MetricWriter, Window
+from ernie_mtl.engine.reporting import reporter_for
 
 TEST_RESULTS = "test_results.json"
 
 
 def run(cfg) -> int:
     """Train as configured by a validated RunConfig; returns the exit status."""
-    from ernie_mtl.plan import prepare
-    from ernie_mtl.runtime import StoreBarrier, make_executor, start_process
+    from ernie_mtl.planning.plan import prepare
+    from ernie_mtl.dist.process import StoreBarrier, make_executor, start_process
 
     if cfg.train.prebuild_index:
         return prebuild(cfg)
@@ -60,7 +60,7 @@ def run(cfg) -> int:
     finally:
         trainer.close()
     log.info(trainer.reporter.closing(cfg.train.output_dir))
-    from ernie_mtl import watchdog
+    from ernie_mtl.dist import watchdog
 
     watchdog.finish()  # this rank completed: its peers stop watching it
     return 0
@@ -70,10 +70,10 @@ def prebuild(cfg) -> int:
     """`--prebuild_index`: plan the run exactly as training would (same flags, same parser, world
     size from PADDLE_TRAINERS_NUM) and build every index cache it reads -- train, dev and the final
     test split -- then exit. No process group, no program."""
-    from ernie_mtl.logging_utils import get_logger
-    from ernie_mtl.parallel import Topology
-    from ernie_mtl.plan import load_eval_split, prepare
-    from ernie_mtl.runtime import ProcessInfo
+    from ernie_mtl.engine.metrics import get_logger
+    from ernie_mtl.dist.topology import Topology
+    from ernie_mtl.planning.plan import load_eval_split, prepare
+    from ernie_mtl.dist.process import ProcessInfo
 
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     info = ProcessInfo(rank=0, world_size=world, local_rank=0)
@@ -94,7 +94,7 @@ def build_programs(cfg, topo, plan):
     into the cwd."""
     import contextlib as _contextlib
 
-    from ernie_mtl.build import build_run_programs
+    from ernie_mtl.program.builder import build_run_programs
 
     dump_dir = os.path.join(cfg.train.output_dir, "program_desc")
     os.makedirs(dump_dir, exist_ok=True)
@@ -128,8 +128,8 @@ class Trainer:
         if m.early_stopping_patience:
             self.callbacks.append(EarlyStopping(m.early_stopping_patience))
         self.callbacks += make_callbacks(m.callbacks)
-        self.ema = programs.ema  # on the device (ernie_mtl/ema.py), or None
-        self.freeze = programs.freeze  # idle parameter groups (ernie_mtl/idle_heads.py)
+        self.ema = programs.ema  # on the device (ernie_mtl/program/ema.py), or None
+        self.freeze = programs.freeze  # idle parameter groups (ernie_mtl/program/idle_heads.py)
         self.group_of = {t: g.name for g in programs.groups for t in g.tasks}
         self.checkpointer = Checkpointer(
             cfg.train.output_dir, rank=info.rank, world_size=info.world_size, per_rank_state=topo.sharding_degree > 1,
@@ -160,12 +160,12 @@ class Trainer:
 
     # -- state -------------------------------------------------------------------------------
     def resume(self) -> None:
-        from ernie_mtl.resume import resume
+        from ernie_mtl.engine.state import resume
 
         resume(self)
 
     def save_checkpoint(self, name: str, note: str = "") -> None:
-        from ernie_mtl.resume import train_state
+        from ernie_mtl.engine.state import train_state
 
         path = self.checkpointer.save(name, train_state(self))
         if note:
@@ -181,7 +181,7 @@ class Trainer:
             for task in self.tasks:
                 for line in task.describe_data():
                     self.log.info(line)
-            from ernie_mtl.plan import plan_warnings
+            from ernie_mtl.planning.plan import plan_warnings
 
             for line in plan_warnings(self.plan, self.topo, flag_mode=self.setup.flag_mode,
                                       max_steps=self.cfg.optim.max_steps):
@@ -217,8 +217,8 @@ class Trainer:
 
     def train_step(self) -> List[str]:
         """One optimizer step: the schedule's next `accumulate_steps` micro-batches."""
-        from ernie_mtl.forward import make_feed
-        from ernie_mtl.randomness import DROPOUT_SEEDS, draw_dropout_seeds
+        from ernie_mtl.program.forward import make_feed
+        from ernie_mtl.program.randomness import DROPOUT_SEEDS, draw_dropout_seeds
 
         read = list(self.schedule.counts)  # per task: micro-batches read before this step
         drawn = [self.schedule.next_task() for _ in range(self.topo.accumulate_steps)]
@@ -300,7 +300,7 @@ class Trainer:
         batches (a rank without one re-runs batch 0 and drops it: under sharding all ranks must run
         the evaluation program together) and the outputs are gathered, so every rank returns all of
         them, each computed exactly as one process computes it."""
-        from ernie_mtl.forward import make_feed
+        from ernie_mtl.program.forward import make_feed
 
         preds = self.p.fwd.predictions[task.spec.name]
         names = list(preds)
@@ -327,7 +327,7 @@ class Trainer:
         """The final test evaluation: every target with a test split, with the final weights and with
         its best checkpoint's weights (when it has one); logged, written to VisualDL (`test/...`,
         `test_best/...`) and to `<output_dir>/test_results.json`."""
-        from ernie_mtl.plan import load_eval_split
+        from ernie_mtl.planning.plan import load_eval_split
 
         tasks = [t for t in self.tasks if t.spec.is_target and t.spec.test_file]
         if not tasks:
@@ -409,7 +409,7 @@ class Trainer:
             self.exported[t.spec.name] = self.step
 
     def export(self, task) -> Path:
-        from ernie_mtl import export
+        from ernie_mtl.engine import exporter as export
 
         name = task.spec.name
         out = export.export_dir(self.cfg.train.output_dir, name)

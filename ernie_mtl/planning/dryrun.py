@@ -54,7 +54,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from ernie_mtl.config import AmpConfig, ParallelConfig
-from ernie_mtl.parallel import Topology, build_strategy
+from ernie_mtl.dist.topology import Topology, build_strategy
 
 FP32 = 4
 LOW = 2  # float16 / bfloat16
@@ -254,8 +254,8 @@ def format_plan(*, topology: Topology, strategy: Any, amp: AmpConfig, param_coun
         *(f"{label:<30}{_size(memory[key])}" for key, label in MEMORY_ROWS if memory[key]),
         f"{'persistent (between steps)':<30}{_size(memory['persistent'])}",
         f"{'total (rough peak)':<30}{_size(memory['total'])}",
-        "activations are a rough estimate per micro-batch (see ernie_mtl.planner.activation_estimate); the "
-        "other rows follow fleet's static sharding as documented in ernie_mtl.planner",
+        "activations are a rough estimate per micro-batch (see ernie_mtl.planning.dryrun.activation_estimate); the "
+        "other rows follow fleet's static sharding as documented in ernie_mtl.planning.dryrun",
     ]
     if schedule_summary:
         lines += ["== task schedule ==", schedule_summary.rstrip("\n")]
@@ -322,7 +322,7 @@ def program_facts(main: Any, startup: Any, *, endpoints: Sequence[str]) -> Progr
     job's endpoints in rank order (the communicators' endpoint lists map back to ranks)."""
     from paddle.base import core
 
-    from ernie_mtl.compat import GPU_SYNC_OPS
+    from ernie_mtl.dist.compat import GPU_SYNC_OPS
 
     VarType = core.VarDesc.VarType
     low = {int(VarType.FP16), int(VarType.BF16)}
@@ -440,8 +440,8 @@ def build_gpu_program(cfg, topo: Topology, tasks, *, total_steps: int, endpoints
 
     import paddle
 
-    from ernie_mtl.build import build_run_programs
-    from ernie_mtl.compat import emulate_gpu_program
+    from ernie_mtl.program.builder import build_run_programs
+    from ernie_mtl.dist.compat import emulate_gpu_program
 
     was_dynamic = paddle.in_dynamic_mode()
     paddle.enable_static()
@@ -458,13 +458,13 @@ def dry_run(cfg) -> str:
     """`run_multitask_static.py --dry_run`: the plan of a validated RunConfig, without training.
 
     World size: PADDLE_TRAINERS_NUM (set by the launcher, or by hand to plan a cluster job from a
-    laptop). The run plan (ernie_mtl/plan.py) reads the task files (example counts drive sampling
+    laptop). The run plan (ernie_mtl/planning/plan.py) reads the task files (example counts drive sampling
     and quotas); head parameters are counted on heads created lazily (`paddle.LazyGuard`: shapes,
     no memory, no program). With `--device gpu` (accepted on a CPU build for a dry run) the program
     rank 0 would run on GPUs is built, never run, and described (`format_gpu_program`). Warnings
-    about the plan (ernie_mtl/plan.py `plan_warnings`) come last."""
-    from ernie_mtl.plan import corpus_warnings, plan_warnings, prepare
-    from ernie_mtl.runtime import ProcessInfo, resolve_device
+    about the plan (ernie_mtl/planning/plan.py `plan_warnings`) come last."""
+    from ernie_mtl.planning.plan import corpus_warnings, plan_warnings, prepare
+    from ernie_mtl.dist.process import ProcessInfo, resolve_device
 
     world_size = ProcessInfo.from_env().world_size
     resolved = cfg.model.resolve()
@@ -519,7 +519,7 @@ def _corpus_plan(cfg, topo: Topology):
     is built)."""
     from ernie_mtl.data.mixture import parse_mixture, plan_mixture
     from ernie_mtl.data.pretrain import PretrainSampleConfig
-    from ernie_mtl.plan import TEST_ITERS_PER_EVAL_ITER
+    from ernie_mtl.planning.plan import TEST_ITERS_PER_EVAL_ITER
 
     d = cfg.data
     gb = topo.global_batch_size
@@ -544,7 +544,7 @@ def head_parameter_counts(model_type: str, arch: Mapping[str, Any], tasks, *, us
     import numpy as np
     import paddle
 
-    from ernie_mtl.forward import backbone_config, group_of
+    from ernie_mtl.program.forward import backbone_config, group_of
     from ernie_mtl.tasks.base import Encoded
 
     was_static = not paddle.in_dynamic_mode()

@@ -10,7 +10,7 @@ the chosen port, and rank 0 then fails with `Bind network on IP_ANY:<port> faile
 rare failed start in our multi-process tests; on a busy node it is a failed job start.
 
 The fix is the launcher's own setting: `PORT_RANGE` above (or below) the ephemeral range. The launch
-scripts export it for the launcher (`eval "$(python -m ernie_mtl.ports --shell)"`) unless the
+scripts export it for the launcher (`eval "$(python -m ernie_mtl.dist.ports --shell)"`) unless the
 user set it; the test suite sets it for every job it starts. Nothing here binds or connects.
 
 Stdlib only (the launch scripts run it with any python3).
@@ -64,7 +64,7 @@ def shell_line(env: Mapping[str, str] = os.environ, path: str = EPHEMERAL_FILE) 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ernie_mtl.ports", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m ernie_mtl.dist.ports", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shell", action="store_true", help="print `export PORT_RANGE=a:b` (nothing if PORT_RANGE is set "
                                                         "or no range outside the ephemeral one exists)")

@@ -4,7 +4,7 @@ executor, and a barrier that works everywhere.
 `paddle.distributed.launch` describes the job in environment variables (PADDLE_TRAINER_ID,
 PADDLE_TRAINERS_NUM, PADDLE_LOCAL_RANK, PADDLE_MASTER, ...). On a GPU build fleet sets up NCCL
 from the program it builds; on a CPU-only build the collective ops run over gloo, which needs
-`init_parallel_env()` after `enable_static()` plus the shim in ernie_mtl/compat.py: unmodified
+`init_parallel_env()` after `enable_static()` plus the shim in ernie_mtl/dist/compat.py: unmodified
 fleet fails on a CPU build (a GPU-only flag, and a communicator set-up with only CUDA/XPU
 branches), and the CPU collective kernels use the process-global gloo context that
 `init_parallel_env()` creates. That path gives real data parallelism, gradient merge, recompute
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-THREADS_NOTE: Optional[str] = None  # the entry point's thread decision (ernie_mtl/threads.py), logged at start
+THREADS_NOTE: Optional[str] = None  # the entry point's thread decision (ernie_mtl/dist/threads.py), logged at start
 SERIAL_RUN = "FLAGS_new_executor_serial_run"
 
 
@@ -54,7 +54,7 @@ def tune_programs(programs, *, enabled: bool) -> str:
     (oneDNN on the exact op types, bias gradients by matmul) and the oneDNN part on the evaluation
     program (the same exact forward ops; it has no gradients). The export program is left alone: an
     exported inference model stays device-neutral. Returns the line for the start-up log."""
-    from ernie_mtl.cpu_kernels import tune_for_cpu, use_onednn_ops
+    from ernie_mtl.program.cpu_kernels import tune_for_cpu, use_onednn_ops
 
     if not enabled:
         return "CPU kernels: as built (--cpu_kernels false)"
@@ -92,7 +92,7 @@ def init_distributed(info: ProcessInfo) -> None:
     import paddle
 
     paddle.enable_static()
-    from ernie_mtl.compat import apply_cpu_collective_shim, is_cpu_build
+    from ernie_mtl.dist.compat import apply_cpu_collective_shim, is_cpu_build
 
     if info.world_size > 1 and is_cpu_build():
         paddle.distributed.init_parallel_env()  # initialises the process-global gloo context
@@ -195,10 +195,10 @@ def start_process(cfg):
     the flags it needs and fleet, in that order (every entry point that trains starts so)."""
     import paddle
 
-    from ernie_mtl.logging_utils import get_logger
-    from ernie_mtl.parallel import Topology, init_fleet, required_flags
+    from ernie_mtl.engine.metrics import get_logger
+    from ernie_mtl.dist.topology import Topology, init_fleet, required_flags
 
-    from ernie_mtl import watchdog
+    from ernie_mtl.dist import watchdog
 
     info = ProcessInfo.from_env()
     log = get_logger(info.rank)
@@ -218,7 +218,7 @@ def make_executor(cfg, info, programs, log):
     initialised (startup, pretrained weights, AMP O2 cast, EMA)."""
     import paddle
 
-    from ernie_mtl.compat import is_cpu_build, strip_gpu_sync_ops
+    from ernie_mtl.dist.compat import is_cpu_build, strip_gpu_sync_ops
 
     if is_cpu_build():
         strip_gpu_sync_ops(programs.main, programs.startup, programs.test)

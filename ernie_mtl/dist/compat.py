@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import paddle
 from paddle.base import core
 
-from ernie_mtl.console import fleet_log_level
+from ernie_mtl.dist.console import fleet_log_level
 
 _UNIFIED_COMM_FLAG = "FLAGS_dynamic_static_unified_comm"
 # Stream-ordering ops: GPU-only kernels, no-ops for synchronous gloo collectives.

@@ -11,7 +11,7 @@ So every rank runs exactly the same ops every step (no control flow: gradient al
 gradient merge and sharding see one static program), micro-batches of different tasks can be
 accumulated into one update, and a head whose task is absent gets a gradient of exactly 0.
 (Adam would still move it through stale moments and weight decay; such parameters are frozen for
-that update on the device: see ernie_mtl/idle_heads.py.) With a single task there is no gate. The cost is the heads'
+that update on the device: see ernie_mtl/program/idle_heads.py.) With a single task there is no gate. The cost is the heads'
 forward/backward on foreign batches, small next to the backbone.
 
 Parameter names. Built under a fresh `unique_name.guard()` in a fixed order (backbone, then
@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
 
 import numpy as np
 
-from ernie_mtl.feeds import BACKBONE_FEEDS, TASK_GATE, TASK_TYPE_IDS, FeedSpec, feed_name
+from ernie_mtl.tasks.feeds import BACKBONE_FEEDS, TASK_GATE, TASK_TYPE_IDS, FeedSpec, feed_name
 from ernie_mtl.tasks.base import Encoded, HeadOutputs, TaskType
 
 _FAMILIES = {"ernie": ("ErnieConfig", "ErnieModel"), "bert": ("BertConfig", "BertModel")}
@@ -171,7 +171,7 @@ def build_forward(model_type: str, arch: Mapping[str, Any], tasks: Sequence[Task
     if len(captured) != len(layers):
         raise RuntimeError(f"captured {len(captured)} layer outputs for {len(layers)} encoder layers")
     backbone_feed_names = [s.name for s in BACKBONE_FEEDS] + ([TASK_TYPE_IDS] if use_task_id else [])
-    from ernie_mtl.optim import no_decay_parameters
+    from ernie_mtl.program.optim import no_decay_parameters
 
     return Forward(feeds=tuple(specs), feed_vars=feed_vars, loss=paddle.reshape(total, [1]), task_losses=task_losses,
                    task_scalars=task_scalars, predictions=predictions, name_map=name_map, groups=list(groups.values()),

@@ -12,7 +12,7 @@ the first `import paddle`, and only entry points can guarantee that. Two traps:
   `OMP_NUM_THREADS=1` and every rank it starts inherits that value (checked on 2.6.2: a rank sees
   `OMP_NUM_THREADS=1` although the user set nothing). A rank cannot tell that 1 from a user's 1,
   so the launch scripts decide per node *before* starting the launcher
-  (`eval "$(python -m ernie_mtl.threads --shell --nproc_per_node N --device cpu)"`), and mark the
+  (`eval "$(python -m ernie_mtl.dist.threads --shell --nproc_per_node N --device cpu)"`), and mark the
   decision in `ERNIE_MTL_THREADS_ORIGIN`; a rank that sees 1 from a bare launcher says so in its
   start-up line instead of silently running single-threaded.
 
@@ -282,7 +282,7 @@ def shell_exports(env: Mapping[str, str], budget: CpuBudget, *, device: str, npr
 
 def main(argv: Optional[List[str]] = None, *, budget_fn: Callable[[], CpuBudget] = cpu_budget) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m ernie_mtl.threads",
+        prog="python -m ernie_mtl.dist.threads",
         description="Print the thread settings for the training processes of this node. With --shell, print an "
                     "`export` line for a launch script (eval it before starting paddle.distributed.launch).")
     p.add_argument("--nproc_per_node", type=int, default=None,

@@ -99,7 +99,7 @@ def no_decay_parameters(layers: Iterable) -> Set[str]:
 
 class FreezableAdamW(paddle.optimizer.AdamW):
     """AdamW whose update of some parameters can be skipped per step by a CPU bool flag
-    (ernie_mtl/idle_heads.py): `skip_flags` maps a static parameter name to its flag variable,
+    (ernie_mtl/program/idle_heads.py): `skip_flags` maps a static parameter name to its flag variable,
     which becomes the adamw op's `SkipUpdate` (OR-ed with AMP's found_inf when loss scaling is on).
     A skipped adamw op leaves the parameter, moments, beta powers and master weight unchanged."""
 
@@ -112,7 +112,7 @@ class FreezableAdamW(paddle.optimizer.AdamW):
         flag = self._skip_flags.get(param_and_grad[0].name) if isinstance(param_and_grad, (tuple, list)) else None
         if flag is None:
             return super()._append_optimize_op(block, param_and_grad)
-        from ernie_mtl.idle_heads import skip_update_var
+        from ernie_mtl.program.idle_heads import skip_update_var
 
         found_inf = self._get_auxiliary_var("found_inf")
         self._set_auxiliary_var("found_inf", skip_update_var(block, flag, found_inf, self._skip_vars))

@@ -22,7 +22,7 @@ from ernie_mtl.config import ConfigError, TaskSpec
 
 
 def evaluate_exported(model_dir: Path, eval_file: str, *, use_gpu: bool = False) -> Dict[str, Any]:
-    from ernie_mtl.export import infer, load_task_from_manifest, read_manifest
+    from ernie_mtl.engine.exporter import infer, load_task_from_manifest, read_manifest
 
     manifest = read_manifest(model_dir)
     task = load_task_from_manifest(manifest, model_dir, dev_file=eval_file)
@@ -34,11 +34,11 @@ def evaluate_exported(model_dir: Path, eval_file: str, *, use_gpu: bool = False)
 def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str) -> Dict[str, Any]:
     import paddle
 
-    from ernie_mtl.build import build_forward_program
+    from ernie_mtl.program.builder import build_forward_program
     from ernie_mtl.checkpoint import read_train_state_file
-    from ernie_mtl.export import float32_scope, merged_state
-    from ernie_mtl.forward import make_feed
-    from ernie_mtl.plugins import import_plugins
+    from ernie_mtl.engine.exporter import float32_scope, merged_state
+    from ernie_mtl.program.forward import make_feed
+    from ernie_mtl.engine.plugins import import_plugins
     from ernie_mtl.tasks.base import TaskContext, get_task_type
 
     raw = read_train_state_file(checkpoint)
@@ -111,7 +111,7 @@ def _report(task, data, metrics: Dict[str, float], *, source: str, step: Optiona
 
 def run_eval(train_cfg, *, use_gpu: bool) -> Dict[str, Any]:
     """The `--do_eval` command: evaluate, print the JSON, write it; returns the report."""
-    from ernie_mtl.export import export_dir, write_json
+    from ernie_mtl.engine.exporter import export_dir, write_json
 
     t = train_cfg
     if t.checkpoint:

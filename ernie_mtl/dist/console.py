@@ -6,7 +6,7 @@ What Paddle 2.6.2 and its dependencies write on their own during a run, and wher
   environment before paddle is imported (glog reads it at initialisation); warnings and errors stay.
 - `WARNING: OMP_NUM_THREADS set to 2, not 1 ... PLEASE USE OMP_NUM_THREADS WISELY.` (printed by
   `import paddle` whenever OMP_NUM_THREADS > 1): misleading here, where the entry point chose the
-  thread count on purpose (ernie_mtl/threads.py). Dropped from stderr while paddle is imported.
+  thread count on purpose (ernie_mtl/dist/threads.py). Dropped from stderr while paddle is imported.
 - `Setuptools is replacing distutils.` (a UserWarning raised when paddle imports distutils).
 - fleet's Python logger (`[INFO] distributed_strategy.py:214 - distributed strategy initialized`,
   sharding's group tables, `It is recommended to use DistributedStrategy in fleet.init()`): set to

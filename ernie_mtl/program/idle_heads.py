@@ -1,6 +1,6 @@
 """Idle parameters stay bitwise frozen, on the device: heads (and the pooler) of tasks not drawn.
 
-The multi-task loss is `sum_i gate_i * w_i * loss_i` (ernie_mtl/forward.py), so a parameter
+The multi-task loss is `sum_i gate_i * w_i * loss_i` (ernie_mtl/program/forward.py), so a parameter
 that only tasks absent from an optimizer step depend on gets a gradient of exactly 0 -- but AdamW
 would still move it through its stale moments and decoupled weight decay. Such a parameter is
 frozen for that step instead: parameter, both moments, both beta powers and (AMP O2) the fp32
@@ -32,7 +32,7 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set,
 
 import numpy as np
 
-from ernie_mtl.program_utils import live_blocks
+from ernie_mtl.program.edits import live_blocks
 
 IDLE_GROUPS = "idle_groups"
 # AdamW's per-parameter state (also of AMP O2's fp32 master copy `<param>_fp32_master_0`)
