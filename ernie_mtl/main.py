@@ -17,66 +17,54 @@ PROG = "run_multitask_static.py"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Before anything imports paddle: the rank's thread budget (ernie_mtl/dist/threads.py: paddle's import
-    pins OMP_NUM_THREADS=1 otherwise), on CPU the serial executor (runtime.configure_executor), the
-    framework's console chatter off unless --log_level debug (ernie_mtl/dist/console.py), and the orphan
-    guard (a rank whose launcher died exits: ernie_mtl/dist/watchdog.py)."""
-    from ernie_mtl.dist import console
-    from ernie_mtl.dist import process as runtime
-    from ernie_mtl.dist import threads
-    from ernie_mtl.dist import watchdog
+    """Before anything imports paddle: the rank's thread budget (ernie_mtl/dist/threads.py: paddle's
+    import pins OMP_NUM_THREADS=1 otherwise), on CPU the serial executor
+    (dist/process.configure_executor), the framework's console chatter off unless --log_level debug
+    (ernie_mtl/dist/console.py), and the orphan guard (a rank whose launcher died exits:
+    ernie_mtl/dist/watchdog.py). These are the process's business, so they live here, not in the
+    engine."""
+    from ernie_mtl.dist import console, process, threads, watchdog
 
     argv = list(sys.argv[1:] if argv is None else argv)
     device = threads.device_hint(argv)
+    notes = []
     try:
-        runtime.THREADS_NOTE = threads.configure_threads(device=device)
-        runtime.configure_executor(device=device)  # CPU: the serial executor, read by paddle at import
+        note = threads.configure_threads(device=device)
+        notes.append(note if note.startswith("threads") else f"threads: {note}")
+        process.configure_executor(device=device)  # CPU: the serial executor, read by paddle at import
     except RuntimeError:  # paddle already imported (main() called in-process): its threads stay as they are
-        runtime.THREADS_NOTE = None
+        pass
     console.quiet_framework(debug=console.debug_requested(argv))  # imports paddle, without its chatter
     console.quiet_fleet_loggers()
     watchdog.install_orphan_guard()
-    code = run_cli(PROG, lambda: _main(argv))
-    if runtime.ProcessInfo.from_env().world_size > 1:
+    code = run_cli(PROG, lambda: _main(argv, notes))
+    if process.ProcessInfo.from_env().world_size > 1:
         watchdog.leave(code)
     return code
 
 
-def _main(argv: Optional[Sequence[str]]) -> int:
-    from ernie_mtl.checkpoint import CheckpointError
-    from ernie_mtl.config.cli import parse_config
+def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
+    """Parse and validate, then one engine function (ernie_mtl/engine/run.py)."""
+    import json
 
-    cfg = parse_config(argv)
-    try:
-        if cfg.train.do_predict:
-            return _predict(cfg)
-        if cfg.train.do_eval:
-            from ernie_mtl.engine.inference import run_eval
-            from ernie_mtl.dist.process import resolve_device
+    from ernie_mtl.dist import watchdog
+    from ernie_mtl.engine import run
+    from ernie_mtl.engine.validate import parse
 
-            run_eval(cfg.train, use_gpu=resolve_device(cfg.train.device) == "gpu")
-            return 0
-        if cfg.train.dry_run:
-            from ernie_mtl.planning.dryrun import dry_run
-
-            print(dry_run(cfg))
-            return 0
-        from ernie_mtl.engine.loop import run
-
-        return run(cfg)
-    except CheckpointError as e:  # e.g. resuming with another topology: a user error, not a crash
-        raise UserError(str(e)) from None
-
-
-def _predict(cfg) -> int:
-    import os
-
-    from ernie_mtl.engine.exporter import export_dir, predict
-    from ernie_mtl.dist.process import resolve_device
-
+    cfg = parse(argv)
     t = cfg.train
-    output = t.predict_output or os.path.join(t.output_dir, t.task, "predictions.json")
-    predict(export_dir(t.output_dir, t.task), t.pred_file, output, use_gpu=resolve_device(t.device) == "gpu")
+    if t.do_predict:
+        run.predict(cfg)
+    elif t.do_eval:
+        print(json.dumps(run.evaluate(cfg), indent=1, ensure_ascii=False))
+    elif t.dry_run:
+        print(run.plan(cfg))
+    elif t.prebuild_index:
+        run.prebuild(cfg)
+    else:
+        run.train(cfg, notes=notes,  # a lost rank stops the job, naming it (the watch is this process's)
+                  on_distributed=lambda info: watchdog.start_peer_watch(info, t.output_dir))
+        watchdog.finish()  # this rank completed: its peers stop watching it
     return 0
 
 

@@ -27,7 +27,6 @@ refuses too, unless `--overwrite_output_dir` says to replace them.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -38,12 +37,12 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from data_tools.cli_utils import UserError
+from ernie_mtl.checkpoint.io import fsync_dir as _fsync_dir, sha1_of, write_json_atomic as _write_json_atomic
+from ernie_mtl.checkpoint.layout import (KEPT, LAST_BACKUP, STATE_DIR, SUMS, TRAIN_STATE, is_complete,  # noqa: F401
+                                         state_prefix)
 
-TRAIN_STATE = "train_state.json"
-STATE_DIR = "state"
-SUMS = ".sha1"
-_KEPT = re.compile(r"^model_(\d+)$")
-_BACKUP = ".model_last.old"
+_KEPT = KEPT
+_BACKUP = LAST_BACKUP
 _FORMAT = 2  # 1: no file checksums (read, without the integrity check)
 
 
@@ -78,27 +77,6 @@ class TrainState:
 class CheckpointRef:
     path: Path
     step: int
-
-
-def _write_json_atomic(path: Path, data: Mapping) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def sha1_of(path: Path) -> str:
-    digest = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # -- reading and validating ---------------------------------------------------------------------------
@@ -373,24 +351,49 @@ class Checkpointer:
             raise CheckpointError(
                 f"cannot resume exactly from {ref.path}: " + "; ".join(diffs) +
                 ". Restore those settings, or start a fresh run with another --output_dir or --resume none.")
+        self._load_rank_state(ref.path, raw)
+        return state
+
+    def is_complete(self, path: os.PathLike) -> bool:
+        """Whether checkpoint folder `path` is complete (its train_state.json was written)."""
+        return is_complete(path)
+
+    def restore_weights(self, path: os.PathLike) -> CheckpointRef:
+        """Load this rank's program state from checkpoint `path` (verified first, from the rank file
+        its writer recorded: every rank's own under sharding, rank 0's otherwise), without the resume
+        checks: e.g. the final test with a best checkpoint's weights."""
+        path = Path(path)
+        raw = read_train_state_file(path)
+        self._load_rank_state(path, raw)
+        return CheckpointRef(path, int(raw["step"]))
+
+    def _load_rank_state(self, path: Path, raw: Mapping) -> None:
         source_rank = self.rank if raw.get("per_rank_state") else 0
-        verify_files(ref.path, raw, ranks=[source_rank])
-        prefix = ref.path / STATE_DIR / f"rank_{source_rank}"
+        verify_files(path, raw, ranks=[source_rank])
+        prefix = state_prefix(path, source_rank)
         try:
             self._load_state(str(prefix))
         except Exception as e:  # noqa: BLE001  (a file that passed the checks but paddle cannot read)
-            raise CheckpointError(f"cannot load {prefix}.pdparams/.pdopt of checkpoint {ref.path}: "
+            raise CheckpointError(f"cannot load {prefix}.pdparams/.pdopt of checkpoint {path}: "
                                   f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else ''}; "
                                   "the checkpoint does not fit this program (written by another configuration?)") from None
-        return state
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def merged_state(path: os.PathLike, *, verify: bool = True) -> Dict[str, Any]:
+    """Every rank's saved program state of checkpoint `path` merged by variable name (sharded ranks
+    hold disjoint parts): parameters, optimizer state, AMP O2 master weights, EMA averages, as NumPy
+    arrays. Verified first (sizes and SHA-1s of every listed file) unless `verify=False` (a folder of
+    rank files that is not a checkpoint, e.g. the exporter's temporary gather)."""
+    import paddle
+
+    path = Path(path)
+    folder = path / STATE_DIR if (path / STATE_DIR).is_dir() else path
+    if verify:
+        verify_files(path)
+    merged: Dict[str, Any] = {}
+    for file in sorted(folder.glob("rank_*.pdparams")) + sorted(folder.glob("rank_*.pdopt")):
+        merged.update(paddle.load(str(file), return_numpy=True))
+    return merged
 
 
 def kept_checkpoints(output_dir: os.PathLike) -> List[CheckpointRef]:

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ernie_mtl.config import palm
 from ernie_mtl.config.errors import ConfigError
+from ernie_mtl.config.hooks import ParseHooks
 from ernie_mtl.config.multitask import MTL_DEFAULTS, MTL_KEYS, RUN_WIDE_KEYS, MultiTaskConfig, MultiTaskSetup
 from ernie_mtl.config.run import SLICES, RunConfig
 from ernie_mtl.config.slices import DataConfig, DEVICES, LOG_LEVELS, OptimConfig, RESUME_WORDS, TrainConfig, field_help
@@ -178,9 +179,13 @@ def _suggest(name: str) -> str:
     return close
 
 
-def parse_config(argv: Optional[Sequence[str]] = None, *, world_size: Optional[int] = None) -> RunConfig:
+def parse_config(argv: Optional[Sequence[str]] = None, *, hooks: ParseHooks,
+                 world_size: Optional[int] = None) -> RunConfig:
     """Parse and validate the command line (+ YAML) into a RunConfig; ConfigError lists every problem.
 
+    `hooks`: what parsing needs from the layers above config (task types, plugins, corpus
+    specifications, the checks that need data, topology, device or checkpoints: config/hooks.py);
+    the engine's are `ernie_mtl.engine.validate.HOOKS` (`engine.validate.parse(argv)` passes them).
     `world_size`: the number of processes the topology must fit (default: from the launcher's
     environment, 1 without a launcher).
     """
@@ -206,7 +211,7 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, world_size: Optional[i
     if multitask:
         try:  # every command-line value: flags that are also task keys (max_seq_len, masked_lm_prob, ...) reach the tasks
             setup = palm.load_multitask_config(
-                config_file, cli={**mtl_cli, **given}, task_cli=task_cli,
+                config_file, hooks=hooks, cli={**mtl_cli, **given}, task_cli=task_cli,
                 flag_names={k for k, (s, _) in _FLAGS.items() if s != RUN_WIDE},
                 splits=("pred",) if _truthy(given.get("do_predict")) else () if _truthy(given.get("do_eval"))
                 else ("train", "dev"))
@@ -236,9 +241,9 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, world_size: Optional[i
         raise ConfigError(problems)
     if setup is None:
         setup = flag_mode_setup(slices, typed[RUN_WIDE])
-    cfg = _absolute_paths(RunConfig(**slices, setup=setup))
+    cfg = _absolute_paths(RunConfig(**slices, setup=setup), hooks)
     try:
-        validate(cfg, world_size=world_size)
+        validate(cfg, hooks=hooks, world_size=world_size)
     except ConfigError as e:
         problems += e.problems
     if problems:
@@ -292,7 +297,7 @@ def _take_mtl_keys(unknown: Sequence[str], out: Dict[str, Any]) -> List[str]:
     return rest
 
 
-def _absolute_paths(cfg: RunConfig) -> RunConfig:
+def _absolute_paths(cfg: RunConfig, hooks: ParseHooks) -> RunConfig:
     """Paths made absolute: the trainer changes directory while building programs (fleet dumps). A
     corpus mixture keeps its canonical form (absolute prefixes, weights)."""
     def absolute(path: Optional[str]) -> Optional[str]:
@@ -300,11 +305,8 @@ def _absolute_paths(cfg: RunConfig) -> RunConfig:
 
     input_dir = cfg.data.input_dir
     if input_dir is not None:
-        from ernie_mtl.data.mixture import parse_mixture
-
         try:
-            mixture = parse_mixture(input_dir, what="--input_dir")
-            input_dir = mixture.spec() if len(mixture) > 1 else mixture.prefixes[0]
+            input_dir = hooks.corpus_spec(input_dir, what="--input_dir")
         except ConfigError:
             input_dir = input_dir if " " in input_dir.strip() else absolute(input_dir)  # validate() reports it
     data = replace(cfg.data, input_dir=input_dir, data_cache=absolute(cfg.data.data_cache),
@@ -328,11 +330,9 @@ def _model_dir(name_or_path: str) -> Optional[str]:
     return name_or_path if os.path.isdir(name_or_path) else None
 
 
-def validate(cfg: RunConfig, *, world_size: Optional[int] = None) -> RunConfig:
-    """Check every slice and their combinations; raise one ConfigError with all problems."""
-    from ernie_mtl.dist.topology import Topology
-    from ernie_mtl.dist.process import resolve_device
-
+def validate(cfg: RunConfig, *, hooks: ParseHooks, world_size: Optional[int] = None) -> RunConfig:
+    """Check every slice and their combinations (config's own checks, then `hooks.check` for what
+    needs the layers above); raise one ConfigError with all problems."""
     problems: List[str] = []
 
     def collect(check, *args, **kwargs):
@@ -345,109 +345,25 @@ def validate(cfg: RunConfig, *, world_size: Optional[int] = None) -> RunConfig:
     if cfg.train.do_predict and cfg.train.do_eval:
         raise ConfigError(["--do_predict and --do_eval: pick one (predict an unlabelled file, or evaluate a "
                            "labelled one)"])
-    if cfg.train.do_eval:  # evaluation reads a saved model: nothing else of the run matters
-        problems += _eval_problems(cfg.train)
-        if problems:
-            raise ConfigError(problems)
-        return cfg
-    if cfg.train.do_predict:  # prediction reads an exported model: nothing else of the run matters
-        problems += _predict_problems(cfg.train)
-        if problems:
-            raise ConfigError(problems)
-        return cfg
-    collect(cfg.amp.validate)
-    collect(cfg.optim.validate)
-    before = len(problems)
-    collect(cfg.parallel.validate)
-    if len(problems) == before:  # the topology arithmetic needs a consistent parallel slice
-        if world_size is None:
-            world_size = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
-        collect(Topology.from_config, cfg.parallel, world_size)
-    resolved = collect(cfg.model.resolve)  # validates the model slice too
-    arch = resolved.arch if resolved else None
-    needs_mask = any(t.reader in ("mlm", "pretrain") for t in cfg.setup.tasks)
-    problems += _data_problems(cfg.data, arch, flag_mode=cfg.flag_mode, needs_mask=needs_mask)
-    if cfg.flag_mode:
-        problems += _sample_problems(cfg)
-    else:
-        problems += _multitask_problems(cfg, arch)
-    problems += _train_problems(cfg.train, cfg.optim)
-    problems += _output_dir_problems(cfg.train)
-    problems += _extension_problems(cfg)
-    if cfg.amp.use_amp and cfg.amp.amp_level == "O2" and cfg.parallel.use_sharding:
-        problems.append("--amp_level O2 with --sharding_degree > 1 cannot be built by fleet 2.6.2 (its sharding "
-                        "pass rejects O2's parameter casts); use --amp_level O1 with sharding, or O2 without")
-    if cfg.amp.use_amp and cfg.amp.amp_dtype == "bfloat16" and resolve_device(cfg.train.device) == "cpu":
-        problems.append("--use_amp with --amp_dtype bfloat16 cannot run on CPU (Paddle 2.6.2 lacks the bf16 CPU "
-                        "kernels); use --device gpu, --amp_dtype float16, or drop --use_amp")
+    if not (cfg.train.do_eval or cfg.train.do_predict):  # those read a saved model: nothing else of the run matters
+        collect(cfg.amp.validate)
+        collect(cfg.optim.validate)
+        collect(cfg.parallel.validate)
+        resolved = collect(cfg.model.resolve)  # validates the model slice too
+        arch = resolved.arch if resolved else None
+        needs_mask = any(t.reader in ("mlm", "pretrain") for t in cfg.setup.tasks)
+        problems += _data_problems(cfg.data, arch, flag_mode=cfg.flag_mode, needs_mask=needs_mask)
+        if not cfg.flag_mode:
+            problems += _multitask_problems(cfg, arch)
+        problems += _train_problems(cfg.train, cfg.optim)
+        problems += _output_dir_problems(cfg.train)
+        if cfg.amp.use_amp and cfg.amp.amp_level == "O2" and cfg.parallel.use_sharding:
+            problems.append("--amp_level O2 with --sharding_degree > 1 cannot be built by fleet 2.6.2 (its sharding "
+                            "pass rejects O2's parameter casts); use --amp_level O1 with sharding, or O2 without")
+    problems += hooks.check(cfg, world_size=world_size)
     if problems:
         raise ConfigError(problems)
     return cfg
-
-
-def _extension_problems(cfg: RunConfig) -> List[str]:
-    """Plugins import (flag mode: the multi-task loader imported a YAML's already) and every callback
-    named is registered."""
-    from ernie_mtl.engine.callbacks import registered_callbacks
-    from ernie_mtl.engine.plugins import import_plugins
-
-    problems = import_plugins(cfg.setup.mtl.plugins, where="--plugins") if cfg.flag_mode else []
-    known = registered_callbacks()
-    for name in cfg.setup.mtl.callbacks:
-        if name not in known:
-            problems.append(f"--callbacks / callbacks: unknown callback {name!r}{suggest(name, known)}; registered: "
-                            f"{sorted(known)} (register one with @register_callback in a file listed under plugins)")
-    return problems
-
-
-def _sample_problems(cfg: RunConfig) -> List[str]:
-    """The pretraining dataset's own checks of the sampling/masking flags, written once there."""
-    from ernie_mtl.data.pretrain import PretrainSampleConfig
-
-    d = cfg.data
-    return PretrainSampleConfig(
-        max_seq_len=d.max_seq_len, short_seq_prob=d.short_seq_prob, binary_head=cfg.model.binary_head,
-        masked_lm_prob=d.masked_lm_prob, max_predictions_per_seq=d.max_predictions_per_seq, max_ngrams=d.max_ngrams,
-        seed=cfg.train.seed).problems()
-
-
-def _predict_problems(train: TrainConfig) -> List[str]:
-    from ernie_mtl.checkpoint.layout import MANIFEST, export_dir
-
-    problems = []
-    if not train.task:
-        problems.append("--do_predict needs --task: the name of a task exported under --output_dir")
-    elif not (export_dir(train.output_dir, train.task) / MANIFEST).is_file():
-        found = sorted(p.parent.parent.name for p in Path(train.output_dir).glob(f"*/infer_model/{MANIFEST}"))
-        problems.append(f"--task {train.task}: no exported model {export_dir(train.output_dir, train.task)}; "
-                        f"tasks exported under --output_dir {train.output_dir}: {found or 'none'}")
-    if not train.pred_file:
-        problems.append("--do_predict needs --pred_file: the file to predict, in the task's reader format")
-    elif not os.path.isfile(train.pred_file):
-        problems.append(f"--pred_file {train.pred_file}: not found")
-    return problems
-
-
-def _eval_problems(train: TrainConfig) -> List[str]:
-    from ernie_mtl.checkpoint.layout import MANIFEST, export_dir
-
-    problems = []
-    if not train.task:
-        problems.append("--do_eval needs --task: the task to evaluate (its exported model, or a task of --checkpoint)")
-    elif train.checkpoint:
-        if not os.path.isfile(os.path.join(train.checkpoint, "train_state.json")):
-            problems.append(f"--checkpoint {train.checkpoint}: not a complete checkpoint (no train_state.json); give "
-                            "a model_last, model_<step> or best_<task> folder")
-    elif not (export_dir(train.output_dir, train.task) / MANIFEST).is_file():
-        found = sorted(p.parent.parent.name for p in Path(train.output_dir).glob(f"*/infer_model/{MANIFEST}"))
-        problems.append(f"--task {train.task}: no exported model {export_dir(train.output_dir, train.task)} (tasks "
-                        f"exported under --output_dir {train.output_dir}: {found or 'none'}); or evaluate a "
-                        "checkpoint with --checkpoint PATH")
-    if not train.eval_file:
-        problems.append("--do_eval needs --eval_file: a labelled file in the task's reader format")
-    elif not os.path.exists(train.eval_file) and not os.path.isfile(train.eval_file + ".idx"):
-        problems.append(f"--eval_file {train.eval_file}: not found")
-    return problems
 
 
 def _multitask_problems(cfg: RunConfig, arch: Optional[Mapping[str, Any]]) -> List[str]:
@@ -501,8 +417,6 @@ def _output_dir_problems(train: TrainConfig) -> List[str]:
 
 def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_mode: bool,
                    needs_mask: bool = True) -> List[str]:
-    from ernie_mtl.data.pretrain import parse_split
-
     problems = []
     vocab_size = None
     if data.vocab_file is None:
@@ -514,28 +428,9 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_
     else:
         vocab_size, vocab_problems = _vocab_problems(data.vocab_file, need_mask=needs_mask)
         problems += vocab_problems
-    if not flag_mode:  # no corpus flag: the tasks' files were checked by the multi-task loader
-        pass
-    elif data.input_dir is None:
+    if flag_mode and data.input_dir is None:
         problems.append("--input_dir is required: the corpus prefix (path without .bin/.idx) written by "
                         "`python -m data_tools.create_pretraining_data`, weight/prefix pairs, or a folder of corpora")
-    elif isinstance(data.input_dir, str) and len(data.input_dir.split()) == 1 and not os.path.isdir(data.input_dir) \
-            and not all(os.path.isfile(data.input_dir + ext) for ext in (".bin", ".idx")):
-        missing = [data.input_dir + ext for ext in (".bin", ".idx") if not os.path.isfile(data.input_dir + ext)]
-        problems.append(f"--input_dir {data.input_dir}: {' and '.join(missing)} not found; give the corpus prefix "
-                        "(the path without .bin/.idx), weight/prefix pairs, or a folder of corpora")
-    else:
-        from ernie_mtl.data.mixture import parse_mixture
-
-        vocab = str(data.vocab_file) if data.vocab_file is not None and data.vocab_file.is_file() else None
-        try:
-            parse_mixture(data.input_dir, what="--input_dir", vocab_file=vocab)
-        except ConfigError as e:
-            problems += e.problems
-    try:
-        parse_split(data.split)
-    except ValueError as e:
-        problems.append(str(e))
     if arch is not None:
         if flag_mode and data.max_seq_len > arch["max_position_embeddings"]:
             problems.append(f"--max_seq_len {data.max_seq_len} exceeds the model's max_position_embeddings "
@@ -559,14 +454,4 @@ def _train_problems(train: TrainConfig, optim: OptimConfig) -> List[str]:
         problems.append(f"--log_level {train.log_level!r} is not supported; use one of {list(LOG_LEVELS)}")
     if train.device not in DEVICES:
         problems.append(f"--device {train.device!r} is not supported; use one of {list(DEVICES)}")
-    elif train.device == "gpu" and not train.dry_run:  # a dry run builds the GPU program without running it
-        from paddle.base import core
-
-        if not core.is_compiled_with_cuda():
-            problems.append("--device gpu but this paddle is a CPU build; install paddlepaddle-gpu, pass "
-                            "--device cpu, or add --dry_run to plan the GPU job on this machine (it builds "
-                            "rank 0's GPU program without running it)")
-    if train.resume not in RESUME_WORDS and not os.path.isfile(os.path.join(train.resume, "train_state.json")):
-        problems.append(f"--resume {train.resume}: not a complete checkpoint (no train_state.json); use auto, "
-                        "none, or a model_last / model_<step> folder")
     return problems

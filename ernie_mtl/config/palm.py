@@ -23,6 +23,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ernie_mtl.config.errors import ConfigError
+from ernie_mtl.config.hooks import ParseHooks
 from ernie_mtl.config.multitask import MTL_DEFAULTS, MTL_KEYS, MultiTaskConfig, MultiTaskSetup
 from ernie_mtl.config.task import TaskSpec
 from ernie_mtl.config.values import coerce as _coerce
@@ -60,12 +61,6 @@ PALM_PARADIGMS = {"seq_label": ("seq_label", "ner")}
 # Option values with these name endings are paths (resolved like data files, must exist when set).
 PATH_OPTION_SUFFIXES = ("_file", "_path", "_config", "_dir", "label_map")
 _TASK_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def get_task_type(name: str):
-    from ernie_mtl.tasks.base import get_task_type as lookup  # lazy: the task types import paddle
-
-    return lookup(name)
 
 
 def _backbone_family(value: Any) -> Optional[str]:
@@ -142,7 +137,7 @@ def split_task_overrides(argv: Sequence[str]) -> Tuple[List[str], Dict[str, Dict
     return rest, out
 
 
-def load_multitask_config(global_yaml: str, *, cli: Optional[Mapping[str, Any]] = None,
+def load_multitask_config(global_yaml: str, *, hooks: ParseHooks, cli: Optional[Mapping[str, Any]] = None,
                           task_cli: Optional[Mapping[str, Mapping[str, Any]]] = None, flag_names: Set[str],
                           splits: Sequence[str] = ("train", "dev")) -> MultiTaskSetup:
     """Read the global YAML and its task YAMLs into TaskSpecs, the MTL settings and run flags.
@@ -151,17 +146,19 @@ def load_multitask_config(global_yaml: str, *, cli: Optional[Mapping[str, Any]] 
     PALM aliases; strings are typed like YAML values except run flags, which args.py types);
     `task_cli`: {task: {key: value}} from `--tasks.<task>.<key>`; `flag_names`: the flags of
     args.py (a global key among them is a run flag); `splits`: the data the run reads — `train`
-    requires every task's train_file, and each listed split's file must exist when set.
+    requires every task's train_file, and each listed split's file must exist when set; `hooks`:
+    task types, plugins and corpus specifications (config/hooks.py).
     Raises one ConfigError listing every problem.
     """
-    return _Loader(global_yaml, dict(cli or {}), {t: dict(v) for t, v in (task_cli or {}).items()},
+    return _Loader(global_yaml, hooks, dict(cli or {}), {t: dict(v) for t, v in (task_cli or {}).items()},
                    set(flag_names), tuple(splits)).load()
 
 
 class _Loader:
-    def __init__(self, global_yaml: str, cli: Dict[str, Any], task_cli: Dict[str, Dict[str, Any]],
+    def __init__(self, global_yaml: str, hooks: ParseHooks, cli: Dict[str, Any], task_cli: Dict[str, Dict[str, Any]],
                  flag_names: Set[str], splits: Tuple[str, ...]):
         self.path = os.path.abspath(global_yaml)
+        self.hooks = hooks
         self.base = os.path.dirname(self.path)
         self.cli = {str(k).lstrip("-"): v for k, v in cli.items()}
         self.task_cli = task_cli
@@ -301,9 +298,7 @@ class _Loader:
                                   "plugins": tuple(plugins)})
 
     def _import_plugins(self, plugins: Sequence[str]) -> None:
-        from ernie_mtl.engine.plugins import import_plugins
-
-        self.problems += import_plugins(plugins, where=f"{self.path}: key 'plugins'")
+        self.problems += self.hooks.import_plugins(plugins, where=f"{self.path}: key 'plugins'")
 
     # -- keys that are run flags (global file, command line or, PALM-style, a task file) ----------------
     def _global_setting(self, key: str, value: Any, where: str, src: str) -> bool:
@@ -379,7 +374,7 @@ class _Loader:
             self.reports.append(f"task {name}: reader {reader} (PALM) is {PALM_READERS[reader]}")
             reader = PALM_READERS[reader]
         try:
-            return get_task_type(reader)
+            return self.hooks.task_type(reader)
         except ConfigError as e:
             self.problems.extend(f"{where}: {p}" for p in e.problems)
             return None
@@ -462,16 +457,13 @@ class _Loader:
         """A corpus split of a generated-data task (`reader: pretrain`): one prefix, weight/prefix pairs
         or a folder (ernie_mtl/data/mixture.py), resolved against the task file's folder; the
         canonical form (absolute prefixes) is kept."""
-        from ernie_mtl.data.mixture import parse_mixture
-
         split = key[:-len("_file")]
         try:
-            mixture = parse_mixture(value, what=f"{label}: key {key!r}", base_dir=base)
+            return self.hooks.corpus_spec(value, what=f"{label}: key {key!r}", base_dir=base)
         except ConfigError as e:
             if split in self.splits:
                 self.problems.extend(e.problems)
             return value
-        return mixture.spec()
 
     def _path(self, task: str, key: str, value: str, label: str, base: str) -> str:
         resolved, note = _resolve(value, base)

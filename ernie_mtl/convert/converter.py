@@ -49,6 +49,7 @@ _PAIR_KEYS = ("cls.seq_relationship.weight", "cls.seq_relationship.bias")
 
 
 from data_tools.cli_utils import UserError  # noqa: E402
+from ernie_mtl.checkpoint.io import replace_dir, write_json_atomic  # noqa: E402
 
 
 class ConvertError(UserError):
@@ -422,17 +423,17 @@ def convert(source: Source, output_dir: os.PathLike, *, overwrite: bool = False)
                     "params": {k: list(v.shape) for k, v in weights.items()},
                     "tied_to_backbone": {k: tied[s] for k, s in static.items() if s in tied},
                     "written_as_cls": origin == f"heads.{group}"}
-            _write_json(tmp / "heads" / f"{group}.json", meta)
+            write_json_atomic(tmp / "heads" / f"{group}.json", meta)
         if source.optimizer:  # keyed like the weights: the pretraining head's accumulators under cls.*
             head = f"{origin}." if origin and origin.startswith("heads.") else None
             optimizer = {("cls." + k[len(head):] if head and k.startswith(head) else k): v
                          for k, v in source.optimizer.items()}
             paddle.save(optimizer, str(tmp / OPTIMIZER))
-        _write_json(tmp / REPORT, {
+        write_json_atomic(tmp / REPORT, {
             "source": str(source.path), "kind": source.kind, "step": source.step, "model_type": source.model_type,
             "pretraining_heads_from": origin, "filled_with_zeros": filled, "heads": sorted(heads),
             "optimizer_state": bool(source.optimizer), "name_map": source.static_names})
-        _replace_dir(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -445,24 +446,6 @@ def _do_lower_case(source: Source) -> bool:
     (ERNIE's Chinese vocabularies) when no task says."""
     flags = [t.get("manifest", {}).get("do_lower_case", t.get("spec", {}).get("do_lower_case")) for t in source.tasks]
     return next((bool(f) for f in flags if f is not None), True)
-
-
-def _write_json(path: Path, data: Mapping) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str), encoding="utf-8")
-
-
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`; an existing `out` (overwrite) stays complete until the new one is in place."""
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        if old.exists():
-            os.rename(old, out)  # put the previous folder back
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # -- verification ----------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ What Paddle 2.6.2 and its dependencies write on their own during a run, and wher
   `meta_optimizer= ...`, `graph_optimizer= None`): `captured_prints` around the call, re-logged at
   debug level.
 
-`--log_level debug` (or `ERNIE_MTL_DEBUG=1`) keeps all of it. Progress bars are drawn only on a
+`--log_level debug` (or `ERNIE_MTL_DEBUG=1`) keeps all of it. Our own lines go through
+`get_logger(rank)`: timestamped `[rank N]` lines, INFO on rank 0 and WARNING elsewhere. Progress bars are drawn only on a
 terminal (tqdm's `disable=None`): a log file (`--log_dir`, the launcher's `workerlog.N`) gets the
 log lines, not carriage returns.
 """
@@ -136,3 +137,28 @@ def _dropped_lines(prefixes: Sequence[str]) -> Iterator[None]:
     finally:
         sys.stderr.flush()
         sys.stderr = original
+
+
+class _TqdmHandler(logging.StreamHandler):
+    """Writes through tqdm so that log lines do not tear the progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # logging must never kill training
+            self.handleError(record)
+
+
+def get_logger(rank: int) -> logging.Logger:
+    """`ernie_mtl` logger: INFO on rank 0, WARNING elsewhere (errors still show on every rank)."""
+    logger = logging.getLogger("ernie_mtl")
+    handler = next((h for h in logger.handlers if isinstance(h, _TqdmHandler)), None)
+    if handler is None:
+        handler = _TqdmHandler(sys.stdout)
+        logger.addHandler(handler)
+        logger.propagate = False
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(message)s", "%H:%M:%S"))
+    logger.setLevel(logging.DEBUG if is_debug() else logging.INFO if rank == 0 else logging.WARNING)
+    return logger

@@ -20,9 +20,8 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
-THREADS_NOTE: Optional[str] = None  # the entry point's thread decision (ernie_mtl/dist/threads.py), logged at start
 SERIAL_RUN = "FLAGS_new_executor_serial_run"
 
 
@@ -47,20 +46,6 @@ def configure_executor(env=None, *, device: str, modules=None) -> str:
         return f"{SERIAL_RUN}={env[SERIAL_RUN].strip()} (from the environment, kept)"
     env[SERIAL_RUN] = "1"
     return f"serial executor ({SERIAL_RUN}=1)"
-
-
-def tune_programs(programs, *, enabled: bool) -> str:
-    """CPU runs, before the programs first run: `cpu_kernels.tune_for_cpu` on the training program
-    (oneDNN on the exact op types, bias gradients by matmul) and the oneDNN part on the evaluation
-    program (the same exact forward ops; it has no gradients). The export program is left alone: an
-    exported inference model stays device-neutral. Returns the line for the start-up log."""
-    from ernie_mtl.program.cpu_kernels import tune_for_cpu, use_onednn_ops
-
-    if not enabled:
-        return "CPU kernels: as built (--cpu_kernels false)"
-    line = tune_for_cpu(programs.main)
-    changed = use_onednn_ops(programs.test)
-    return f"{line}; evaluation program: oneDNN kernels on {sum(changed.values())} ops"
 
 
 def executor_mode() -> str:
@@ -190,45 +175,22 @@ def resolve_device(device: str) -> str:
     return "gpu" if core.is_compiled_with_cuda() else "cpu"
 
 
-def start_process(cfg):
+def start_process(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]] = None):
     """(info, logger, topology): who this process is, static mode (+ gloo on CPU), the topology,
-    the flags it needs and fleet, in that order (every entry point that trains starts so)."""
+    the flags it needs and fleet, in that order (every run that trains starts so).
+    `on_distributed(info)` runs right after the distributed set-up, when the job's store exists
+    (the command line starts its peer watch there: ernie_mtl/dist/watchdog.py)."""
     import paddle
 
-    from ernie_mtl.engine.metrics import get_logger
+    from ernie_mtl.dist.console import get_logger
     from ernie_mtl.dist.topology import Topology, init_fleet, required_flags
-
-    from ernie_mtl.dist import watchdog
 
     info = ProcessInfo.from_env()
     log = get_logger(info.rank)
-    if THREADS_NOTE:
-        log.info(THREADS_NOTE if THREADS_NOTE.startswith("threads") else f"threads: {THREADS_NOTE}")
     init_distributed(info)
-    watchdog.start_peer_watch(info, cfg.train.output_dir)  # a lost rank stops the job, with its name
+    if on_distributed is not None:
+        on_distributed(info)
     topo = Topology.from_config(cfg.parallel, info.world_size)
     paddle.set_flags(required_flags(topo))
     init_fleet(topo)
     return info, log, topo
-
-
-def make_executor(cfg, info, programs, log):
-    """The executor for --device, with `programs` made runnable here (CPU: GPU sync ops stripped),
-    on CPU tuned (`tune_programs`, unless --cpu_kernels false; logged with the executor in use), and
-    initialised (startup, pretrained weights, AMP O2 cast, EMA)."""
-    import paddle
-
-    from ernie_mtl.dist.compat import is_cpu_build, strip_gpu_sync_ops
-
-    if is_cpu_build():
-        strip_gpu_sync_ops(programs.main, programs.startup, programs.test)
-    device = resolve_device(cfg.train.device)
-    if cfg.amp.use_amp and device == "cpu":
-        log.warning("--use_amp on CPU: a CPU build inserts no float16 casts, so this run computes in float32 "
-                    "(with loss scaling); AMP takes effect on GPUs")
-    if device == "cpu":
-        log.info(f"{tune_programs(programs, enabled=cfg.train.cpu_kernels)}; {executor_mode()}")
-    place = paddle.CPUPlace() if device == "cpu" else paddle.CUDAPlace(info.local_rank)
-    exe = paddle.static.Executor(place)
-    programs.initialize(exe)
-    return exe

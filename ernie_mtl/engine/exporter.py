@@ -1,30 +1,104 @@
-"""Per-task inference models (export) and `--do_predict` through Paddle Inference.
+"""Per-task inference models: written when a target finishes (or at the end), from the best or the
+last weights, with a manifest that says how to feed it and read its outputs.
 
 Layout of an exported task (`<output_dir>/<task>/infer_model/`)::
 
-    model.pdmodel, model.pdiparams   pruned inference program: backbone + this task's head
+    model.pdmodel, model.pdiparams   pruned inference program: backbone + this task's head (float32)
     manifest.json                    feeds, fetches, task spec, label map, arch, name map, metrics
     vocab.txt                        the tokenizer's vocabulary
 
-Prediction loads the model with `paddle.inference` (the deployment runtime, not the training
-executor), featurizes `--pred_file` with the task's own reader and writes the task's records
-(class + probabilities, tag sequences, or an MRC answer JSON keyed by question id).
+`Exporter` decides what to export and from which weights (rank 0's choice, shared), gathers the
+state when sharding splits it or AMP O2 keeps fp32 masters, and writes through `export_task_model`
+(temporary folder, then swapped into place). Prediction with these models is
+ernie_mtl/engine/inference.py.
 """
 from __future__ import annotations
 
-import json
+import functools
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
+from ernie_mtl.checkpoint.io import replace_dir, write_json_atomic
+from ernie_mtl.checkpoint.layout import MANIFEST, MODEL_PREFIX, best_dir, export_dir
+from ernie_mtl.checkpoint.store import merged_state, read_train_state_file
 from ernie_mtl.config import ConfigError
-from ernie_mtl.tasks.base import TaskContext, TaskSpec, TaskType, get_task_type
-from ernie_mtl.checkpoint.layout import MANIFEST, MODEL_PREFIX, export_dir  # noqa: F401  (re-exported)
+from ernie_mtl.tasks.base import TaskType
 
+
+class Exporter:
+    """Exports targets of a running session: each once, when it finishes or at the end."""
+
+    def __init__(self, trainer):
+        self.t = trainer
+        self.s = trainer.session
+        self.exported: Dict[str, int] = {}  # task -> step of its export
+
+    def due(self, final: bool):
+        """Targets not yet exported that finished (or, at the end, every target)."""
+        t = self.t
+        return [task for task in self.s.plan.tasks if task.spec.is_target and task.spec.name not in self.exported
+                and (final or t.schedule.is_finished(task.spec.index))]
+
+    def export_due(self, final: bool = False) -> None:
+        """Export every due target, after a last evaluation of those with a dev file that were not
+        evaluated at this step."""
+        due = self.due(final)
+        t = self.t
+        last_eval = [task.spec.name for task in due if task.spec.name in self.s.plan.dev
+                     and t.evaluated_at.get(task.spec.name) != t.step]
+        if last_eval:
+            t.evaluate(only=last_eval)
+        for task in due:
+            if task.exportable:
+                self.export(task)
+            else:
+                note = t.reporter.note_unexportable(task, t.step)
+                if note:
+                    t.print(note)
+            self.exported[task.spec.name] = t.step
+
+    def export(self, task) -> Path:
+        """Write `task`'s inference model from its best checkpoint (`export_from: best`, when there is
+        one) or from the current weights (EMA averages when kept); rank 0 decides for every rank."""
+        s, t, p = self.s, self.t, self.s.programs
+        name = task.spec.name
+        out = export_dir(s.cfg.train.output_dir, name)
+        best = best_dir(s.cfg.train.output_dir, name)
+        choice = task.spec.export_from or ("best" if task.spec.dev_file else "last")
+        source = "best" if choice == "best" and t.checkpointer.is_complete(best) else "last"
+        step = read_train_state_file(best)["step"] if source == "best" else t.step
+        source, step = s.barrier.share("export source", [source, step])
+        mtl = s.cfg.setup.mtl
+        writer = functools.partial(export_task_model, out, program=p.forward, fwd=p.export_fwd, task=task, exe=s.exe,
+                                   vocab_file=str(s.cfg.data.vocab_file), arch=p.arch,
+                                   model_type=s.cfg.model.model_type, use_task_id=mtl.use_task_id,
+                                   extra={"step": step, "export_from": source, "best_metric": t.best_metric(name),
+                                          "ema": p.ema is not None, "exported_by": "ernie_mtl",
+                                          "plugins": list(mtl.plugins)})
+        sharded = s.topo.sharding_degree > 1
+        if source == "best":
+            s.barrier("export")  # every rank's files of the best checkpoint are complete
+            if s.is_rank0:
+                write_from_state(writer, merged_state(best), p.name_map, use_ema=p.ema is not None,
+                                 place=s.exe.place)
+        else:
+            with t.evaluator.averaged_weights():
+                if sharded or p.amp_level == "O2":
+                    state = gather_program_state(p.main, s.cfg.train.output_dir, name, s.info, s.barrier,
+                                                 sharded=sharded, scope=s.scope)
+                    if s.is_rank0:
+                        write_from_state(writer, state, p.name_map, use_ema=p.ema is not None, place=s.exe.place)
+                elif s.is_rank0:
+                    write_from_scope(writer, s.scope)
+        s.barrier("export")
+        t.print(f"exported task {name} ({source} weights, step {step}) to {out}")
+        t.emit("on_save", str(out))
+        return out
 
 
 def export_task_model(out_dir: Path, *, program, fwd, task: TaskType, exe, vocab_file: str, arch: Mapping[str, Any],
@@ -58,14 +132,8 @@ def export_task_model(out_dir: Path, *, program, fwd, task: TaskType, exe, vocab
         "vocab": "vocab.txt", "max_seq_len": task.spec.max_seq_len, "do_lower_case": task.spec.do_lower_case,
         **task.manifest(), **dict(extra or {})}
     shutil.copyfile(vocab_file, tmp / "vocab.txt")
-    with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2, ensure_ascii=False, default=str)
-    backup = out_dir.with_name(f".{out_dir.name}.old")
-    shutil.rmtree(backup, ignore_errors=True)
-    if out_dir.exists():
-        os.rename(out_dir, backup)
-    os.rename(tmp, out_dir)
-    shutil.rmtree(backup, ignore_errors=True)
+    write_json_atomic(tmp / MANIFEST, manifest, sort_keys=False)
+    replace_dir(tmp, out_dir)
     return out_dir
 
 
@@ -108,17 +176,6 @@ def write_from_state(writer, values: Mapping[str, np.ndarray], name_map: Mapping
     write_from_scope(writer, float32_scope(values, name_map, use_ema=use_ema, place=place))
 
 
-def merged_state(folder: Path) -> Dict[str, np.ndarray]:
-    """Every rank's saved program state in `folder` (rank_<r>.pdparams and .pdopt: parameters, AMP O2
-    master weights and EMA averages), merged by name (sharded ranks hold disjoint parts)."""
-    import paddle
-
-    merged: Dict[str, np.ndarray] = {}
-    for path in sorted(Path(folder).glob("rank_*.pdparams")) + sorted(Path(folder).glob("rank_*.pdopt")):
-        merged.update(paddle.load(str(path), return_numpy=True))
-    return merged
-
-
 def gather_program_state(program, output_dir: str, task: str, info, barrier, *, sharded: bool,
                          scope) -> Optional[Dict[str, np.ndarray]]:
     """The current program state on rank 0: its own scope's, or under sharding every rank's saved to
@@ -142,114 +199,8 @@ def gather_program_state(program, output_dir: str, task: str, info, barrier, *, 
     if info.rank != 0:
         return None
     try:
-        return merged_state(tmp)
+        return merged_state(tmp, verify=False)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def read_manifest(model_dir: os.PathLike) -> Dict[str, Any]:
-    path = Path(model_dir) / MANIFEST
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError:
-        raise ConfigError([f"{model_dir}: no {MANIFEST}; give a folder written by the trainer's export "
-                           "(<output_dir>/<task>/infer_model)"]) from None
-
-
-def load_task_from_manifest(manifest: Mapping[str, Any], model_dir: os.PathLike, *, pred_file: Optional[str] = None,
-                            dev_file: Optional[str] = None, seed: int = 0) -> TaskType:
-    """The task type instance of an exported model, reading `pred_file` (prediction) or `dev_file`
-    (evaluation on a labelled file)."""
-    _import_plugins(manifest.get("plugins", ()))
-    spec_data = dict(manifest["spec"])
-    spec_data.update(train_file=None, dev_file=os.path.abspath(dev_file) if dev_file else None, test_file=None,
-                     pred_file=os.path.abspath(pred_file) if pred_file else None)
-    spec = TaskSpec(**spec_data)
-    ctx = TaskContext(vocab_file=str(Path(model_dir) / manifest.get("vocab", "vocab.txt")), seed=seed,
-                      model_type=manifest.get("model_type", "ernie"))
-    return get_task_type(manifest["reader"])(spec, ctx)
-
-
-def _import_plugins(paths: Sequence[str]) -> None:
-    """The plugin files the training run imported (a custom task type must be registered to predict)."""
-    from ernie_mtl.engine.plugins import import_plugins
-
-    problems = import_plugins(paths, where="the exported model's manifest (plugins)")
-    if problems:
-        raise ConfigError([p + "; the exported model needs its plugin's task type" for p in problems])
-
-
-def infer(model_dir: Path, manifest: Mapping[str, Any], task: TaskType, data, *, batch_size: Optional[int] = None,
-          use_gpu: bool = False, desc: str = "predict") -> Dict[str, List[np.ndarray]]:
-    """The prediction outputs (per batch, in order) of an exported model over `data`, with Paddle
-    Inference (the deployment runtime, not the training executor)."""
-    import paddle.inference as pi
-
-    files = [model_dir / f"{MODEL_PREFIX}.pdmodel", model_dir / f"{MODEL_PREFIX}.pdiparams"]
-    for f in files:
-        if not f.is_file():
-            raise ConfigError([f"{f}: missing; the exported model {model_dir} is incomplete: export it again"])
-    config = pi.Config(*(str(f) for f in files))
-    if use_gpu:
-        config.enable_use_gpu(256, 0)
-    else:
-        config.disable_gpu()
-    config.disable_glog_info()
-    try:
-        predictor = pi.create_predictor(config)
-    except Exception as e:  # noqa: BLE001  (Paddle raises generic errors for damaged files)
-        raise ConfigError([f"{model_dir}: cannot load the exported model ({type(e).__name__}: "
-                           f"{str(e).strip().splitlines()[-1][:200]}); {files[1].name} or {files[0].name} is "
-                           "damaged or truncated: export the model again"]) from None
-    fetch_names = [f["name"] for f in manifest["fetches"]]
-    input_handles = {f["name"]: predictor.get_input_handle(f["var"]) for f in manifest["feeds"]}
-    output_handles = [predictor.get_output_handle(v) for v in predictor.get_output_names()]
-    batch_size = batch_size or task.spec.batch_size
-    outputs: Dict[str, List[np.ndarray]] = {n: [] for n in fetch_names}
-    from tqdm import tqdm
-
-    for start in tqdm(range(0, len(data), batch_size), desc=f"{desc} {task.spec.name}", unit="batch",
-                      dynamic_ncols=True, mininterval=1.0, disable=None):
-        batch = task.collate([data.get(i) for i in range(start, min(start + batch_size, len(data)))])
-        if manifest.get("use_task_id"):
-            batch["task_type_ids"] = np.full_like(batch["input_ids"], manifest["task_index"])
-        for n, handle in input_handles.items():
-            handle.copy_from_cpu(np.ascontiguousarray(batch[n]))
-        predictor.run()
-        for n, handle in zip(fetch_names, output_handles):
-            outputs[n].append(handle.copy_to_cpu())
-    return outputs
-
-
-def write_json(path: os.PathLike, data: Any) -> Path:
-    """`data` as JSON at `path`, atomically (a temporary name, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, ensure_ascii=False, indent=1)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
-
-
-def predict(model_dir: os.PathLike, pred_file: str, output: os.PathLike, *, batch_size: Optional[int] = None,
-            use_gpu: bool = False, log=print) -> Path:
-    """Run an exported task model on `pred_file` with Paddle Inference; write the task's predictions
-    (JSON) to `output` atomically. Returns the output path."""
-    model_dir = Path(model_dir)
-    manifest = read_manifest(model_dir)
-    if not os.path.isfile(pred_file):
-        raise ConfigError([f"--pred_file {pred_file}: not found"])
-    task = load_task_from_manifest(manifest, model_dir, pred_file=pred_file)
-    data = task.load("pred")
-    if len(data) == 0:
-        raise ConfigError([f"--pred_file {pred_file}: no examples to predict (only a header?)"])
-    outputs = infer(model_dir, manifest, task, data, batch_size=batch_size, use_gpu=use_gpu)
-    output = write_json(output, task.predictions(data, outputs))
-    log(f"wrote {len(data)} predictions of task {task.spec.name} to {output}")
-    return output

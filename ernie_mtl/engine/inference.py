@@ -1,29 +1,134 @@
-"""`--do_eval`: a saved model's metrics on a labelled file, with the task's own reader and metrics.
+"""Prediction and evaluation with saved models, outside training: `--do_predict` and `--do_eval`.
 
+    run_multitask_static.py --do_predict --task sentiment --pred_file F --output_dir OUT
+        -> OUT/sentiment/infer_model through Paddle Inference -> OUT/sentiment/predictions.json
     run_multitask_static.py --do_eval --task sentiment --eval_file test.tsv --output_dir OUT
-        -> the exported model OUT/sentiment/infer_model through Paddle Inference
+        -> the exported model through Paddle Inference
     run_multitask_static.py --do_eval --task sentiment --eval_file test.tsv --checkpoint OUT/best_sentiment
         -> a checkpoint's weights (its EMA averages when the run kept them), through the plain forward
            program rebuilt from the checkpoint's own record (architecture, tasks, name map)
 
-Every task type works with a checkpoint; with an exported model every exportable one (`mlm` and
-`pretrain` have no inference model: evaluate their checkpoint). The metrics are printed as JSON
-and written to `--eval_output` (default `OUT/<task>/eval_results.json`).
+Prediction loads the exported model with `paddle.inference` (the deployment runtime, not the
+training executor), featurizes the file with the task's own reader and writes the task's records
+(class + probabilities, tag sequences, or an MRC answer JSON keyed by question id). Every task type
+can be evaluated from a checkpoint; with an exported model every exportable one (`mlm` and
+`pretrain` have no inference model). All three run the batches through the one prediction loop
+(ernie_mtl/engine/prediction.py).
 """
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ernie_mtl.checkpoint.io import write_json_atomic
+from ernie_mtl.checkpoint.layout import MANIFEST, MODEL_PREFIX, export_dir
 from ernie_mtl.config import ConfigError, TaskSpec
+from ernie_mtl.engine.prediction import by_name, executor_runner, predict_batches
+from ernie_mtl.tasks.base import TaskContext, TaskType, get_task_type
 
 
+# -- exported models --------------------------------------------------------------------------------
+def read_manifest(model_dir: os.PathLike) -> Dict[str, Any]:
+    path = Path(model_dir) / MANIFEST
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError:
+        raise ConfigError([f"{model_dir}: no {MANIFEST}; give a folder written by the trainer's export "
+                           "(<output_dir>/<task>/infer_model)"]) from None
+
+
+def load_task_from_manifest(manifest: Mapping[str, Any], model_dir: os.PathLike, *, pred_file: Optional[str] = None,
+                            dev_file: Optional[str] = None, seed: int = 0) -> TaskType:
+    """The task type instance of an exported model, reading `pred_file` (prediction) or `dev_file`
+    (evaluation on a labelled file)."""
+    _import_plugins(manifest.get("plugins", ()), where="the exported model's manifest (plugins)",
+                    fix="the exported model needs its plugin's task type")
+    spec_data = dict(manifest["spec"])
+    spec_data.update(train_file=None, dev_file=os.path.abspath(dev_file) if dev_file else None, test_file=None,
+                     pred_file=os.path.abspath(pred_file) if pred_file else None)
+    spec = TaskSpec(**spec_data)
+    ctx = TaskContext(vocab_file=str(Path(model_dir) / manifest.get("vocab", "vocab.txt")), seed=seed,
+                      model_type=manifest.get("model_type", "ernie"))
+    return get_task_type(manifest["reader"])(spec, ctx)
+
+
+def _import_plugins(paths: Sequence[str], *, where: str, fix: str = "") -> None:
+    """The plugin files the training run imported (a custom task type must be registered)."""
+    from ernie_mtl.engine.plugins import import_plugins
+
+    problems = import_plugins(paths, where=where)
+    if problems:
+        raise ConfigError([p + (f"; {fix}" if fix else "") for p in problems])
+
+
+def predictor_runner(model_dir: Path, manifest: Mapping[str, Any], *, use_gpu: bool = False):
+    """(runner, names): an exported model as a runner of the prediction loop, through Paddle Inference."""
+    import paddle.inference as pi
+
+    files = [model_dir / f"{MODEL_PREFIX}.pdmodel", model_dir / f"{MODEL_PREFIX}.pdiparams"]
+    for f in files:
+        if not f.is_file():
+            raise ConfigError([f"{f}: missing; the exported model {model_dir} is incomplete: export it again"])
+    config = pi.Config(*(str(f) for f in files))
+    if use_gpu:
+        config.enable_use_gpu(256, 0)
+    else:
+        config.disable_gpu()
+    config.disable_glog_info()
+    try:
+        predictor = pi.create_predictor(config)
+    except Exception as e:  # noqa: BLE001  (Paddle raises generic errors for damaged files)
+        raise ConfigError([f"{model_dir}: cannot load the exported model ({type(e).__name__}: "
+                           f"{str(e).strip().splitlines()[-1][:200]}); {files[1].name} or {files[0].name} is "
+                           "damaged or truncated: export the model again"]) from None
+    names = [f["name"] for f in manifest["fetches"]]
+    inputs = {f["name"]: predictor.get_input_handle(f["var"]) for f in manifest["feeds"]}
+    outputs = [predictor.get_output_handle(v) for v in predictor.get_output_names()]
+
+    def run(batch):
+        if manifest.get("use_task_id"):
+            batch["task_type_ids"] = np.full_like(batch["input_ids"], manifest["task_index"])
+        for n, handle in inputs.items():
+            handle.copy_from_cpu(np.ascontiguousarray(batch[n]))
+        predictor.run()
+        return [handle.copy_to_cpu() for handle in outputs]
+
+    return run, names
+
+
+def infer(model_dir: Path, manifest: Mapping[str, Any], task: TaskType, data, *, batch_size: Optional[int] = None,
+          use_gpu: bool = False, desc: str = "predict") -> Dict[str, List[np.ndarray]]:
+    """The prediction outputs (per batch, in order) of an exported model over `data`."""
+    run, names = predictor_runner(Path(model_dir), manifest, use_gpu=use_gpu)
+    return by_name(predict_batches(task, data, run, names, batch_size=batch_size, desc=f"{desc} {task.spec.name}"),
+                   names)
+
+
+def predict(model_dir: os.PathLike, pred_file: str, output: os.PathLike, *, batch_size: Optional[int] = None,
+            use_gpu: bool = False, log=print) -> Path:
+    """Run an exported task model on `pred_file` with Paddle Inference; write the task's predictions
+    (JSON) to `output` atomically. Returns the output path."""
+    model_dir = Path(model_dir)
+    manifest = read_manifest(model_dir)
+    if not os.path.isfile(pred_file):
+        raise ConfigError([f"--pred_file {pred_file}: not found"])
+    task = load_task_from_manifest(manifest, model_dir, pred_file=pred_file)
+    data = task.load("pred")
+    if len(data) == 0:
+        raise ConfigError([f"--pred_file {pred_file}: no examples to predict (only a header?)"])
+    outputs = infer(model_dir, manifest, task, data, batch_size=batch_size, use_gpu=use_gpu)
+    output = write_json_atomic(output, task.predictions(data, outputs), indent=1, sort_keys=False)
+    log(f"wrote {len(data)} predictions of task {task.spec.name} to {output}")
+    return output
+
+
+# -- evaluation on a labelled file --------------------------------------------------------------------
 def evaluate_exported(model_dir: Path, eval_file: str, *, use_gpu: bool = False) -> Dict[str, Any]:
-    from ernie_mtl.engine.exporter import infer, load_task_from_manifest, read_manifest
-
     manifest = read_manifest(model_dir)
     task = load_task_from_manifest(manifest, model_dir, dev_file=eval_file)
     data = _labelled(task, eval_file)
@@ -34,19 +139,15 @@ def evaluate_exported(model_dir: Path, eval_file: str, *, use_gpu: bool = False)
 def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str) -> Dict[str, Any]:
     import paddle
 
+    from ernie_mtl.checkpoint.store import merged_state, read_train_state_file
+    from ernie_mtl.engine.exporter import float32_scope
     from ernie_mtl.program.builder import build_forward_program
-    from ernie_mtl.checkpoint import read_train_state_file
-    from ernie_mtl.engine.exporter import float32_scope, merged_state
     from ernie_mtl.program.forward import make_feed
-    from ernie_mtl.engine.plugins import import_plugins
-    from ernie_mtl.tasks.base import TaskContext, get_task_type
 
     raw = read_train_state_file(checkpoint)
     config = raw.get("config", {})
     mtl = config.get("mtl", {})
-    problems = import_plugins(mtl.get("plugins", []), where=f"{checkpoint}: the run's plugins")
-    if problems:
-        raise ConfigError(problems)
+    _import_plugins(mtl.get("plugins", []), where=f"{checkpoint}: the run's plugins")
     records = raw.get("extra", {}).get("tasks", [])
     names = [r["name"] for r in records]
     if task_name not in names:
@@ -67,27 +168,27 @@ def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str) -> Dic
     task = tasks[names.index(task_name)]
     data = _labelled(task, eval_file)
     arch = {k: v for k, v in raw["extra"]["arch"].items() if k != "model_type"}
+    use_task_id = bool(mtl.get("use_task_id"))
     was_dynamic = paddle.in_dynamic_mode()
     paddle.enable_static()
     try:
-        program, fwd = build_forward_program(model_type, arch, tasks, use_task_id=bool(mtl.get("use_task_id")))
+        program, fwd = build_forward_program(model_type, arch, tasks, use_task_id=use_task_id)
         if fwd.name_map != raw["name_map"]:
             raise ConfigError([f"{checkpoint}: its name map does not match the network rebuilt from its own record "
                                "(written by another version?); evaluate its exported model instead"])
         exe = paddle.static.Executor(paddle.CPUPlace())
-        scope = float32_scope(merged_state(checkpoint / "state"), fwd.name_map, use_ema=bool(mtl.get("use_ema")),
+        scope = float32_scope(merged_state(checkpoint), fwd.name_map, use_ema=bool(mtl.get("use_ema")),
                               place=exe.place)
         preds = fwd.predictions[task_name]
-        outputs: Dict[str, List[np.ndarray]] = {n: [] for n in preds}
-        bs = task.spec.batch_size
+        block = program.global_block()
+
+        def feed_of(batch):
+            feed = make_feed(tasks, names.index(task_name), batch, use_task_id=use_task_id)
+            return {k: v for k, v in feed.items() if block.has_var(k)}
+
+        run = executor_runner(exe, program, [v.name for v in preds.values()], feed_of)
         with paddle.static.scope_guard(scope):
-            for start in range(0, len(data), bs):
-                batch = task.collate([data.get(j) for j in range(start, min(start + bs, len(data)))])
-                feed = make_feed(tasks, names.index(task_name), batch, use_task_id=bool(mtl.get("use_task_id")))
-                feed = {k: v for k, v in feed.items() if program.global_block().has_var(k)}
-                values = exe.run(program, feed=feed, fetch_list=[v.name for v in preds.values()])
-                for n, v in zip(preds, values):
-                    outputs[n].append(np.asarray(v))
+            outputs = by_name(predict_batches(task, data, run, list(preds)), list(preds))
     finally:
         if was_dynamic:
             paddle.disable_static()
@@ -109,16 +210,14 @@ def _report(task, data, metrics: Dict[str, float], *, source: str, step: Optiona
             "eval_file": task.spec.dev_file, "metrics": {k: float(v) for k, v in metrics.items()}}
 
 
-def run_eval(train_cfg, *, use_gpu: bool) -> Dict[str, Any]:
-    """The `--do_eval` command: evaluate, print the JSON, write it; returns the report."""
-    from ernie_mtl.engine.exporter import export_dir, write_json
-
+def evaluate_saved(train_cfg, *, use_gpu: bool) -> Dict[str, Any]:
+    """`--do_eval`: evaluate the checkpoint (`--checkpoint`) or the exported model of `--task` on
+    `--eval_file`, write the report JSON (`--eval_output`); returns the report."""
     t = train_cfg
     if t.checkpoint:
         report = evaluate_checkpoint(Path(t.checkpoint), t.task, t.eval_file)
     else:
         report = evaluate_exported(export_dir(t.output_dir, t.task), t.eval_file, use_gpu=use_gpu)
     output = Path(t.eval_output or Path(t.output_dir) / t.task / "eval_results.json")
-    write_json(output, report)
-    print(json.dumps(report, indent=1, ensure_ascii=False))
+    write_json_atomic(output, report, indent=1, sort_keys=False)
     return report

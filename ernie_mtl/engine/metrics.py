@@ -1,4 +1,4 @@
-"""Console logging, the metrics window and the metric sinks (VisualDL + a JSON-lines file) of rank 0.
+"""The metrics window and the metric sinks (VisualDL + a JSON-lines file) of rank 0.
 
 Metric names are namespaced (`train/loss`, `perf/tokens_per_s`, `amp/loss_scale`, `eval/mlm_loss`);
 units are in the names where they are not obvious. Every sink is rank 0's only: other ranks get a
@@ -7,41 +7,13 @@ units are in the names where they are not obvious. Every sink is rank 0's only: 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
-METRICS_FILE = "train_metrics.jsonl"
-
-
-class _TqdmHandler(logging.StreamHandler):
-    """Writes through tqdm so that log lines do not tear the progress bar."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        from tqdm import tqdm
-
-        try:
-            tqdm.write(self.format(record), file=self.stream)
-        except Exception:  # logging must never kill training
-            self.handleError(record)
-
-
-def get_logger(rank: int) -> logging.Logger:
-    """`ernie_mtl` logger: INFO on rank 0, WARNING elsewhere (errors still show on every rank)."""
-    logger = logging.getLogger("ernie_mtl")
-    if not logger.handlers:
-        handler = _TqdmHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(message)s", "%H:%M:%S"))
-        logger.addHandler(handler)
-        logger.propagate = False
-    from ernie_mtl.dist.console import is_debug
-
-    logger.setLevel(logging.DEBUG if is_debug() else logging.INFO if rank == 0 else logging.WARNING)
-    return logger
+from ernie_mtl.checkpoint.layout import METRICS_FILE  # noqa: F401  (re-exported)
 
 
 class Window:

@@ -1,4 +1,4 @@
-"""The train state a checkpoint carries besides the program state, and resuming from it.
+"""The train state a checkpoint carries besides the program state, and what a resume hands back.
 
 Everything an exact resume needs is derived from the task schedule's state (the task sequence
 position, per-task micro-batch counts -- hence reader positions and epochs -- and finished
@@ -7,86 +7,85 @@ stopping counters) and the exports done. Dropout needs nothing: its seeds are a 
 (seed, step, micro-batch, op, rank). The EMA's averages are variables of the program state.
 
 `resume_checks` lists what must not change for the run to continue exactly (besides the topology,
-which the checkpointer compares): the seed, every task's resolved spec, the identity of the
-training data (content-based: ernie_mtl/data/identity.py) and the LR horizon.
+which the store compares): the seed, every task's resolved spec, the identity of the training data
+(content-based: ernie_mtl/data/identity.py) and the LR horizon.
+
+`restore(...)` returns a `ResumeState` (or None for a new run); the loop applies it itself
+(`Trainer.continue_from`), so nothing outside the loop writes the loop's fields.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional
 
-from ernie_mtl.checkpoint import TrainState
+from ernie_mtl.checkpoint.layout import METRICS_FILE, TEST_RESULTS
+from ernie_mtl.checkpoint.store import CheckpointRef, TrainState, existing_outputs
 
 
-def resume_checks(trainer) -> Dict[str, Any]:
-    """What must not change for the run to continue exactly (computed once per run: data hashing)."""
+def resume_checks(cfg, plan) -> Dict[str, Any]:
+    """What must not change for the run to continue exactly (hashes the data: compute it once)."""
     from ernie_mtl.data.identity import data_identity
 
-    if getattr(trainer, "_resume_checks", None) is None:
-        o = trainer.cfg.optim
-        trainer._resume_checks = {
-            "seed": trainer.cfg.train.seed, "tasks": [t.spec.to_json() for t in trainer.tasks],
-            "data": {t.spec.name: data_identity(t.spec.train_file) for t in trainer.tasks},
-            "vocab": data_identity(str(trainer.cfg.data.vocab_file)),
-            "total_steps": trainer.plan.planned.total_steps, "warmup_rate": o.warmup_rate,
-            "decay_steps": o.decay_steps}
-    return trainer._resume_checks
+    o = cfg.optim
+    return {"seed": cfg.train.seed, "tasks": [t.spec.to_json() for t in plan.tasks],
+            "data": {t.spec.name: data_identity(t.spec.train_file) for t in plan.tasks},
+            "vocab": data_identity(str(cfg.data.vocab_file)),
+            "total_steps": plan.planned.total_steps, "warmup_rate": o.warmup_rate, "decay_steps": o.decay_steps}
 
 
 def train_state(trainer) -> TrainState:
-    t = trainer
+    """The train state of the loop `trainer` now (read only)."""
+    t, s = trainer, trainer.session
     return TrainState(
-        step=t.step, consumed_samples=t.consumed_samples, lr_scheduler=t.p.lr_scheduler.state_dict(), rng={},
-        sampler=t.schedule.state_dict(), config=t.cfg.to_dict(), topology=t.topo.to_dict(), name_map=t.p.name_map,
-        extra={"resume_checks": resume_checks(t), "arch": dict(t.p.arch), "exported": t.exported,
-               "flag_mode": t.cfg.flag_mode,
+        step=t.step, consumed_samples=t.consumed_samples, lr_scheduler=s.programs.lr_scheduler.state_dict(), rng={},
+        sampler=t.schedule.state_dict(), config=s.cfg.to_dict(), topology=s.topo.to_dict(),
+        name_map=s.programs.name_map,
+        extra={"resume_checks": t.resume_checks, "arch": dict(s.programs.arch), "exported": t.exporter.exported,
+               "flag_mode": s.cfg.flag_mode,
                "callbacks": {type(cb).__name__: cb.state_dict() for cb in t.callbacks},
                "tasks": [{"name": task.spec.name, "reader": task.name, "group": t.group_of[task.spec.name],
                           "is_target": task.spec.is_target, "spec": task.spec.to_json(),
-                          "manifest": task.manifest()} for task in t.tasks]})
+                          "manifest": task.manifest()} for task in s.plan.tasks]})
 
 
-def resume(trainer) -> bool:
-    """Continue from the checkpoint `--resume` designates, if any; returns whether it resumed."""
-    t = trainer
-    ref = t.checkpointer.resolve(t.cfg.train.resume, overwrite=t.cfg.train.overwrite_output_dir)
+@dataclass
+class ResumeState:
+    """What a resumed run continues from (the program state is already loaded)."""
+
+    ref: CheckpointRef
+    step: int
+    lr_scheduler: Dict[str, Any]
+    sampler: Dict[str, Any]
+    exported: Dict[str, int] = field(default_factory=dict)
+    callbacks: Dict[str, Any] = field(default_factory=dict)  # by class name: enabling a callback later still resumes
+
+
+def restore(checkpointer, cfg, topo, checks: Dict[str, Any]) -> Optional[ResumeState]:
+    """Load the program state of the checkpoint `--resume` designates (verified, compared with this
+    run's topology and `checks`) and return what the loop continues from; None for a new run."""
+    ref = checkpointer.resolve(cfg.train.resume, overwrite=cfg.train.overwrite_output_dir)
     if ref is None:
-        if t.cfg.train.resume == "none" and t.cfg.train.overwrite_output_dir:
-            _clear_previous_run(t)
-        t.print(t.reporter.new_run(t.cfg.train.output_dir))
-        return False
-    state = t.checkpointer.load(ref, topology=t.topo.to_dict(), check=resume_checks(t))
-    t.step = state.step
-    t.p.lr_scheduler.set_state_dict(state.lr_scheduler)
-    t.schedule.load_state_dict(state.sampler)
-    t.exported = dict(state.extra.get("exported", {}))
-    saved = state.extra.get("callbacks", {})  # by class name: enabling a callback later still resumes
-    for cb in t.callbacks:
-        if type(cb).__name__ in saved:
-            cb.load_state_dict(saved[type(cb).__name__])
-    t.print(t.reporter.resumed(t, ref.path))
-    return True
+        return None
+    state = checkpointer.load(ref, topology=topo.to_dict(), check=checks)
+    return ResumeState(ref=ref, step=state.step, lr_scheduler=state.lr_scheduler, sampler=state.sampler,
+                       exported=dict(state.extra.get("exported", {})), callbacks=state.extra.get("callbacks", {}))
 
 
-def _clear_previous_run(trainer) -> None:
+def clear_previous_run(output_dir: str, *, is_rank0: bool, barrier, writer, log) -> None:
     """--resume none --overwrite_output_dir: the previous run's checkpoints, exports and records go
     (rank 0 removes them; every rank waits), so nothing of it is later taken for this run's."""
-    import shutil
-    from pathlib import Path
-
-    from ernie_mtl.checkpoint import existing_outputs
-
-    t = trainer
-    root = Path(t.cfg.train.output_dir)
-    if t.is_rank0:
-        old = existing_outputs(root) + [p for p in (root / "train_metrics.jsonl", root / "test_results.json")
-                                        if p.exists()]
+    root = Path(output_dir)
+    if is_rank0:
+        old = existing_outputs(root) + [p for p in (root / METRICS_FILE, root / TEST_RESULTS) if p.exists()]
         old += [p.parent for p in root.glob("*/infer_model")]
         for path in old:
             if path.is_dir():
                 shutil.rmtree(path)
-            elif path.name != "train_metrics.jsonl":
+            elif path.name != METRICS_FILE:
                 path.unlink()
-        t.writer.restart_file()
+        writer.restart_file()
         if old:
-            t.print(f"--overwrite_output_dir: removed the previous run's {', '.join(sorted(p.name for p in old))}")
-    t.barrier("overwrite")
+            log(f"--overwrite_output_dir: removed the previous run's {', '.join(sorted(p.name for p in old))}")
+    barrier("overwrite")

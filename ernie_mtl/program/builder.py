@@ -37,7 +37,8 @@ from ernie_mtl.program.optim import WarmupLinearDecay, make_optimizer
 from ernie_mtl.dist.topology import Topology
 from ernie_mtl.program.randomness import seed_initializers, strip_dropout_seeds, wire_dropout_seeds
 from ernie_mtl.tasks.base import TaskType
-from ernie_mtl.program.edits import declare_sub_block_inputs, live_blocks, remove_variable  # noqa: F401  (remove_variable re-exported)
+from ernie_mtl.program.edits import declare_sub_block_inputs, live_blocks
+from ernie_mtl.tasks.base import remove_variable
 
 _BACKBONES = ("ernie", "bert")
 StrategyBuilder = Callable[..., Any]  # f(*, recompute_checkpoints) -> DistributedStrategy

@@ -1,5 +1,5 @@
-"""Small edits of static programs that task types may make on the programs they help build
-(kept out of the program builder so that task types import no builder)."""
+"""Small reads and edits of built static programs: the blocks that can run, and the inputs a
+control-flow op must declare."""
 from __future__ import annotations
 
 from typing import Any, Dict, List
@@ -67,15 +67,3 @@ def live_blocks_from(program, start: int) -> List[Any]:
             if op.has_attr(_CONTROL_FLOW_ATTR):
                 stack.append(op._block_attr_id(_CONTROL_FLOW_ATTR))
     return [program.block(idx) for idx in sorted(seen)]
-
-
-def remove_variable(name: str, programs) -> None:
-    """Remove variable `name` and the ops that write it from the global blocks of `programs`."""
-    for program in programs:
-        block = program.global_block()
-        for idx in reversed(range(len(block.ops))):
-            if name in block.ops[idx].output_arg_names:
-                block._remove_op(idx, sync=False)
-        if block.has_var(name):
-            block._remove_var(name, sync=False)
-        block._sync_with_cpp()

@@ -355,3 +355,16 @@ def read_tsv(path: str, required_columns: Sequence[str], *, optional_columns: Se
                                f"{len(header)} ({'<TAB>'.join(header)})"])
         rows.append((number, dict(zip(header, fields))))
     return rows
+
+
+def remove_variable(name: str, programs) -> None:
+    """Remove variable `name` and the ops that write it from the global blocks of `programs`: a program
+    edit task types may make on the programs they help build (e.g. the tied MLM decoder's orphan)."""
+    for program in programs:
+        block = program.global_block()
+        for idx in reversed(range(len(block.ops))):
+            if name in block.ops[idx].output_arg_names:
+                block._remove_op(idx, sync=False)
+        if block.has_var(name):
+            block._remove_var(name, sync=False)
+        block._sync_with_cpp()

@@ -102,7 +102,7 @@ def tie_decoder_to_embedding(lm_head: Any, enc: Encoded) -> None:
         return
     name = orphan.name  # read once: removing the variable frees the object's description
     del orphan
-    from ernie_mtl.program.edits import remove_variable
+    from ernie_mtl.tasks.base import remove_variable
 
     remove_variable(name, (paddle.static.default_main_program(), paddle.static.default_startup_program()))
 

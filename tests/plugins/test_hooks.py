@@ -38,7 +38,7 @@ class DumpState(Callback):
 class EvalAtStart(Callback):
     def on_train_begin(self, trainer):
         # each rank's own metrics, computed from the gathered outputs (before rank 0's are shared)
-        results = {name: trainer.evaluate_split(trainer.task(name), data) for name, data in trainer.plan.dev.items()}
+        results = {name: trainer.evaluator.metrics(trainer.task(name), data) for name, data in trainer.plan.dev.items()}
         path = os.path.join(trainer.cfg.train.output_dir, f"eval_at_start_rank{trainer.info.rank}.json")
         with open(path, "w") as f:
             json.dump(results, f, sort_keys=True)

@@ -10,6 +10,7 @@ import paddle
 import pytest
 
 from ernie_mtl import checkpoint as ckpt
+from ernie_mtl.checkpoint import store
 from ernie_mtl.checkpoint import Checkpointer, CheckpointError, TrainState, find_latest, kept_checkpoints
 
 pytestmark = pytest.mark.usefixtures("static_mode")  # static mode for this module, restored after
@@ -112,10 +113,10 @@ def test_crash_between_the_renames_keeps_the_previous_checkpoint(tmp_path, progr
             raise KeyboardInterrupt("simulated crash")
         real_rename(src, dst)
 
-    monkeypatch.setattr(ckpt.os, "rename", crashing_rename)
+    monkeypatch.setattr(store.os, "rename", crashing_rename)
     with pytest.raises(KeyboardInterrupt):
         cp.save("model_last", TrainState(step=2, consumed_samples=2))
-    monkeypatch.setattr(ckpt.os, "rename", real_rename)
+    monkeypatch.setattr(store.os, "rename", real_rename)
     latest = find_latest(tmp_path)
     assert latest is not None and latest.step == 1
     cp.load(latest, topology={}, check={})

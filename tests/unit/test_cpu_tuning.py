@@ -1,4 +1,4 @@
-"""The CPU tuning is wired into the training engine: `runtime.make_executor` (the trainer's path from
+"""The CPU tuning is wired into the training engine: `engine.session.make_executor` (the trainer's path from
 the built programs to the first run) rewrites a CPU run's programs with `cpu_kernels.tune_for_cpu`
 unless `--cpu_kernels false`, and logs what it applied; the entry point's `configure_executor`
 chooses Paddle's serial executor for CPU runs only, before paddle is imported."""
@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from ernie_mtl.config import AmpConfig, ModelConfig, OptimConfig, TrainConfig
-from ernie_mtl.dist.process import SERIAL_RUN, ProcessInfo, configure_executor, make_executor
+from ernie_mtl.dist.process import SERIAL_RUN, ProcessInfo, configure_executor
+from ernie_mtl.engine.session import make_executor
 
 pytestmark = pytest.mark.usefixtures("static_mode")
 

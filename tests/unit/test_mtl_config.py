@@ -11,6 +11,7 @@ from ernie_mtl.config.cli import _FLAGS
 from ernie_mtl.config import palm as mtl_config
 from ernie_mtl.config import ConfigError
 from ernie_mtl.config.palm import is_multitask_yaml, load_multitask_config, split_task_overrides
+from ernie_mtl.engine.validate import HOOKS
 from ernie_mtl.tasks.base import Option, TaskType, get_task_type, register_task_type
 
 FLAGS = set(_FLAGS)
@@ -112,7 +113,7 @@ def demo(tmp_path):
 
 
 def load(path, **kw):
-    return load_multitask_config(str(path), flag_names=FLAGS, **kw)
+    return load_multitask_config(str(path), hooks=HOOKS, flag_names=FLAGS, **kw)
 
 
 def problems_of(path, **kw):

@@ -1,0 +1,131 @@
+"""Evaluation during and after training: dev sets every `--eval_freq` steps, and the final test with
+the last and with the best weights.
+
+Evaluation scales with the cluster: with D data-parallel ranks, batch j of a split runs on rank
+j mod D and the prediction outputs are gathered through the job's store, so every rank computes the
+metrics of the whole split, bit for bit what one process computes. Every rank runs the same number
+of batches (a rank without one re-runs batch 0 and drops it): under sharding all ranks must run the
+evaluation program together. Rank 0's metrics are then handed to every rank
+(`StoreBarrier.share`), so the decisions they drive (best checkpoints, early stopping) agree
+everywhere.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ernie_mtl.engine.prediction import by_name, executor_runner, num_batches, predict_batches
+from ernie_mtl.program.forward import make_feed
+
+from ernie_mtl.checkpoint.layout import TEST_RESULTS
+
+
+class Evaluator:
+    """Metrics of a task on a split through the session's evaluation program (EMA weights swapped in
+    when the run keeps an EMA)."""
+
+    def __init__(self, session):
+        self.s = session
+        self.p = session.programs
+
+    def averaged_weights(self):
+        """Evaluate (and export) with the EMA's averages when the run keeps one (swapped on the device)."""
+        return self.p.ema.swapped_in(self.s.exe) if self.p.ema is not None else contextlib.nullcontext()
+
+    def predict(self, task, data, limit: Optional[int] = None) -> Dict[str, List[np.ndarray]]:
+        """Prediction variables of `task` over `data` in order, per batch (`limit` batches at most),
+        the batches split across the data-parallel ranks and gathered on every rank."""
+        names = list(self.p.fwd.predictions[task.spec.name])
+        n = num_batches(len(data), task.spec.batch_size, limit)
+        world, rank = self.s.topo.data_world_size, self.s.data_rank
+        mine = [j for j in range(rank, -(-n // world) * world, world)]  # round r: batch r*world + rank
+        tasks, use_task_id = self.s.plan.tasks, self.s.cfg.setup.mtl.use_task_id
+        run = executor_runner(self.s.exe, self.p.test, [self.p.fwd.predictions[task.spec.name][m].name for m in names],
+                              lambda batch: make_feed(tasks, task.spec.index, batch, use_task_id=use_task_id))
+        outputs = predict_batches(task, data, run, names, indices=[j if j < n else 0 for j in mine])
+        gathered: Dict[int, Dict[str, np.ndarray]] = {}
+        for part in self.s.barrier.gather("predictions", {j: o for j, o in zip(mine, outputs) if j < n}):
+            gathered.update(part)
+        return by_name([gathered[j] for j in range(n)], names)
+
+    def metrics(self, task, data) -> Dict[str, float]:
+        """`task`'s metrics on `data` (all of it, or the first `eval_batches` batches of a corpus)."""
+        limit = None if task.full_dev_eval else self.s.plan.eval_batches
+        outputs = self.predict(task, data, limit=limit)
+        used = data if limit is None else _Prefix(data, min(len(data), limit * task.spec.batch_size))
+        return {k: float(v) for k, v in task.evaluate(used, outputs).items()}
+
+    def evaluate(self, tasks: Sequence, splits: Dict[str, Any], what: str) -> Dict[str, Dict[str, float]]:
+        """Metrics of each task on its split, rank 0's handed to every rank (`what` names the exchange)."""
+        with self.averaged_weights():
+            local = {t.spec.name: self.metrics(t, splits[t.spec.name]) for t in tasks}
+        return self.s.barrier.share(what, local)
+
+
+def final_test(trainer) -> Dict[str, Any]:
+    """The final test evaluation: every target with a test split, with the final weights and with its
+    best checkpoint's weights (when it has one, loaded through the checkpoint store: verified, from
+    the rank files its writer recorded); logged, written to VisualDL (`test/...`, `test_best/...`) and
+    to `<output_dir>/test_results.json`. The run is over: its last state is in model_last."""
+    from ernie_mtl.checkpoint.io import write_json_atomic
+    from ernie_mtl.checkpoint.layout import best_dir
+    from ernie_mtl.planning.plan import load_eval_split
+
+    s, ev = trainer.session, trainer.evaluator
+    tasks = [t for t in s.plan.tasks if t.spec.is_target and t.spec.test_file]
+    if not tasks:
+        return {}
+    data = {t.spec.name: load_eval_split(t, "test", s.plan.eval_batches) for t in tasks}
+    final = ev.evaluate(tasks, data, "test")
+    results: Dict[str, Any] = {t.spec.name: {"last": {"step": trainer.step, "metrics": final[t.spec.name]}}
+                               for t in tasks}
+    for t in tasks:
+        name = t.spec.name
+        folder = best_dir(s.cfg.train.output_dir, name)
+        if not s.barrier.share("best exists", trainer.checkpointer.is_complete(folder)):
+            continue
+        ref = trainer.checkpointer.restore_weights(folder)
+        results[name]["best"] = {"step": ref.step, "metrics": ev.evaluate([t], data, "best test")[name]}
+    for t in tasks:
+        name = t.spec.name
+        for which, prefix in (("last", "test"), ("best", "test_best")):
+            if which in results[name]:
+                entry = results[name][which]
+                line, scalars = trainer.reporter.metrics(prefix, name, entry["step"], entry["metrics"],
+                                                         what=f" ({which} weights, {len(data[name])} examples)")
+                trainer.print(line)
+                trainer.writer.scalars(trainer.step, scalars)
+    if s.is_rank0:
+        write_json_atomic(Path(s.cfg.train.output_dir) / TEST_RESULTS, results)
+    return results
+
+
+class _Prefix:
+    """The first `n` examples of a TaskData (what an evaluation limited to some batches read)."""
+
+    def __init__(self, data, n: int):
+        self._data, self._n = data, n
+        self.split, self.examples, self.has_labels = data.split, data.examples, data.has_labels
+        self.features = _Head(data.features, n)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def get(self, index: int, epoch: int = 0):
+        return self._data.get(index, epoch)
+
+
+class _Head:
+    def __init__(self, seq, n):
+        self._seq, self._n = seq, n
+
+    def __len__(self):
+        return self._n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._seq[i]

@@ -1,0 +1,104 @@
+"""What the engine can do for a validated `RunConfig`, each a function with a typed result (never a
+process exit): train, prebuild the index caches, plan (dry run), evaluate a saved model, predict
+with an exported model. The command line (ernie_mtl/main.py) is one client; the Python API is
+another. User errors are raised as `UserError` subclasses (ConfigError, CheckpointError) carrying
+the message the command line prints.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Sequence
+
+from ernie_mtl.checkpoint.layout import best_dir, export_dir, is_complete, last_dir
+from ernie_mtl.dist.process import ProcessInfo, resolve_device
+
+
+@dataclass
+class RunResult:
+    """What a training run produced (on every rank; paths are rank 0's files)."""
+
+    output_dir: Path
+    steps: int  # optimizer steps completed
+    eval: Dict[str, Dict[str, float]] = field(default_factory=dict)  # task -> its latest dev metrics
+    test: Dict[str, Any] = field(default_factory=dict)  # test_results.json: task -> {last, best}
+    best_checkpoints: Dict[str, Path] = field(default_factory=dict)  # target -> best_<task>/
+    exports: Dict[str, Path] = field(default_factory=dict)  # target -> <task>/infer_model
+    last_checkpoint: Optional[Path] = None
+
+
+@dataclass
+class PrebuildResult:
+    total_steps: int
+    tasks: int
+    world_size: int
+
+
+def train(cfg, *, callbacks: Sequence = (), on_distributed: Optional[Callable[[ProcessInfo], None]] = None,
+          notes: Sequence[str] = ()) -> RunResult:
+    """Train as `cfg` says (resume, train, test, export); `callbacks`: extra Callback objects."""
+    from ernie_mtl.engine.callbacks import Callback
+    from ernie_mtl.engine.loop import Trainer
+    from ernie_mtl.engine.session import open_session
+
+    for cb in callbacks:
+        if not isinstance(cb, Callback):
+            raise TypeError(f"callbacks: {cb!r} is not an ernie_mtl Callback instance")
+    session = open_session(cfg, on_distributed=on_distributed, notes=notes)
+    with session.scope_guard():
+        trainer = Trainer(session, callbacks=callbacks)
+        test = trainer.run()
+    session.log.info(trainer.reporter.closing(cfg.train.output_dir))
+    out = Path(cfg.train.output_dir)
+    targets = [t.spec.name for t in session.plan.tasks if t.spec.is_target]
+    return RunResult(output_dir=out, steps=trainer.step, eval=dict(trainer.latest_eval), test=test,
+                     best_checkpoints={n: best_dir(out, n) for n in targets if is_complete(best_dir(out, n))},
+                     exports={n: export_dir(out, n) for n in trainer.exported if export_dir(out, n).is_dir()},
+                     last_checkpoint=last_dir(out) if is_complete(last_dir(out)) else None)
+
+
+def prebuild(cfg, *, world_size: Optional[int] = None) -> PrebuildResult:
+    """`--prebuild_index`: plan the run exactly as training would (same flags and defaults, the world
+    size of the launcher's environment unless given) and build every index cache it reads -- train,
+    dev and the final test split. No process group, no program."""
+    from ernie_mtl.dist.console import get_logger
+    from ernie_mtl.dist.topology import Topology
+    from ernie_mtl.planning.plan import load_eval_split, prepare
+
+    world = world_size or ProcessInfo.from_env().world_size
+    info = ProcessInfo(rank=0, world_size=world, local_rank=0)
+    log = get_logger(0)
+    topo = Topology.from_config(cfg.parallel, world)
+    plan = prepare(cfg, info=info, topo=topo, barrier=lambda *a, **k: None, log=log.info, is_builder=True)
+    for t in plan.tasks:
+        if t.spec.test_file and t.sized_by_run:
+            load_eval_split(t, "test", plan.eval_batches)
+    log.info(f"index caches ready for {plan.planned.total_steps} optimizer steps of {len(plan.tasks)} task(s) "
+             f"(world size {world}); the run with the same flags reuses them")
+    return PrebuildResult(total_steps=plan.planned.total_steps, tasks=len(plan.tasks), world_size=world)
+
+
+def plan(cfg) -> str:
+    """`--dry_run`: the plan as text (topology, schedule, memory, the GPU program, warnings)."""
+    from ernie_mtl.planning.dryrun import dry_run
+
+    return dry_run(cfg)
+
+
+def evaluate(cfg) -> Dict[str, Any]:
+    """`--do_eval`: a saved model's metrics on a labelled file (the report also written to disk)."""
+    from ernie_mtl.engine.inference import evaluate_saved
+
+    return evaluate_saved(cfg.train, use_gpu=resolve_device(cfg.train.device) == "gpu")
+
+
+def predict(cfg) -> Path:
+    """`--do_predict`: predictions of an exported task model; returns the file written."""
+    import os
+
+    from ernie_mtl.engine.inference import predict as predict_file
+
+    t = cfg.train
+    output = t.predict_output or os.path.join(t.output_dir, t.task, "predictions.json")
+    return predict_file(export_dir(t.output_dir, t.task), t.pred_file, output,
+                        use_gpu=resolve_device(t.device) == "gpu")

@@ -1,0 +1,115 @@
+"""Everything a run sets up before its first step, in order: the process and its place in the job
+(static mode, gloo on CPU, topology, fleet), the run plan (tasks, data, schedule), the programs
+(built once), and the executor with the programs initialised. `open_session(cfg)` returns them as
+one `Session`, which the loop, evaluation and export read.
+
+Runs in one process one after another (a notebook cell run twice) each get a fresh `Scope`, so no
+parameter of an earlier run leaks into a later one.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from ernie_mtl.dist.process import ProcessInfo, StoreBarrier, executor_mode, resolve_device, start_process
+from ernie_mtl.dist.topology import Topology
+from ernie_mtl.planning.plan import RunPlan, prepare
+from ernie_mtl.program.builder import Programs, build_run_programs
+
+
+@dataclass
+class Session:
+    """A run, set up: what the loop, the evaluator and the exporter need."""
+
+    cfg: Any  # RunConfig
+    info: ProcessInfo
+    log: Any  # logging.Logger
+    topo: Topology
+    barrier: StoreBarrier
+    plan: RunPlan
+    programs: Programs
+    exe: Any  # paddle.static.Executor
+    scope: Any  # paddle.static.Scope holding this run's variables
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.info.rank == 0
+
+    @property
+    def data_rank(self) -> int:
+        return self.topo.data_rank(self.info.rank)
+
+    def scope_guard(self):
+        """Run the block with this session's scope as paddle's global scope (what `exe.run` and
+        `paddle.static.save/load` read)."""
+        import paddle
+
+        return paddle.static.scope_guard(self.scope)
+
+
+def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]] = None,
+                 notes: Sequence[str] = ()) -> Session:
+    """Set up the run `cfg` (a validated RunConfig). `on_distributed(info)` runs once the job's store
+    exists (the command line's peer watch); `notes` are logged first (the entry point's thread and
+    executor decisions)."""
+    import paddle
+
+    info, log, topo = start_process(cfg, on_distributed=on_distributed)
+    for line in [*notes, *cfg.setup.reports]:
+        log.info(line)
+    barrier = StoreBarrier(info)
+    plan = prepare(cfg, info=info, topo=topo, barrier=barrier, log=log.info)
+    programs = build_programs(cfg, topo, plan)
+    scope = paddle.static.Scope()
+    with paddle.static.scope_guard(scope):
+        exe = make_executor(cfg, info, programs, log)
+    return Session(cfg=cfg, info=info, log=log, topo=topo, barrier=barrier, plan=plan, programs=programs, exe=exe,
+                   scope=scope)
+
+
+def build_programs(cfg, topo: Topology, plan: RunPlan) -> Programs:
+    """The run's programs, the LR horizon being the planned number of optimizer steps. Built with
+    the working directory set to `<output_dir>/program_desc`: fleet's sharding dumps its programs
+    into the cwd."""
+    dump_dir = os.path.join(cfg.train.output_dir, "program_desc")
+    os.makedirs(dump_dir, exist_ok=True)
+    with contextlib.chdir(dump_dir):
+        return build_run_programs(cfg, topo, plan.tasks, total_steps=plan.planned.total_steps)
+
+
+def tune_programs(programs: Programs, *, enabled: bool) -> str:
+    """CPU runs, before the programs first run: `cpu_kernels.tune_for_cpu` on the training program
+    (oneDNN on the exact op types, bias gradients by matmul) and the oneDNN part on the evaluation
+    program (the same exact forward ops; it has no gradients). The export program is left alone: an
+    exported inference model stays device-neutral. Returns the line for the start-up log."""
+    from ernie_mtl.program.cpu_kernels import tune_for_cpu, use_onednn_ops
+
+    if not enabled:
+        return "CPU kernels: as built (--cpu_kernels false)"
+    line = tune_for_cpu(programs.main)
+    changed = use_onednn_ops(programs.test)
+    return f"{line}; evaluation program: oneDNN kernels on {sum(changed.values())} ops"
+
+
+def make_executor(cfg, info: ProcessInfo, programs: Programs, log):
+    """The executor for --device, with `programs` made runnable here (CPU: GPU sync ops stripped),
+    on CPU tuned (`tune_programs`, unless --cpu_kernels false; logged with the executor in use), and
+    initialised in the current scope (startup, pretrained weights, AMP O2 cast, EMA)."""
+    import paddle
+
+    from ernie_mtl.dist.compat import is_cpu_build, strip_gpu_sync_ops
+
+    if is_cpu_build():
+        strip_gpu_sync_ops(programs.main, programs.startup, programs.test)
+    device = resolve_device(cfg.train.device)
+    if cfg.amp.use_amp and device == "cpu":
+        log.warning("--use_amp on CPU: a CPU build inserts no float16 casts, so this run computes in float32 "
+                    "(with loss scaling); AMP takes effect on GPUs")
+    if device == "cpu":
+        log.info(f"{tune_programs(programs, enabled=cfg.train.cpu_kernels)}; {executor_mode()}")
+    place = paddle.CPUPlace() if device == "cpu" else paddle.CUDAPlace(info.local_rank)
+    exe = paddle.static.Executor(place)
+    programs.initialize(exe)
+    return exe
