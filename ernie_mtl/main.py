@@ -11,7 +11,7 @@ import zlib  # noqa: F401  (before paddle: paddle 2.6.2 exports clashing zlib sy
 import sys
 from typing import Optional, Sequence
 
-from data_tools.cli_utils import UserError, run_cli
+from data_tools.cli_utils import run_cli
 
 PROG = "run_multitask_static.py"
 

@@ -1,4 +1,4 @@
-"""Checkpoint layout, integrity, retention policy and train state for static-graph runs.
+"""The checkpoint store: writes, finds, verifies and loads checkpoints (integrity, retention, train state).
 
 Layout under `output_dir`::
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass, field

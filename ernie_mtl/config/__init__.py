@@ -14,14 +14,16 @@ Layering: nothing here imports the trainer or the program builder; palm.py and c
 task types (ernie_mtl.tasks) when they need their options.
 """
 from ernie_mtl.config.errors import ConfigError
-from ernie_mtl.config.model import ARCH_FIELDS, ARCHITECTURES, MODEL_TYPES, ModelConfig, ResolvedModel
+from ernie_mtl.config.model import (ARCH_FIELDS, ARCHITECTURES, MODEL_FAMILIES, MODEL_TYPES, ModelConfig,  # noqa: F401
+                                    ModelFamily, ResolvedModel, model_family)
 from ernie_mtl.config.multitask import MultiTaskConfig, MultiTaskSetup
 from ernie_mtl.config.run import SLICES, RunConfig
 from ernie_mtl.config.slices import (AMP_DTYPES, AMP_LEVELS, DEVICES, RESUME_WORDS, AmpConfig, DataConfig, OptimConfig,
                                      ParallelConfig, TrainConfig, field_help)
 from ernie_mtl.config.task import SPLITS, TaskSpec
 
-__all__ = ["ARCH_FIELDS", "ARCHITECTURES", "AMP_DTYPES", "AMP_LEVELS", "ConfigError", "DEVICES", "MODEL_TYPES",
+__all__ = ["ARCH_FIELDS", "ARCHITECTURES", "AMP_DTYPES", "AMP_LEVELS", "ConfigError", "DEVICES", "MODEL_FAMILIES",
+           "MODEL_TYPES", "ModelFamily", "model_family",
            "AmpConfig", "DataConfig", "ModelConfig", "MultiTaskConfig", "MultiTaskSetup", "OptimConfig",
            "ParallelConfig", "RESUME_WORDS", "ResolvedModel", "RunConfig", "SLICES", "SPLITS", "TaskSpec",
            "TrainConfig", "field_help"]

@@ -32,7 +32,36 @@ ARCHITECTURES: Dict[str, Dict[str, Any]] = {
                            num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
                            type_vocab_size=2, hidden_act="gelu", initializer_range=0.02, pad_token_id=0),
 }
-MODEL_TYPES = ("ernie", "bert")
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """A model family: the names of its paddlenlp classes (the one table every layer reads)."""
+
+    name: str
+    config: str
+    model: str
+    pretraining: str
+    tokenizer: str
+
+    def classes(self):
+        """(config, model, pretraining, tokenizer) classes from paddlenlp.transformers."""
+        import paddlenlp.transformers as transformers
+
+        return tuple(getattr(transformers, n) for n in (self.config, self.model, self.pretraining, self.tokenizer))
+
+
+MODEL_FAMILIES = {
+    "ernie": ModelFamily("ernie", "ErnieConfig", "ErnieModel", "ErnieForPretraining", "ErnieTokenizer"),
+    "bert": ModelFamily("bert", "BertConfig", "BertModel", "BertForPretraining", "BertTokenizer"),
+}
+MODEL_TYPES = tuple(MODEL_FAMILIES)
+
+
+def model_family(model_type: str) -> ModelFamily:
+    if model_type not in MODEL_FAMILIES:
+        raise ValueError(f"model_type {model_type!r} is not one of {list(MODEL_FAMILIES)}")
+    return MODEL_FAMILIES[model_type]
 # Fields of ModelConfig that describe the architecture (None = take it from the name or directory).
 ARCH_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                "max_position_embeddings", "type_vocab_size", "hidden_act")
@@ -105,7 +134,7 @@ class ModelConfig:
             raise ConfigError([
                 f"--model_name_or_path {source!r} is neither a local directory nor a known architecture "
                 f"{sorted(ARCHITECTURES)}. Pretrained weights are never downloaded at run time: on a machine "
-                f"with network access run `{_class_for(self.model_type)}.from_pretrained({source!r})"
+                f"with network access run `{model_family(self.model_type).pretraining}.from_pretrained({source!r})"
                 f".save_pretrained('DIR')` (paddlenlp), copy DIR here and pass --model_name_or_path DIR"])
         if arch.get("model_type", self.model_type) != self.model_type:
             raise ConfigError([f"--model_type {self.model_type!r} does not match {source!r}, which is a "
@@ -140,10 +169,6 @@ class ResolvedModel:
     arch: Dict[str, Any]
     weights: Optional[Path]
     source: str
-
-
-def _class_for(model_type: str) -> str:
-    return {"bert": "BertForPretraining"}.get(model_type, "ErnieForPretraining")
 
 
 def _read_model_dir(path: Path) -> Tuple[Dict[str, Any], Path]:

@@ -40,8 +40,6 @@ WEIGHTS = "model_state.pdparams"
 OPTIMIZER = "optimizer_state.pdparams"
 REPORT = "conversion.json"
 _BACKBONE_PREFIX = {"ernie": "ernie", "bert": "bert"}
-_CLASSES = {"ernie": ("ErnieConfig", "ErnieModel", "ErnieForPretraining", "ErnieTokenizer"),
-            "bert": ("BertConfig", "BertModel", "BertForPretraining", "BertTokenizer")}
 # Optimizer accumulators kept by --with_optimizer: `<param>_<suffix>` (Adam moments, beta powers).
 # Gradient-merge buffers (`@GRAD@GradiantMerge`) and global counters are transient or run-level.
 _ACCUMULATOR = re.compile(r"^(moment\d+|beta\d+_pow_acc|velocity|mean_square|mean_grad)_\d+$")
@@ -50,6 +48,11 @@ _PAIR_KEYS = ("cls.seq_relationship.weight", "cls.seq_relationship.bias")
 
 from data_tools.cli_utils import UserError  # noqa: E402
 from ernie_mtl.checkpoint.io import replace_dir, write_json_atomic  # noqa: E402
+from ernie_mtl.config import model_family  # noqa: E402
+from ernie_mtl.checkpoint import CheckpointError, read_train_state_file, verify_files
+from ernie_mtl.checkpoint import STATE_DIR
+from ernie_mtl.config import ConfigError, ModelConfig
+from ernie_mtl.program.builder import load_pretrained_into_scope
 
 
 class ConvertError(UserError):
@@ -117,9 +120,7 @@ def read_source(path: os.PathLike, *, vocab_file: Optional[os.PathLike] = None,
 
 def read_checkpoint(path: Path, *, with_optimizer: bool = False) -> Source:
     """A checkpoint folder; a sharded run's per-rank files are merged (union, duplicates must agree)."""
-    from ernie_mtl.checkpoint import STATE_DIR
 
-    from ernie_mtl.checkpoint import CheckpointError, read_train_state_file, verify_files
 
     try:
         raw = read_train_state_file(path)
@@ -204,7 +205,6 @@ def read_exported(path: Path) -> Source:
 
 
 def _arch_from_config(config: Mapping, path: Path) -> Dict[str, Any]:
-    from ernie_mtl.config import ConfigError, ModelConfig
 
     try:
         return ModelConfig(**config["model"]).resolve().arch
@@ -297,9 +297,7 @@ def _accumulator_names(name_map: Mapping[str, str], order: Sequence[str]) -> Cal
 
 # -- mapping ---------------------------------------------------------------------------------------
 def _classes(model_type: str):
-    import paddlenlp.transformers as T
-
-    return tuple(getattr(T, n) for n in _CLASSES[model_type])
+    return model_family(model_type).classes()
 
 
 def expected_shapes(model_type: str, arch: Mapping[str, Any]) -> Dict[str, Tuple[int, ...]]:
@@ -348,7 +346,7 @@ def map_weights(source: Source) -> Tuple[Dict[str, np.ndarray], Optional[str], L
         filled = list(_PAIR_KEYS)
     problems = [f"{k}: shape {list(v.shape)} in the source but {list(expected[k])} for the stored architecture"
                 for k, v in state.items() if k in expected and tuple(v.shape) != expected[k]]
-    problems += [f"{k}: not a parameter of PaddleNLP's {_CLASSES[source.model_type][2]} for the stored "
+    problems += [f"{k}: not a parameter of PaddleNLP's {model_family(source.model_type).pretraining} for the stored "
                  "architecture" for k in state if k not in expected]
     wanted = [k for k in expected if k.startswith(prefix) or (origin is not None and k.startswith("cls."))]
     missing = [k for k in wanted if k not in state]
@@ -526,7 +524,6 @@ def run_static(ref: StaticReference, weights: Any, batch: Mapping[str, np.ndarra
     (`ernie_mtl.program.builder.load_pretrained_into_scope`)."""
     import paddle
 
-    from ernie_mtl.program.builder import load_pretrained_into_scope
 
     scope = paddle.static.Scope()
     with _static_mode():

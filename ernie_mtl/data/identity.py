@@ -9,6 +9,7 @@ import os
 from typing import Any, Optional
 
 from data_tools.identity import content_identity
+from ernie_mtl.config import ConfigError
 
 
 def data_identity(spec: Optional[Any]) -> Optional[Any]:
@@ -16,7 +17,6 @@ def data_identity(spec: Optional[Any]) -> Optional[Any]:
         return None
     if isinstance(spec, str) and os.path.isfile(spec):
         return content_identity(spec)
-    from ernie_mtl.config import ConfigError
     from ernie_mtl.data.mixture import parse_mixture
 
     try:

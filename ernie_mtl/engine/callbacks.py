@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Mapping, Type
 
+from ernie_mtl.checkpoint.layout import best_name
 from ernie_mtl.config import ConfigError
 
 
@@ -141,7 +142,7 @@ class BestCheckpoint(Callback):
             return
         self.best[task] = value
         self.steps[task] = trainer.step
-        trainer.save_checkpoint(f"best_{task}", note=f"best {t.main_metric} {value:.4f} of {task}")
+        trainer.save_checkpoint(best_name(task), note=f"best {t.main_metric} {value:.4f} of {task}")
 
     def state_dict(self):
         return {"best": self.best, "steps": self.steps}

@@ -21,6 +21,9 @@ from ernie_mtl.engine.prediction import by_name, executor_runner, num_batches, p
 from ernie_mtl.program.forward import make_feed
 
 from ernie_mtl.checkpoint.layout import TEST_RESULTS
+from ernie_mtl.checkpoint.io import write_json_atomic
+from ernie_mtl.checkpoint.layout import best_dir
+from ernie_mtl.planning.plan import load_eval_split
 
 
 class Evaluator:
@@ -70,9 +73,6 @@ def final_test(trainer) -> Dict[str, Any]:
     best checkpoint's weights (when it has one, loaded through the checkpoint store: verified, from
     the rank files its writer recorded); logged, written to VisualDL (`test/...`, `test_best/...`) and
     to `<output_dir>/test_results.json`. The run is over: its last state is in model_last."""
-    from ernie_mtl.checkpoint.io import write_json_atomic
-    from ernie_mtl.checkpoint.layout import best_dir
-    from ernie_mtl.planning.plan import load_eval_split
 
     s, ev = trainer.session, trainer.evaluator
     tasks = [t for t in s.plan.tasks if t.spec.is_target and t.spec.test_file]

@@ -28,6 +28,7 @@ from ernie_mtl.checkpoint.layout import MANIFEST, MODEL_PREFIX, best_dir, export
 from ernie_mtl.checkpoint.store import merged_state, read_train_state_file
 from ernie_mtl.config import ConfigError
 from ernie_mtl.tasks.base import TaskType
+from ernie_mtl.program.ema import averages_from_state
 
 
 class Exporter:
@@ -158,7 +159,6 @@ def float32_scope(values: Mapping[str, np.ndarray], name_map: Mapping[str, str],
     where there is one, else the value cast to float32."""
     import paddle
 
-    from ernie_mtl.program.ema import averages_from_state
 
     scope = paddle.static.Scope()
     averaged = averages_from_state(values) if use_ema else {}

@@ -29,6 +29,9 @@ from ernie_mtl.checkpoint.layout import MANIFEST, MODEL_PREFIX, export_dir
 from ernie_mtl.config import ConfigError, TaskSpec
 from ernie_mtl.engine.prediction import by_name, executor_runner, predict_batches
 from ernie_mtl.tasks.base import TaskContext, TaskType, get_task_type
+from ernie_mtl.checkpoint.store import merged_state, read_train_state_file
+from ernie_mtl.program.builder import build_forward_program
+from ernie_mtl.program.forward import make_feed
 
 
 # -- exported models --------------------------------------------------------------------------------
@@ -139,10 +142,7 @@ def evaluate_exported(model_dir: Path, eval_file: str, *, use_gpu: bool = False)
 def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str) -> Dict[str, Any]:
     import paddle
 
-    from ernie_mtl.checkpoint.store import merged_state, read_train_state_file
     from ernie_mtl.engine.exporter import float32_scope
-    from ernie_mtl.program.builder import build_forward_program
-    from ernie_mtl.program.forward import make_feed
 
     raw = read_train_state_file(checkpoint)
     config = raw.get("config", {})

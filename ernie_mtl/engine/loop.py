@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ernie_mtl.checkpoint.layout import LAST, best_name, kept_name  # noqa: F401  (best_name: callbacks)
+from ernie_mtl.checkpoint.layout import LAST, kept_name
 from ernie_mtl.checkpoint.store import Checkpointer
 from ernie_mtl.engine.callbacks import BestCheckpoint, Callback, EarlyStopping, VisualDLLogger, make_callbacks
 from ernie_mtl.engine.evaluation import Evaluator, final_test

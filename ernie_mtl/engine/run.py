@@ -12,6 +12,10 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 from ernie_mtl.checkpoint.layout import best_dir, export_dir, is_complete, last_dir
 from ernie_mtl.dist.process import ProcessInfo, resolve_device
+from ernie_mtl.dist.console import get_logger
+from ernie_mtl.dist.topology import Topology
+from ernie_mtl.planning.dryrun import dry_run
+from ernie_mtl.planning.plan import load_eval_split, prepare
 
 
 @dataclass
@@ -61,9 +65,6 @@ def prebuild(cfg, *, world_size: Optional[int] = None) -> PrebuildResult:
     """`--prebuild_index`: plan the run exactly as training would (same flags and defaults, the world
     size of the launcher's environment unless given) and build every index cache it reads -- train,
     dev and the final test split. No process group, no program."""
-    from ernie_mtl.dist.console import get_logger
-    from ernie_mtl.dist.topology import Topology
-    from ernie_mtl.planning.plan import load_eval_split, prepare
 
     world = world_size or ProcessInfo.from_env().world_size
     info = ProcessInfo(rank=0, world_size=world, local_rank=0)
@@ -80,7 +81,6 @@ def prebuild(cfg, *, world_size: Optional[int] = None) -> PrebuildResult:
 
 def plan(cfg) -> str:
     """`--dry_run`: the plan as text (topology, schedule, memory, the GPU program, warnings)."""
-    from ernie_mtl.planning.dryrun import dry_run
 
     return dry_run(cfg)
 

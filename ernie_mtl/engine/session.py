@@ -17,6 +17,8 @@ from ernie_mtl.dist.process import ProcessInfo, StoreBarrier, executor_mode, res
 from ernie_mtl.dist.topology import Topology
 from ernie_mtl.planning.plan import RunPlan, prepare
 from ernie_mtl.program.builder import Programs, build_run_programs
+from ernie_mtl.dist.compat import is_cpu_build, strip_gpu_sync_ops
+from ernie_mtl.program.cpu_kernels import tune_for_cpu, use_onednn_ops
 
 
 @dataclass
@@ -84,7 +86,6 @@ def tune_programs(programs: Programs, *, enabled: bool) -> str:
     (oneDNN on the exact op types, bias gradients by matmul) and the oneDNN part on the evaluation
     program (the same exact forward ops; it has no gradients). The export program is left alone: an
     exported inference model stays device-neutral. Returns the line for the start-up log."""
-    from ernie_mtl.program.cpu_kernels import tune_for_cpu, use_onednn_ops
 
     if not enabled:
         return "CPU kernels: as built (--cpu_kernels false)"
@@ -99,7 +100,6 @@ def make_executor(cfg, info: ProcessInfo, programs: Programs, log):
     initialised in the current scope (startup, pretrained weights, AMP O2 cast, EMA)."""
     import paddle
 
-    from ernie_mtl.dist.compat import is_cpu_build, strip_gpu_sync_ops
 
     if is_cpu_build():
         strip_gpu_sync_ops(programs.main, programs.startup, programs.test)

@@ -22,11 +22,11 @@ from typing import Any, Dict, Optional
 
 from ernie_mtl.checkpoint.layout import METRICS_FILE, TEST_RESULTS
 from ernie_mtl.checkpoint.store import CheckpointRef, TrainState, existing_outputs
+from ernie_mtl.data.identity import data_identity
 
 
 def resume_checks(cfg, plan) -> Dict[str, Any]:
     """What must not change for the run to continue exactly (hashes the data: compute it once)."""
-    from ernie_mtl.data.identity import data_identity
 
     o = cfg.optim
     return {"seed": cfg.train.seed, "tasks": [t.spec.to_json() for t in plan.tasks],

@@ -22,13 +22,13 @@ from ernie_mtl.dist.process import ProcessInfo, resolve_device
 from ernie_mtl.dist.topology import Topology
 from ernie_mtl.engine.callbacks import registered_callbacks
 from ernie_mtl.engine.plugins import import_plugins
+from ernie_mtl.tasks.base import get_task_type
 
 
 class EngineHooks:
     """`config.hooks.ParseHooks` for this project."""
 
     def task_type(self, reader: str) -> Any:
-        from ernie_mtl.tasks.base import get_task_type
 
         return get_task_type(reader)
 

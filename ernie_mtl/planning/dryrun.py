@@ -55,6 +55,15 @@ import numpy as np
 
 from ernie_mtl.config import AmpConfig, ParallelConfig
 from ernie_mtl.dist.topology import Topology, build_strategy
+from ernie_mtl.data.mixture import parse_mixture, plan_mixture
+from ernie_mtl.data.pretrain import PretrainSampleConfig
+from ernie_mtl.dist.compat import GPU_SYNC_OPS
+from ernie_mtl.dist.compat import emulate_gpu_program
+from ernie_mtl.dist.process import ProcessInfo, resolve_device
+from ernie_mtl.program.builder import build_run_programs
+from ernie_mtl.program.forward import backbone_config, group_of
+from ernie_mtl.tasks.base import Encoded
+from ernie_mtl.tasks.base import TaskContext, get_task_type
 
 FP32 = 4
 LOW = 2  # float16 / bfloat16
@@ -322,7 +331,6 @@ def program_facts(main: Any, startup: Any, *, endpoints: Sequence[str]) -> Progr
     job's endpoints in rank order (the communicators' endpoint lists map back to ranks)."""
     from paddle.base import core
 
-    from ernie_mtl.dist.compat import GPU_SYNC_OPS
 
     VarType = core.VarDesc.VarType
     low = {int(VarType.FP16), int(VarType.BF16)}
@@ -440,8 +448,6 @@ def build_gpu_program(cfg, topo: Topology, tasks, *, total_steps: int, endpoints
 
     import paddle
 
-    from ernie_mtl.program.builder import build_run_programs
-    from ernie_mtl.dist.compat import emulate_gpu_program
 
     was_dynamic = paddle.in_dynamic_mode()
     paddle.enable_static()
@@ -464,7 +470,6 @@ def dry_run(cfg) -> str:
     rank 0 would run on GPUs is built, never run, and described (`format_gpu_program`). Warnings
     about the plan (ernie_mtl/planning/plan.py `plan_warnings`) come last."""
     from ernie_mtl.planning.plan import corpus_warnings, plan_warnings, prepare
-    from ernie_mtl.dist.process import ProcessInfo, resolve_device
 
     world_size = ProcessInfo.from_env().world_size
     resolved = cfg.model.resolve()
@@ -506,7 +511,6 @@ def dry_run(cfg) -> str:
 
 def _flag_mode_tasks(cfg) -> List[Any]:
     """The task objects of a flag-mode run (the one `pretrain` task), without loading their data."""
-    from ernie_mtl.tasks.base import TaskContext, get_task_type
 
     ctx = TaskContext(vocab_file=str(cfg.data.vocab_file), seed=cfg.train.seed, model_type=cfg.model.model_type,
                       log=lambda m: None, cache_dir=cfg.data.data_cache)
@@ -517,8 +521,6 @@ def _corpus_plan(cfg, topo: Topology):
     """The MixturePlan of `--input_dir` for the run: per corpus its weight, documents, samples planned
     and (`lines()`, `epoch_counts()`) epochs (arithmetic and one pass of the compiled helper; no index
     is built)."""
-    from ernie_mtl.data.mixture import parse_mixture, plan_mixture
-    from ernie_mtl.data.pretrain import PretrainSampleConfig
     from ernie_mtl.planning.plan import TEST_ITERS_PER_EVAL_ITER
 
     d = cfg.data
@@ -544,8 +546,6 @@ def head_parameter_counts(model_type: str, arch: Mapping[str, Any], tasks, *, us
     import numpy as np
     import paddle
 
-    from ernie_mtl.program.forward import backbone_config, group_of
-    from ernie_mtl.tasks.base import Encoded
 
     was_static = not paddle.in_dynamic_mode()
     paddle.disable_static()

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ernie_mtl.config import ConfigError
 from ernie_mtl.planning.schedule import (Plan, TaskSchedule, TaskStream, sampling_probabilities, steps_per_epoch,
                                 target_quotas)
+from ernie_mtl.tasks.base import TaskContext, get_task_type
 
 TEST_ITERS_PER_EVAL_ITER = 10  # the final test split takes 10 x eval_iters global batches (PaddleNLP)
 # A plan that reads a pretraining corpus (or an auxiliary task's data) more than this many epochs
@@ -54,7 +55,6 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
     caches are built by `is_builder` -- global rank 0, or each node's local rank 0 without a shared
     filesystem -- and the others wait at `barrier`)."""
     from data_tools.index_cache import is_index_builder
-    from ernie_mtl.tasks.base import TaskContext, get_task_type
 
     setup = cfg.setup
     m = setup.mtl

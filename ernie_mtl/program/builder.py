@@ -28,19 +28,19 @@ import numpy as np
 import paddle
 from paddle.utils import unique_name
 
-from ernie_mtl.config import AmpConfig, ConfigError, ModelConfig, OptimConfig
+from ernie_mtl.config import MODEL_FAMILIES, AmpConfig, ConfigError, ModelConfig, OptimConfig
 from ernie_mtl.dist.console import captured_prints
 from ernie_mtl.program.ema import DeviceEMA
 from ernie_mtl.program.forward import Forward, HeadGroup, build_forward
 from ernie_mtl.program.idle_heads import FreezePlan, check_coverage, plan_freeze, strip_idle_flags
-from ernie_mtl.program.optim import WarmupLinearDecay, make_optimizer
+from ernie_mtl.program.optim import WarmupLinearDecay, make_lr_schedule, make_optimizer
 from ernie_mtl.dist.topology import Topology
 from ernie_mtl.program.randomness import seed_initializers, strip_dropout_seeds, wire_dropout_seeds
 from ernie_mtl.tasks.base import TaskType
 from ernie_mtl.program.edits import declare_sub_block_inputs, live_blocks
 from ernie_mtl.tasks.base import remove_variable
+from ernie_mtl.dist.topology import build_strategy
 
-_BACKBONES = ("ernie", "bert")
 StrategyBuilder = Callable[..., Any]  # f(*, recompute_checkpoints) -> DistributedStrategy
 
 
@@ -164,7 +164,6 @@ def build_run_programs(cfg, topo: Topology, tasks: Sequence[TaskType], *, total_
     import functools
     from dataclasses import replace
 
-    from ernie_mtl.dist.topology import build_strategy
 
     m = cfg.setup.mtl
     strategy = functools.partial(build_strategy, topo, cfg.parallel, cfg.amp)
@@ -210,7 +209,7 @@ def minimize_with_fleet(loss, name_map: Mapping[str, str], optim_cfg: OptimConfi
         raise ValueError("the strategy enables recompute without checkpoints (fleet would recompute "
                          "nothing); pass a builder such as partial(build_strategy, topo, parallel_cfg, "
                          "amp_cfg) instead of a finished strategy")
-    lr_scheduler = WarmupLinearDecay(optim_cfg)
+    lr_scheduler = make_lr_schedule(optim_cfg)
     optimizer = make_optimizer(optim_cfg, name_map, lr_scheduler, no_decay=no_decay, skip_flags=skip_flags,
                                multi_precision=amp_cfg.use_amp and amp_cfg.amp_level == "O2")
     fp16 = amp_cfg.use_amp and amp_cfg.amp_dtype == "float16"
@@ -343,7 +342,7 @@ def load_pretrained_into_scope(path: Union[str, Path], name_map: Mapping[str, st
         key = next((k for k in structured_names if k in state), None)
         if key is None:  # a backbone-only file: keys lack the "ernie." / "bert." prefix
             key = next((k.split(".", 1)[1] for k in structured_names
-                        if k.split(".", 1)[0] in _BACKBONES and k.split(".", 1)[1] in state), None)
+                        if k.split(".", 1)[0] in MODEL_FAMILIES and k.split(".", 1)[1] in state), None)
         if key is None:
             missing.append(structured_names[0])
             continue

@@ -8,6 +8,19 @@ from typing import Any, Dict, List
 _CONTROL_FLOW_ATTR = "sub_block"
 
 
+def strip_split_feed(program, feed: str) -> None:
+    """Remove a fed vector and the ops that read it (its split into per-use scalars) from the global
+    block, with the split's outputs `<feed>.<k>`: evaluation copies of the training program have
+    nothing to feed there (dropout seeds, idle-head flags)."""
+    block = program.global_block()
+    for idx in reversed(range(len(block.ops))):
+        if feed in block.ops[idx].input_arg_names:
+            block._remove_op(idx, sync=False)
+    for name in [n for n in block.vars if n == feed or n.startswith(feed + ".")]:
+        block._remove_var(name, sync=False)
+    block._sync_with_cpp()
+
+
 def live_blocks(program) -> List[Any]:
     """The blocks of `program` that can run: the global block and, recursively, the sub-blocks
     named by the control-flow ops of live blocks.

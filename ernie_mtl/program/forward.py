@@ -28,11 +28,9 @@ from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
 
 import numpy as np
 
+from ernie_mtl.config import model_family
 from ernie_mtl.tasks.feeds import BACKBONE_FEEDS, TASK_GATE, TASK_TYPE_IDS, FeedSpec, feed_name
 from ernie_mtl.tasks.base import Encoded, HeadOutputs, TaskType
-
-_FAMILIES = {"ernie": ("ErnieConfig", "ErnieModel"), "bert": ("BertConfig", "BertModel")}
-
 
 @dataclass
 class HeadGroup:
@@ -75,17 +73,13 @@ def group_of(tasks: Sequence[TaskType]) -> Dict[str, str]:
 
 def backbone_config(model_type: str, arch: Mapping[str, Any], *, use_task_id: bool = False, num_tasks: int = 1):
     """(paddlenlp model class, config) of ErnieModel / BertModel for `arch` (a resolved architecture dict)."""
-    import paddlenlp.transformers as T
-
-    if model_type not in _FAMILIES:
-        raise ValueError(f"model_type {model_type!r} is not one of {sorted(_FAMILIES)}")
-    cfg_name, model_name = _FAMILIES[model_type]
+    config_cls, model_cls, _, _ = model_family(model_type).classes()
     kwargs = {k: v for k, v in arch.items() if k != "model_type"}
     if use_task_id:
         if model_type != "ernie":
             raise ValueError("use_task_id needs the ERNIE backbone (BERT has no task embedding)")
         kwargs.update(use_task_id=True, task_type_vocab_size=max(num_tasks, int(kwargs.get("task_type_vocab_size", 3))))
-    return getattr(T, model_name), getattr(T, cfg_name)(**kwargs)
+    return model_cls, config_cls(**kwargs)
 
 
 def build_backbone(model_type: str, arch: Mapping[str, Any], *, use_task_id: bool = False, num_tasks: int = 1):

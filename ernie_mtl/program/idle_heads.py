@@ -32,7 +32,7 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set,
 
 import numpy as np
 
-from ernie_mtl.program.edits import live_blocks
+from ernie_mtl.program.edits import live_blocks, strip_split_feed
 
 IDLE_GROUPS = "idle_groups"
 # AdamW's per-parameter state (also of AMP O2's fp32 master copy `<param>_fp32_master_0`)
@@ -167,13 +167,7 @@ def plan_freeze(program, losses: Mapping[str, Any], name_map: Mapping[str, str])
 
 def strip_idle_flags(program) -> None:
     """Remove the flag wiring from an evaluation copy (no optimizer there: nothing to feed)."""
-    block = program.global_block()
-    for idx in reversed(range(len(block.ops))):
-        if IDLE_GROUPS in block.ops[idx].input_arg_names:
-            block._remove_op(idx, sync=False)
-    for name in [n for n in block.vars if n == IDLE_GROUPS or n.startswith(IDLE_GROUPS + ".")]:
-        block._remove_var(name, sync=False)
-    block._sync_with_cpp()
+    strip_split_feed(program, IDLE_GROUPS)
 
 
 def skip_update_var(block, flag: str, found_inf: Optional[Any], cache: Dict) -> Any:

@@ -81,6 +81,12 @@ class WarmupLinearDecay(LRScheduler):
         super().set_state_dict(state)
 
 
+def make_lr_schedule(cfg: OptimConfig) -> WarmupLinearDecay:
+    """The run's learning-rate schedule (the one place it is chosen): linear warm-up, linear decay to
+    `min_lr` at the resolved decay horizon, re-plannable when a run ends early."""
+    return WarmupLinearDecay(cfg)
+
+
 def no_decay_parameters(layers: Iterable) -> Set[str]:
     """Static names of the parameters that get no weight decay, by their role in `layers`
     (paddle.nn.Layer objects, inspected while the program is built): biases (a layer's parameter

@@ -32,6 +32,8 @@ from typing import Iterable, List, Mapping, Optional
 
 import numpy as np
 
+from ernie_mtl.program.edits import strip_split_feed
+
 DROPOUT_SEEDS = "dropout_seeds"
 _SEED_OP_ATTR = "seed"
 _DROPOUT_TAG = 0xD20F
@@ -74,16 +76,10 @@ def wire_dropout_seeds(program) -> int:
 
 def strip_dropout_seeds(program) -> None:
     """Remove the seed wiring from an evaluation copy (dropout is off there: nothing to feed)."""
-    block = program.global_block()
-    for op in block.ops:
+    for op in program.global_block().ops:
         if op.type == "dropout" and op.input("Seed"):
             op.desc.set_input("Seed", [])
-    for idx in reversed(range(len(block.ops))):
-        if DROPOUT_SEEDS in block.ops[idx].input_arg_names:
-            block._remove_op(idx, sync=False)
-    for name in [n for n in block.vars if n == DROPOUT_SEEDS or n.startswith(DROPOUT_SEEDS + ".")]:
-        block._remove_var(name, sync=False)
-    block._sync_with_cpp()
+    strip_split_feed(program, DROPOUT_SEEDS)
 
 
 def num_dropout_seeds(program) -> int:

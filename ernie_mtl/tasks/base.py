@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from ernie_mtl.config import ConfigError, TaskSpec
+from ernie_mtl.config import ConfigError, TaskSpec, model_family
 from ernie_mtl.tasks.feeds import FeedSpec
 
 ATTENTION_PAD = -1e4
@@ -66,9 +66,7 @@ class TaskContext:
         """paddlenlp's tokenizer of the model's vocab (ErnieTokenizer or BertTokenizer), cached."""
         key = (self.model_type, do_lower_case)
         if self._tokenizer is None or self._tokenizer[0] != key:
-            from paddlenlp.transformers import BertTokenizer, ErnieTokenizer
-
-            cls = BertTokenizer if self.model_type == "bert" else ErnieTokenizer
+            cls = model_family(self.model_type).classes()[3]
             self._tokenizer = (key, cls(vocab_file=self.vocab_file, do_lower_case=do_lower_case))
         return self._tokenizer[1]
 

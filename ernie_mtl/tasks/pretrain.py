@@ -21,6 +21,8 @@ from ernie_mtl.tasks.feeds import NSP_FEED
 from ernie_mtl.tasks.mlm import (MASKING_OPTIONS, MLM_FEEDS, Sample, build_mlm_head, concat_outputs,
                                  masked_slots_per_example, mlm_dummy_labels, mlm_metrics, mlm_outputs,
                                  sample_config)
+from ernie_mtl.data.mixture import build_mixture_datasets
+from ernie_mtl.data.mixture import parse_mixture
 
 # task split -> the corpus split it reads (ernie_mtl.data.pretrain.SPLIT_NAMES)
 CORPUS_SPLITS = {"train": SPLIT_NAMES[0], "dev": SPLIT_NAMES[1], "test": SPLIT_NAMES[2]}
@@ -64,7 +66,6 @@ class PretrainTask(TaskType):
 
     def mixture(self, split: str):
         """The corpus (or weighted corpus mixture, ernie_mtl/data/mixture.py) that `split` reads."""
-        from ernie_mtl.data.mixture import parse_mixture
 
         spec = self.spec.file(split) or self.spec.train_file
         key = repr(spec)
@@ -83,7 +84,6 @@ class PretrainTask(TaskType):
         if split not in CORPUS_SPLITS:
             raise ConfigError([f"task {self.spec.name!r} (pretrain) has no {split} split: it reads train/dev/test "
                                "from the corpus; use --do_predict with a text task type"])
-        from ernie_mtl.data.mixture import build_mixture_datasets
 
         mixture = self.mixture(split)
         # None = the split's natural size (one epoch of each corpus)

@@ -172,7 +172,7 @@ def test_two_nodes_multitask_equal_one_process(data, tmp_path):  # noqa: F811
     assert ta["step"] == tb["step"] == 8 and tb["topology"]["world_size"] == 2
     assert ta["sampler"]["counts"] == tb["sampler"]["counts"]
     a, b = state(tmp_path / "one/model_last/state/rank_0"), state(tmp_path / "two/model_last/state/rank_0")
-    # The key-projection biases are left out, as in test_mtl_trainer: softmax is shift-invariant per
+    # The key-projection biases are left out, as in test_multitask: softmax is shift-invariant per
     # query, so their gradient is 0 in exact arithmetic and their values are Adam-amplified rounding noise.
     noise = {v for k, v in ta["name_map"].items() if k.endswith("self_attn.k_proj.bias")}
     compared = [v for v in ta["name_map"].values() if v not in noise]

@@ -14,7 +14,7 @@ A second fault of the same combination, found by running it: that conditional bl
 inputs (`Input: []`), so the executor freed the idle-head flags (computed in the global block, read
 only by the block's AdamW ops) before the block ran: "Tensor holds no memory ... adamw" on the
 first step. The builder now declares them (`program_utils.declare_sub_block_inputs`); the matrix
-checks that every such read is declared, and tests/e2e/test_mtl_trainer.py runs the combination
+checks that every such read is declared, and tests/e2e/test_multitask.py runs the combination
 with two processes.
 
 Each kind of task is paired with a second task (so that both have idle groups): `seq_label` with a
