@@ -150,3 +150,12 @@ class BestCheckpoint(Callback):
     def load_state_dict(self, state):
         self.best = dict(state.get("best", {}))
         self.steps = dict(state.get("steps", {}))
+
+
+def built_in_callbacks(mtl, writer) -> List[Callback]:
+    """The callbacks every run has (VisualDL and metrics file, best checkpoints, early stopping when
+    asked), then those the configuration names (`callbacks:` / `--callbacks`)."""
+    out: List[Callback] = [VisualDLLogger(writer), BestCheckpoint()]
+    if mtl.early_stopping_patience:
+        out.append(EarlyStopping(mtl.early_stopping_patience))
+    return out + make_callbacks(mtl.callbacks)

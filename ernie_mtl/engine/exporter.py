@@ -63,6 +63,15 @@ class Exporter:
                     t.print(note)
             self.exported[task.spec.name] = t.step
 
+    def best_metric(self, name: str) -> Optional[Dict[str, Any]]:
+        """The best-checkpoint callback's record of `name` (for the manifest), if any."""
+        from ernie_mtl.engine.callbacks import BestCheckpoint
+
+        best = next((cb for cb in self.t.callbacks if isinstance(cb, BestCheckpoint)), None)
+        if best is None or name not in best.best:
+            return None
+        return {"name": self.t.task(name).main_metric, "value": best.best[name], "step": best.steps.get(name)}
+
     def export(self, task) -> Path:
         """Write `task`'s inference model from its best checkpoint (`export_from: best`, when there is
         one) or from the current weights (EMA averages when kept); rank 0 decides for every rank."""
@@ -78,7 +87,7 @@ class Exporter:
         writer = functools.partial(export_task_model, out, program=p.forward, fwd=p.export_fwd, task=task, exe=s.exe,
                                    vocab_file=str(s.cfg.data.vocab_file), arch=p.arch,
                                    model_type=s.cfg.model.model_type, use_task_id=mtl.use_task_id,
-                                   extra={"step": step, "export_from": source, "best_metric": t.best_metric(name),
+                                   extra={"step": step, "export_from": source, "best_metric": self.best_metric(name),
                                           "ema": p.ema is not None, "exported_by": "ernie_mtl",
                                           "plugins": list(mtl.plugins)})
         sharded = s.topo.sharding_degree > 1

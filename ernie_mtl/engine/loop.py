@@ -22,23 +22,19 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from ernie_mtl.checkpoint.layout import LAST, kept_name
-from ernie_mtl.checkpoint.store import Checkpointer
-from ernie_mtl.engine.callbacks import BestCheckpoint, Callback, EarlyStopping, VisualDLLogger, make_callbacks
+from ernie_mtl.engine.callbacks import Callback, built_in_callbacks
+from ernie_mtl.engine.feeding import Feeder
 from ernie_mtl.engine.evaluation import Evaluator, final_test
 from ernie_mtl.engine.exporter import Exporter
 from ernie_mtl.engine.metrics import MetricWriter, Window
 from ernie_mtl.engine.reporting import reporter_for
 from ernie_mtl.engine.state import ResumeState, clear_previous_run, restore, resume_checks, train_state
-from ernie_mtl.program.forward import make_feed
-from ernie_mtl.program.randomness import DROPOUT_SEEDS, draw_dropout_seeds
 
 
 class Trainer:
     """The loop over optimizer steps of a `Session` (ernie_mtl/engine/session.py)."""
 
     def __init__(self, session, *, callbacks: Sequence[Callback] = ()):
-        import paddle
-
         s = self.session = session
         self.cfg, self.info, self.topo, self.plan = s.cfg, s.info, s.topo, s.plan
         self.p, self.exe, self.barrier, self.log, self.scope = s.programs, s.exe, s.barrier, s.log, s.scope
@@ -52,17 +48,9 @@ class Trainer:
         self.reporter = reporter_for(s.cfg)
         self.writer = MetricWriter(s.cfg.train.output_dir, enabled=self.is_rank0)
         self.window, self.bar = Window(), None
-        self.evaluator, self.exporter = Evaluator(s), Exporter(self)
-        m = self.setup.mtl
-        self.callbacks: List[Callback] = [VisualDLLogger(self.writer), BestCheckpoint()]
-        if m.early_stopping_patience:
-            self.callbacks.append(EarlyStopping(m.early_stopping_patience))
-        self.callbacks += make_callbacks(m.callbacks) + list(callbacks)
-        self.checkpointer = Checkpointer(
-            s.cfg.train.output_dir, rank=s.info.rank, world_size=s.info.world_size,
-            per_rank_state=s.topo.sharding_degree > 1, keep_last=s.cfg.train.keep_last, barrier=s.barrier,
-            log=self.print, save_program_state=lambda prefix: paddle.static.save(self.p.main, prefix),
-            load_program_state=lambda prefix: paddle.static.load(self.p.main, prefix, self.exe))
+        self.evaluator, self.exporter, self.feeder = Evaluator(s), Exporter(self), Feeder(s)
+        self.callbacks: List[Callback] = built_in_callbacks(self.setup.mtl, self.writer) + list(callbacks)
+        self.checkpointer = s.checkpointer(log=self.print)
         self.resume_checks = resume_checks(s.cfg, s.plan)
 
     # -- the run -----------------------------------------------------------------------------------
@@ -121,20 +109,9 @@ class Trainer:
             self.print(line)
 
     def start(self) -> None:
-        """The start-up lines (schedule, data, warnings), hyperparameters and the progress bar."""
+        """The start-up lines, hyperparameters and progress bar (rank 0), then on_train_begin."""
         if self.is_rank0:
-            from tqdm import tqdm
-
-            from ernie_mtl.planning.plan import plan_warnings
-
-            for line in self.reporter.start_lines(self) + [ln for task in self.tasks for ln in task.describe_data()]:
-                self.log.info(line)
-            for line in plan_warnings(self.plan, self.topo, flag_mode=self.setup.flag_mode,
-                                      max_steps=self.cfg.optim.max_steps):
-                self.log.warning(line)
-            self.writer.hparams(self.cfg.to_dict(), self.reporter.hparam_metrics(self))
-            self.bar = tqdm(total=self.plan.planned.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
-                            mininterval=1.0, disable=None)  # a bar on a terminal only: log files get the log lines
+            self.bar = self.reporter.start(self)
         self.emit("on_train_begin")
         self.window.reset()
 
@@ -143,25 +120,14 @@ class Trainer:
         """One optimizer step: the schedule's next `accumulate_steps` micro-batches."""
         read = list(self.schedule.counts)  # per task: micro-batches read before this step
         drawn = [self.schedule.next_task() for _ in range(self.topo.accumulate_steps)]
-        names = [self.tasks[i].spec.name for i in drawn]
-        idle = self.freeze.feed(names)  # groups no drawn task uses: frozen by the update (on the device)
         extra = [self.p.lr] + ([self.p.loss_scaling] if self.p.loss_scaling is not None else [])
-        for m, i in enumerate(drawn):
-            task, name = self.tasks[i], self.tasks[i].spec.name
-            features = [self.plan.train[name].get(idx, epoch) for idx, epoch in self.plan.streams[i].indices(read[i])]
-            read[i] += 1
-            batch = task.collate(features)
-            feed = make_feed(self.tasks, i, batch, use_task_id=self.setup.mtl.use_task_id)
-            feed.update(idle)
-            if self.p.dropout_seeds:
-                feed[DROPOUT_SEEDS] = draw_dropout_seeds(self.cfg.train.seed, self.step, m, self.data_rank,
-                                                         self.p.dropout_seeds)
-            scalars = self.p.fwd.task_scalars[name]
-            values = self.exe.run(self.p.main, feed=feed,
-                                  fetch_list=[self.p.fwd.task_losses[name], *scalars.values(), *extra])
+        for micro in self.feeder.step(self.step, drawn, read):
+            scalars = self.p.fwd.task_scalars[micro.task]
+            values = self.exe.run(self.p.main, feed=micro.feed,
+                                  fetch_list=[self.p.fwd.task_losses[micro.task], *scalars.values(), *extra])
             values = [float(np.asarray(v).reshape(-1)[0]) for v in values]
-            self.window.add_micro(name, values[0], dict(zip(scalars, values[1:1 + len(scalars)])),
-                                  tokens=int((np.asarray(batch["input_mask"]) == 0).sum()) * self.topo.data_world_size)
+            self.window.add_micro(micro.task, values[0], dict(zip(scalars, values[1:1 + len(scalars)])),
+                                  tokens=micro.tokens)
             lr_and_scale = values[1 + len(scalars):]
         self.p.lr_scheduler.step()
         if self.ema is not None:
@@ -169,7 +135,7 @@ class Trainer:
         self.step += 1
         self.window.add_step(samples=sum(self.tasks[i].spec.batch_size for i in drawn) * self.topo.data_world_size,
                              lr=lr_and_scale[0], loss_scale=lr_and_scale[1] if len(lr_and_scale) > 1 else None)
-        return names
+        return [self.tasks[i].spec.name for i in drawn]
 
     def log_window(self) -> None:
         lines, logs = self.reporter.window(self, self.window)
@@ -227,12 +193,6 @@ class Trainer:
     @property
     def exported(self) -> Dict[str, int]:
         return self.exporter.exported
-
-    def best_metric(self, name: str) -> Optional[Dict]:
-        best = next((cb for cb in self.callbacks if isinstance(cb, BestCheckpoint)), None)
-        if best is None or name not in best.best:
-            return None
-        return {"name": self.task(name).main_metric, "value": best.best[name], "step": best.steps.get(name)}
 
     def print(self, message: str) -> None:
         if self.is_rank0:

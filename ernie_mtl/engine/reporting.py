@@ -20,6 +20,23 @@ class Reporter:
 
     flag_mode = False
 
+    def start(self, trainer):
+        """Rank 0 at the start of training: the start-up lines (schedule or topology, each task's
+        data, the plan's warnings), the hyperparameters to VisualDL; returns the progress bar (drawn
+        on a terminal only: log files get the log lines)."""
+        from tqdm import tqdm
+
+        from ernie_mtl.planning.plan import plan_warnings
+
+        for line in self.start_lines(trainer) + [ln for task in trainer.tasks for ln in task.describe_data()]:
+            trainer.log.info(line)
+        for line in plan_warnings(trainer.plan, trainer.topo, flag_mode=trainer.setup.flag_mode,
+                                  max_steps=trainer.cfg.optim.max_steps):
+            trainer.log.warning(line)
+        trainer.writer.hparams(trainer.cfg.to_dict(), self.hparam_metrics(trainer))
+        return tqdm(total=trainer.plan.planned.total_steps, initial=trainer.step, unit="step", dynamic_ncols=True,
+                    mininterval=1.0, disable=None)
+
     def start_lines(self, trainer) -> List[str]:
         return ["task schedule:\n" + trainer.schedule.summary()]
 

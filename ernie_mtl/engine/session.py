@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from ernie_mtl.checkpoint.store import Checkpointer
 from ernie_mtl.dist.process import ProcessInfo, StoreBarrier, executor_mode, resolve_device, start_process
 from ernie_mtl.dist.topology import Topology
 from ernie_mtl.planning.plan import RunPlan, prepare
@@ -42,6 +43,18 @@ class Session:
     @property
     def data_rank(self) -> int:
         return self.topo.data_rank(self.info.rank)
+
+    def checkpointer(self, *, log) -> Checkpointer:
+        """The checkpoint store of this run: every rank writes its own state under sharding (the
+        state differs per rank), rank 0 alone otherwise; the program state is saved and loaded
+        through paddle.static on this session's training program."""
+        import paddle
+
+        return Checkpointer(
+            self.cfg.train.output_dir, rank=self.info.rank, world_size=self.info.world_size,
+            per_rank_state=self.topo.sharding_degree > 1, keep_last=self.cfg.train.keep_last, barrier=self.barrier,
+            log=log, save_program_state=lambda prefix: paddle.static.save(self.programs.main, prefix),
+            load_program_state=lambda prefix: paddle.static.load(self.programs.main, prefix, self.exe))
 
     def scope_guard(self):
         """Run the block with this session's scope as paddle's global scope (what `exe.run` and
