@@ -286,6 +286,9 @@ CASES = [
 ENV = {"launch_master_malformed": {"MASTER": "host-without-port", "NNODES": "2", "GPUS": "0", "CONFIG": "global.yaml",
                                    "OUTPUT_DIR": "o", "DRY_RUN": "1"}}
 LIMIT = {"ckpt_disk_full_on_save": 40_000}
+# folders of the workspace whose files are listed before and after: a refused command adds none
+# (no VisualDL record, no metrics file, no checkpoint)
+WATCHED = ("out", "mtl")
 
 
 def test_there_are_at_least_sixty_cases():
@@ -307,3 +310,5 @@ def test_hostile_input_is_refused_with_one_clear_message_and_nothing_changed(bas
     after = snapshot(ws)
     changed = [p for p, data in before.items() if after.get(p) != data]
     assert not changed, changed  # every file that existed before is byte-identical
+    added = [p for p in after if p not in before and p.split(os.sep)[0] in WATCHED]
+    assert not added, added  # and the run's folders gained nothing
