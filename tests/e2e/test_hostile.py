@@ -127,6 +127,59 @@ def mt_yaml(ws, global_text, task_text=None, name="g.yaml"):
                   "--output_dir", "mtl2"]
 
 
+def run_data(ws):
+    """The flags that place the run's data where the checkpoints recorded it (the prepared
+    workspace's absolute paths, which resume compares), with the index caches in the copy: a case
+    that edits a checkpoint then reaches the resume itself."""
+    data = json.loads((ws / "out" / "model_last" / "train_state.json").read_text())["config"]["data"]
+    return ["--input_dir", data["input_dir"], "--tokenizer_name_or_path", data["tokenizer_name_or_path"],
+            "--data_cache", str(ws / "cache")]
+
+
+def edit_state(ws, folder, change, *, root="out"):
+    """Edit checkpoint `folder`'s train_state.json by hand (`change(raw)`), as a user or a tool might."""
+    f = ws / root / folder / "train_state.json"
+    raw = json.loads(f.read_text())
+    change(raw)
+    f.write_text(json.dumps(raw))
+
+
+def resume_edited(folder, change):
+    """Resume `--resume out/<folder>` after `change` edited its train_state.json."""
+    def make(ws):
+        edit_state(ws, folder, change)
+        return flag("--resume", f"out/{folder}", *run_data(ws))
+    return make
+
+
+def written_damaged(ws, folder, ext, *, root="out"):
+    """A state file damaged before its checksums were recorded (so its size and SHA-1 match): its
+    end cut off, then train_state.json's `files` and the rank's .sha1 rewritten to fit."""
+    from helpers import rehash_checkpoint
+
+    f = ws / root / folder / "state" / f"rank_0{ext}"
+    f.write_bytes(f.read_bytes()[:-11])
+    rehash_checkpoint(ws / root / folder)
+
+
+def truncate(path: Path):
+    path.write_bytes(path.read_bytes()[:-11])
+
+
+def flip_byte(path: Path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, different content
+    path.write_bytes(bytes(data))
+
+
+EVAL = RUN + ["--do_eval", "--task", "topic", "--eval_file", "cls.tsv", "--output_dir", "mtl"]
+EVAL_CKPT = EVAL + ["--checkpoint", "mtl/best_topic"]
+
+
+def _set(key, value):
+    return lambda raw: raw.__setitem__(key, value)
+
+
 CASES = [
     # flags: every problem at once, each named
     ("flag_not_a_number", lambda ws: flag("--max_lr", "abc"), ["--max_lr 'abc'", "not a number"]),
@@ -280,12 +333,69 @@ CASES = [
     ("tool_merge_other_vocab", lambda ws: (write(ws / "corpus.json", json.dumps(
         {**json.loads((ws / "corpus.json").read_text()), "vocab_sha1": "2" * 40})),
         dt("merge") + ["--inputs", "corpus", "out_c", "--output_prefix", "merged"])[1], ["merge"]),
+    # issue 17: --do_eval --checkpoint verifies the checkpoint as resume and the converter do
+    ("eval_ckpt_params_truncated", lambda ws: (truncate(ws / "mtl/best_topic/state/rank_0.pdparams"),
+                                               EVAL_CKPT)[1],
+     ["--checkpoint", "best_topic/state/rank_0.pdparams is damaged", "truncated", "mtl/model_last (step"]),
+    ("eval_ckpt_params_same_size", lambda ws: (flip_byte(ws / "mtl/best_topic/state/rank_0.pdparams"), EVAL_CKPT)[1],
+     ["rank_0.pdparams is damaged", "SHA-1 differs", "evaluate an intact checkpoint"]),
+    ("eval_ckpt_step_edited", lambda ws: (edit_state(ws, "best_topic", _set("step", 99), root="mtl"), EVAL_CKPT)[1],
+     ["best_topic/train_state.json is damaged", "step 99 disagrees with lr_scheduler.last_epoch"]),
+    ("eval_ckpt_written_damaged", lambda ws: (written_damaged(ws, "best_topic", ".pdparams", root="mtl"),
+                                              EVAL_CKPT)[1], ["best_topic/state/rank_0.pdparams is damaged",
+                                                              "unreadable", "written damaged"]),
+    ("eval_manifest_garbage", lambda ws: (write(ws / "mtl/topic/infer_model/manifest.json", "garbage{"), EVAL)[1],
+     ["infer_model/manifest.json is damaged", "not valid JSON", "mtl/best_topic"]),
+    ("eval_manifest_not_an_object", lambda ws: (write(ws / "mtl/topic/infer_model/manifest.json", "[1, 2]"),
+                                                EVAL)[1], ["manifest.json is damaged", "JSON list"]),
+    ("predict_manifest_without_feeds", lambda ws: (
+        write(ws / "mtl/topic/infer_model/manifest.json", json.dumps(
+            {k: v for k, v in json.loads((ws / "mtl/topic/infer_model/manifest.json").read_text()).items()
+             if k != "feeds"})),
+        RUN + ["--do_predict", "--task", "topic", "--pred_file", "cls.tsv", "--output_dir", "mtl"])[1],
+     ["manifest.json is damaged", "'feeds' missing"]),
+    # issue 17: resume checks train_state.json field by field and the ranks' own records
+    ("ckpt_step_edited", resume_edited("model_3", _set("step", 5)),
+     ["model_3/train_state.json is damaged", "step 5 disagrees with the folder name model_3",
+      "model_6 (step 6)", "--resume PATH"]),
+    ("ckpt_step_negative", resume_edited("model_3", _set("step", -3)), ["model_3/train_state.json is damaged",
+                                                                        "step -3 is negative"]),
+    ("ckpt_topology_missing", resume_edited("model_3", lambda raw: raw.pop("topology")),
+     ["model_3/train_state.json is damaged", "no 'topology'", "model_6 (step 6)"]),
+    ("ckpt_topology_key_missing", resume_edited("model_3", lambda raw: raw["topology"].pop("world_size")),
+     ["model_3/train_state.json is damaged", "topology lacks ['world_size']"]),
+    ("ckpt_rank_sha1_disagrees", lambda ws: (write(ws / "out/model_3/state/rank_0.sha1", json.dumps(
+        {k: dict(v, sha1="0" * 40) for k, v in json.loads((ws / "out/model_3/state/rank_0.sha1").read_text()).items()})),
+        flag("--resume", "out/model_3", *run_data(ws)))[1],
+     ["model_3/state/rank_0.sha1 disagrees with", "model_3/train_state.json", "model_6 (step 6)"]),
+    ("ckpt_consumed_edited", resume_edited("model_3", _set("consumed_samples", 999)),
+     ["consumed_samples 999 disagrees with the task schedule's 12"]),
+    ("ckpt_lr_epoch_edited", resume_edited("model_3", lambda raw: raw["lr_scheduler"].update(last_epoch=1)),
+     ["step 3 disagrees with lr_scheduler.last_epoch 1"]),
+    ("ckpt_auto_newest_edited", lambda ws: ([edit_state(ws, f, _set("step", 7)) for f in ("model_last", "model_6")],
+                                            flag(*run_data(ws)))[1],
+     ["cannot resume from", "step 7 disagrees", "Intact checkpoints: ", "model_3 (step 3)"]),
+    ("ckpt_resume_path_damaged_lists_intact", lambda ws: (truncate(ws / "out/model_3/state/rank_0.pdparams"),
+                                                          flag("--resume", "out/model_3"))[1],
+     ["cannot resume from", "model_3/state/rank_0.pdparams is damaged", "model_6 (step 6)", "--resume PATH"]),
+    ("ckpt_opt_written_damaged", lambda ws: (written_damaged(ws, "model_3", ".pdopt"),
+                                             flag("--resume", "out/model_3", *run_data(ws)))[1],
+     ["model_3/state/rank_0.pdopt is damaged", "unreadable", "written damaged", "model_6 (step 6)"]),
+    ("ckpt_none_intact", lambda ws: ([write(ws / "out" / f / "train_state.json", "garbage{{{")
+                                      for f in ("model_last", "model_3", "model_6")], flag())[1],
+     ["train_state.json is damaged", "No intact checkpoint remains: start a new run in another --output_dir, or "
+                                     "here with --resume none --overwrite_output_dir"]),
+    ("s2d_rank_sha1_missing", lambda ws: ((ws / "out/model_last/state/rank_0.sha1").unlink(),
+                                          S2D + ["--input", "out/model_last", "--output_dir", "conv"])[1],
+     ["rank_0.sha1 is missing", "convert an intact checkpoint", "model_3 (step 3)"]),
     # launch scripts
     ("launch_master_malformed", lambda ws: ["bash", ROOT / "scripts" / "run.sh"], ["MASTER"]),
 ]
 ENV = {"launch_master_malformed": {"MASTER": "host-without-port", "NNODES": "2", "GPUS": "0", "CONFIG": "global.yaml",
                                    "OUTPUT_DIR": "o", "DRY_RUN": "1"}}
 LIMIT = {"ckpt_disk_full_on_save": 40_000}
+# fragments the message must NOT contain (a wrong cause, a spurious follow-on problem)
+ABSENT = {"ckpt_opt_written_damaged": ["another configuration"], "eval_ckpt_written_damaged": ["Traceback"]}
 # folders of the workspace whose files are listed before and after: a refused command adds none
 # (no VisualDL record, no metrics file, no checkpoint)
 WATCHED = ("out", "mtl")
@@ -307,6 +417,8 @@ def test_hostile_input_is_refused_with_one_clear_message_and_nothing_changed(bas
     assert "Traceback" not in text and "During handling" not in text, text[-3000:]
     for fragment in fragments:
         assert fragment in text, (fragment, text[-3000:])
+    for fragment in ABSENT.get(name, ()):
+        assert fragment not in text, (fragment, text[-3000:])
     after = snapshot(ws)
     changed = [p for p, data in before.items() if after.get(p) != data]
     assert not changed, changed  # every file that existed before is byte-identical
