@@ -390,9 +390,32 @@ CASES = [
      ["rank_0.sha1 is missing", "convert an intact checkpoint", "model_3 (step 3)"]),
     # launch scripts
     ("launch_master_malformed", lambda ws: ["bash", ROOT / "scripts" / "run.sh"], ["MASTER"]),
+    # issue 17: a PORT_RANGE the user set is checked before the launcher takes it as it is
+    ("launch_port_range_garbage", lambda ws: ["bash", ROOT / "scripts" / "run_cpu.sh"],
+     ["run_cpu.sh: error: PORT_RANGE='garbage' is malformed", "LOW:HIGH", "unset PORT_RANGE"]),
+    ("launch_port_range_reversed", lambda ws: ["bash", ROOT / "scripts" / "run_cpu.sh"],
+     ["PORT_RANGE='9000:8000'", "LOW 9000 is not below HIGH 8000", "PORT_RANGE=8000:9000"]),
+    ("launch_port_range_one_number", lambda ws: ["bash", ROOT / "scripts" / "run_cpu.sh"],
+     ["PORT_RANGE='5000' is malformed", "LOW:HIGH"]),
+    ("launch_port_range_above_65535", lambda ws: ["bash", ROOT / "scripts" / "run_cpu.sh"],
+     ["PORT_RANGE='70000:80000' lies outside the ports 1..65535"]),
+    ("launch_port_range_port_zero", lambda ws: ["bash", ROOT / "scripts" / "run_single_node.sh"],
+     ["run_single_node.sh: error: PORT_RANGE='0:100' lies outside the ports 1..65535"]),
+    ("launch_port_range_too_small", lambda ws: ["bash", ROOT / "scripts" / "run_cpu.sh"],
+     ["PORT_RANGE='40000:40002' holds 3 port(s), but the launcher needs 4", "2 process(es)"]),
+    ("launch_port_range_ips_mode", lambda ws: ["bash", ROOT / "scripts" / "run.sh"],
+     ["run.sh: error: PORT_RANGE='61000-65535' is malformed"]),
 ]
 ENV = {"launch_master_malformed": {"MASTER": "host-without-port", "NNODES": "2", "GPUS": "0", "CONFIG": "global.yaml",
-                                   "OUTPUT_DIR": "o", "DRY_RUN": "1"}}
+                                   "OUTPUT_DIR": "o", "DRY_RUN": "1"},
+       # DRY_RUN: the check comes before the command is printed; without it the old scripts' launcher
+       # died in a traceback, or (70000:80000) tried to bind a port forever
+       **{f"launch_port_range_{case}": {"PORT_RANGE": value, "NPROC": "2", "GPUS": "0", "CONFIG": "global.yaml",
+                                        "OUTPUT_DIR": "o", "DRY_RUN": "1", **extra}
+          for case, value, extra in [("garbage", "garbage", {}), ("reversed", "9000:8000", {}),
+                                     ("one_number", "5000", {}), ("above_65535", "70000:80000", {}),
+                                     ("port_zero", "0:100", {}), ("too_small", "40000:40002", {}),
+                                     ("ips_mode", "61000-65535", {"IPS": "10.0.0.1"})]}}
 LIMIT = {"ckpt_disk_full_on_save": 40_000}
 # fragments the message must NOT contain (a wrong cause, a spurious follow-on problem)
 ABSENT = {"ckpt_opt_written_damaged": ["another configuration"], "eval_ckpt_written_damaged": ["Traceback"]}
