@@ -121,10 +121,17 @@ def _convert(name: str, raw: Any, source: str) -> Any:
                          + ("; or none to unset it" if optional else "")) from None
 
 
-def _read_flag_yaml(path: str, problems: List[str]) -> Dict[str, Any]:
-    data = read_yaml(path, problems, what="config", label=f"--config {path}")
+def _read_flag_yaml(path: str, problems: List[str]) -> Optional[Dict[str, Any]]:
+    """The flag values of a `--config` file, or None when the file itself is unusable (unreadable,
+    not YAML, a key given twice, empty): then its problem is the one to report, not the flags it
+    would have set."""
+    data = read_yaml(path, problems, what="config", label=f"--config {path}",
+                     empty="write the training flags in it (keys are flag names without --, e.g. `max_steps: "
+                           "1000`), or drop --config")
+    if data is None:
+        return None
     values = {}
-    for key, value in (data or {}).items():
+    for key, value in data.items():
         if key in _UNSUPPORTED_PARALLEL:
             problems += _unsupported_parallel(key, value, f"{path}: key {key!r}")
         elif key not in _FLAGS:
@@ -220,7 +227,10 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, world_size: Optional[i
             problems += e.problems
         given = {k: v for k, v in given.items() if _FLAGS[k][0] != RUN_WIDE}  # the loader typed those
     elif config_file:
-        for key, raw in _read_flag_yaml(config_file, problems).items():
+        from_file = _read_flag_yaml(config_file, problems)
+        if from_file is None:  # what the file would have set is unknown: "--input_dir is required" would mislead
+            raise ConfigError(problems)
+        for key, raw in from_file.items():
             values[key], sources[key] = raw, f"from {config_file}"
     for key, raw in given.items():
         values[key], sources[key] = raw, "command line"

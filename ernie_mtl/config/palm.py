@@ -359,7 +359,8 @@ class _Loader:
             self.problems.append(f"{self.path}: task_instance names {name!r} but its task file {path} does not "
                                  f"exist; create it or set task_dir (now {mtl.task_dir})")
             return None
-        data = _read_yaml(path, "task config", self.problems)
+        data = read_yaml(path, self.problems, what="task config",
+                         empty="write the task's keys in it (reader, train_file, ...: docs/multitask_config.md)")
         return None if data is None else (path, data)
 
     def _task_type(self, mtl: MultiTaskConfig, i: int, task_file):

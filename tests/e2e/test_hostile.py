@@ -238,6 +238,31 @@ CASES = [
      ["b.yaml", "mapping"]),
     ("config_unknown_key", lambda ws: (write(ws / "b.yaml", "max_lrr: 1\n"), RUN + ["--config", "b.yaml"])[1],
      ["unknown key 'max_lrr'", "did you mean 'max_lr'"]),
+    # issue 17: a key given twice is refused (YAML keeps the last value), a syntax error reported alone, an
+    # empty file named
+    ("config_duplicate_key", lambda ws: (write(ws / "b.yaml", "max_lr: 1e-3\nmax_steps: 6\nmax_lr: 0.5\n"),
+                                         flag("--config", "b.yaml"))[1],
+     ["--config b.yaml:3:", "key 'max_lr' twice (lines 1 and 3)", "delete one"]),
+    ("config_syntax_error_alone", lambda ws: (write(ws / "b.yaml", "max_steps: 6\na: [1, 2\n"),
+                                              RUN + ["--config", "b.yaml"])[1],
+     ["--config b.yaml:3:1: the config is not valid YAML", "started on line 2"]),
+    ("config_empty", lambda ws: (write(ws / "b.yaml", ""), RUN + ["--config", "b.yaml"])[1],
+     ["--config b.yaml: the config is empty", "drop --config"]),
+    ("config_only_comments", lambda ws: (write(ws / "b.yaml", "# max_steps: 6\n"), flag("--config", "b.yaml"))[1],
+     ["--config b.yaml: the config is empty"]),
+    ("mtl_global_duplicate_key", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\nbatch_size: 4\n"
+                                                        "num_epochs: 1\nbatch_size: 8\n"),
+     ["g.yaml:5:", "key 'batch_size' twice (lines 3 and 5)"]),
+    ("mtl_task_duplicate_key", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n",
+                                                  "reader: cls\ntrain_file: ../cls.tsv\nn_classes: 2\n"
+                                                  "dev_file: ../cls.tsv\nn_classes: 3\n"),
+     ["tasks/topic.yaml:5: the task config gives key 'n_classes' twice (lines 3 and 5)"]),
+    ("mtl_task_nested_duplicate_key", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n",
+                                                         "reader: cls\ntrain_file: ../cls.tsv\nn_classes: 2\n"
+                                                         "label_map: {a: 0, a: 1}\n"),
+     ["topic.yaml:4: the task config gives key 'a' twice on line 4"]),
+    ("mtl_task_file_empty", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n", "# nothing yet\n"),
+     ["tasks/topic.yaml: the task config is empty"]),
     # multi-task configuration: every problem at once
     ("mtl_global_and_task_errors_together", lambda ws: mt_yaml(
         ws, "task_instance: topic\ntask_dir: tasks\nmix_ratio: abc\n",
@@ -418,7 +443,8 @@ ENV = {"launch_master_malformed": {"MASTER": "host-without-port", "NNODES": "2",
                                      ("ips_mode", "61000-65535", {"IPS": "10.0.0.1"})]}}
 LIMIT = {"ckpt_disk_full_on_save": 40_000}
 # fragments the message must NOT contain (a wrong cause, a spurious follow-on problem)
-ABSENT = {"ckpt_opt_written_damaged": ["another configuration"], "eval_ckpt_written_damaged": ["Traceback"]}
+ABSENT = {"config_syntax_error_alone": ["is required", "problems"], "config_empty": ["is required"],
+          "config_duplicate_key": ["problems"], "ckpt_opt_written_damaged": ["another configuration"], "eval_ckpt_written_damaged": ["Traceback"]}
 # folders of the workspace whose files are listed before and after: a refused command adds none
 # (no VisualDL record, no metrics file, no checkpoint)
 WATCHED = ("out", "mtl")
