@@ -81,8 +81,8 @@ def prebuild(cfg) -> int:
     log = get_logger(0)
     topo = Topology.from_config(cfg.parallel, world)
     plan = prepare(cfg, info=info, topo=topo, barrier=lambda *a, **k: None, log=log.info, is_builder=True)
-    for t in plan.tasks:
-        if t.spec.test_file and t.sized_by_run:
+    for t in plan.tasks:  # the targets' test splits are in the plan; an auxiliary corpus's too, if it has one
+        if t.spec.test_file and t.sized_by_run and t.spec.name not in plan.test:
             load_eval_split(t, "test", plan.eval_batches)
     log.info(f"index caches ready for {plan.planned.total_steps} optimizer steps of {len(plan.tasks)} task(s) "
              f"(world size {world}); the run with the same flags reuses them")
@@ -327,12 +327,10 @@ class Trainer:
         """The final test evaluation: every target with a test split, with the final weights and with
         its best checkpoint's weights (when it has one); logged, written to VisualDL (`test/...`,
         `test_best/...`) and to `<output_dir>/test_results.json`."""
-        from ernie_mtl.plan import load_eval_split
-
-        tasks = [t for t in self.tasks if t.spec.is_target and t.spec.test_file]
+        tasks = [t for t in self.tasks if t.spec.name in self.plan.test]
         if not tasks:
             return {}
-        data = {t.spec.name: load_eval_split(t, "test", self.plan.eval_batches) for t in tasks}
+        data = self.plan.test  # read and checked before training (ernie_mtl/plan.py)
         results: Dict[str, Any] = {t.spec.name: {} for t in tasks}
         with self._ema_swapped_in():
             final = {t.spec.name: self.evaluate_split(t, data[t.spec.name]) for t in tasks}

@@ -216,7 +216,7 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, world_size: Optional[i
                 config_file, cli={**mtl_cli, **given}, task_cli=task_cli,
                 flag_names={k for k, (s, _) in _FLAGS.items() if s != RUN_WIDE},
                 splits=("pred",) if _truthy(given.get("do_predict")) else () if _truthy(given.get("do_eval"))
-                else ("train", "dev"))
+                else ("train", "dev", "test"))  # training reads the test files at its end: check them now
             for key, raw in setup.run_flags.items():
                 values[key], sources[key] = raw, f"from {config_file}"
             if _truthy(given.get("do_predict")) and "pred_file" not in given and given.get("task"):

@@ -172,6 +172,23 @@ def flip_byte(path: Path):
     path.write_bytes(bytes(data))
 
 
+def with_test_file(ws, rows, *, name="t.tsv"):
+    """The topic task with a test file `rows` (a target: tested at the end of the run)."""
+    write(ws / name, rows)
+    return mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n", "reader: cls\ntrain_file: ../cls.tsv\n"
+                   f"dev_file: ../cls.tsv\ntest_file: ../{name}\nn_classes: 2\n")
+
+
+def seq_label_task(ws, test_rows):
+    """A seq_label target whose test file is `test_rows` (characters and tags joined by \\x02)."""
+    rows = ["text_a\tlabel"] + ["\x02".join(CHARS[i:i + 4]) + "\tB\x02I\x02O\x02O" for i in range(12)]
+    write(ws / "seg.tsv", "\n".join(rows) + "\n")
+    write(ws / "seg_test.tsv", test_rows)
+    write(ws / "tags.json", json.dumps({"B": 0, "I": 1, "O": 2}))
+    return mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n", "reader: seq_label\ntrain_file: ../seg.tsv\n"
+                   "dev_file: ../seg.tsv\ntest_file: ../seg_test.tsv\nlabel_map: ../tags.json\n")
+
+
 EVAL = RUN + ["--do_eval", "--task", "topic", "--eval_file", "cls.tsv", "--output_dir", "mtl"]
 EVAL_CKPT = EVAL + ["--checkpoint", "mtl/best_topic"]
 
@@ -298,6 +315,23 @@ CASES = [
                                  write(ws / "tasks" / "topic.yaml", "reader: mrc\ntrain_file: ../qa.json\n"),
                                  mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n"))[2],
      ["qa.json:2:", "not valid JSON"]),
+    # issue 17: a target's test_file is read before training, as dev_file is (it was read after training and export)
+    ("test_file_missing", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n",
+                                             "reader: cls\ntrain_file: ../cls.tsv\ntest_file: ../nope.tsv\nn_classes: 2\n"),
+     ["topic.yaml: key 'test_file' '../nope.tsv': file not found"]),
+    ("test_file_header_only", lambda ws: with_test_file(ws, "label\ttext_a\n"),
+     ["task topic: test_file", "t.tsv has no examples"]),
+    ("test_file_bad_row", lambda ws: with_test_file(ws, "label\ttext_a\n1\t好\n0\ta\tb\n"),
+     ["task topic: test_file: ", "t.tsv:3: 3 tab-separated fields"]),
+    ("test_file_not_utf8", lambda ws: with_test_file(ws, b"label\ttext_a\n1\t\xff\xfe\n"),
+     ["task topic: test_file: ", "t.tsv:2: not UTF-8"]),
+    ("test_file_unknown_tag", lambda ws: seq_label_task(ws, "text_a\tlabel\n的\x02了\tB\x02X\n"),
+     ["task topic: test_file: ", "seg_test.tsv:2: tag(s) ['X'] are not in label_map"]),
+    ("test_file_no_header", lambda ws: with_test_file(ws, "1\t好\n"), ["task topic: test_file: ", "t.tsv:1:",
+                                                                      "header row"]),
+    ("dev_file_bad_row_names_key", lambda ws: (write(ws / "d.tsv", "label\ttext_a\n1\ta\tb\n"), mt_yaml(
+        ws, "task_instance: topic\ntask_dir: tasks\n", "reader: cls\ntrain_file: ../cls.tsv\ndev_file: ../d.tsv\nn_classes: 2\n"))[1],
+     ["task topic: dev_file: ", "d.tsv:2:"]),
     # checkpoints: never skipped, never overwritten
     ("ckpt_state_garbage", lambda ws: damage_state(ws, "garbage"), ["model_last/train_state.json is damaged",
                                                                     "--resume none"]),
@@ -447,7 +481,7 @@ ABSENT = {"config_syntax_error_alone": ["is required", "problems"], "config_empt
           "config_duplicate_key": ["problems"], "ckpt_opt_written_damaged": ["another configuration"], "eval_ckpt_written_damaged": ["Traceback"]}
 # folders of the workspace whose files are listed before and after: a refused command adds none
 # (no VisualDL record, no metrics file, no checkpoint)
-WATCHED = ("out", "mtl")
+WATCHED = ("out", "mtl", "mtl2", "conv", "o")
 
 
 def test_there_are_at_least_sixty_cases():
