@@ -382,7 +382,7 @@ def validate(cfg: RunConfig, *, world_size: Optional[int] = None) -> RunConfig:
     else:
         problems += _multitask_problems(cfg, arch)
     problems += _train_problems(cfg.train, cfg.optim)
-    problems += _output_dir_problems(cfg.train)
+    problems += _output_dir_problems(cfg.train, cfg.data)
     problems += _extension_problems(cfg)
     if cfg.amp.use_amp and cfg.amp.amp_level == "O2" and cfg.parallel.use_sharding:
         problems.append("--amp_level O2 with --sharding_degree > 1 cannot be built by fleet 2.6.2 (its sharding "
@@ -485,6 +485,10 @@ def _vocab_problems(vocab_file: Path, *, need_mask: bool) -> Tuple[Optional[int]
     if not tokens:
         return 0, [f"--tokenizer_name_or_path {vocab_file} is empty; give the vocab.txt written by "
                    "python -m data_tools.build_vocab (or a PaddleNLP model's)"]
+    if tokens[0].startswith("\ufeff"):  # else "[PAD]" would be reported missing: the BOM is the cause
+        from data_tools.tokenization import bom_problem
+
+        return len(tokens), [f"--tokenizer_name_or_path {bom_problem(vocab_file, tokens[0])}"]
     wanted = ["[PAD]", "[CLS]", "[SEP]", "[UNK]"] + (["[MASK]"] if need_mask else [])
     missing = [t for t in wanted if t not in set(tokens)]
     if missing:
@@ -494,18 +498,28 @@ def _vocab_problems(vocab_file: Path, *, need_mask: bool) -> Tuple[Optional[int]
     return len(tokens), []
 
 
-def _output_dir_problems(train: TrainConfig) -> List[str]:
-    """--output_dir must be a folder this process can create and write (checked before any work)."""
-    out = Path(train.output_dir)
+def _output_dir_problems(train: TrainConfig, data: Optional[DataConfig] = None) -> List[str]:
+    """--output_dir (and --data_cache, where the index caches go) must be folders this process can
+    create and write (checked before any work)."""
+    problems = _folder_problems("--output_dir", train.output_dir)
+    if data is not None and data.data_cache:
+        problems += _folder_problems("--data_cache", data.data_cache, use="the index caches are written in it")
+    return problems
+
+
+def _folder_problems(flag: str, folder: str, use: str = "") -> List[str]:
+    """A folder this process can create and write: not a file, not under a file, writable."""
+    out = Path(folder)
+    why = f" ({use})" if use else ""
     if out.exists() and not out.is_dir():
-        return [f"--output_dir {out} is a file, not a folder; choose a folder path"]
+        return [f"{flag} {out} is a file, not a folder{why}; choose a folder path"]
     probe = out
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():
-        return [f"--output_dir {out}: {probe} is a file, not a folder; choose another path"]
+        return [f"{flag} {out}: {probe} is a file, not a folder{why}; choose another path"]
     if not os.access(probe, os.W_OK | os.X_OK):
-        return [f"--output_dir {out}: {probe} is not writable by this user; choose a folder you can write to"]
+        return [f"{flag} {out}: {probe} is not writable by this user{why}; choose a folder you can write to"]
     return []
 
 

@@ -245,7 +245,9 @@ class _Loader:
             return None
         bad = [n for n in names if not _TASK_NAME.match(n)]
         if bad:
-            self.problems.append(f"{where}: task names {bad} may only use letters, digits, '_' and '-'")
+            self.problems.append(f"{where}: task names {bad} may only use ASCII letters (a-z, A-Z), digits, '_' and "
+                                 "'-' (a name becomes file and folder names, feed names and VisualDL tags); rename "
+                                 "the task and its task file in ASCII (e.g. task_1 and task_1.yaml)")
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             self.problems.append(f"{where}: {dupes} listed more than once")

@@ -189,6 +189,17 @@ def seq_label_task(ws, test_rows):
                    "dev_file: ../seg.tsv\ntest_file: ../seg_test.tsv\nlabel_map: ../tags.json\n")
 
 
+def corpora_folder(ws, *copies):
+    """--input_dir a folder of corpora: the workspace's corpus, plus `copies` (source, name in the folder)."""
+    folder = ws / "corp"
+    folder.mkdir()
+    for ext in (".bin", ".idx", ".json"):
+        shutil.copy(ws / f"corpus{ext}", folder / f"corpus{ext}")
+    for source, name in copies:
+        shutil.copy(ws / source, folder / name)
+    return flag("--input_dir", "corp")
+
+
 EVAL = RUN + ["--do_eval", "--task", "topic", "--eval_file", "cls.tsv", "--output_dir", "mtl"]
 EVAL_CKPT = EVAL + ["--checkpoint", "mtl/best_topic"]
 
@@ -243,6 +254,24 @@ CASES = [
                                        flag("--tokenizer_name_or_path", "nomask.txt"))[1], ["nomask.txt", "[MASK]"]),
     ("vocab_not_utf8", lambda ws: (write(ws / "bad.txt", b"[PAD]\n\xff\xfe\n"),
                                    flag("--tokenizer_name_or_path", "bad.txt"))[1], ["bad.txt", "not UTF-8"]),
+    # issue 17: messages that named the wrong cause or no fix
+    ("vocab_with_bom", lambda ws: (write(ws / "bom.txt", b"\xef\xbb\xbf" + (ws / "vocab.txt").read_bytes()),
+                                   flag("--tokenizer_name_or_path", "bom.txt"))[1],
+     ["--tokenizer_name_or_path", "bom.txt starts with a UTF-8 byte-order mark (BOM)", "without BOM"]),
+    ("tool_vocab_with_bom", lambda ws: (write(ws / "bom.txt", b"\xef\xbb\xbf" + (ws / "vocab.txt").read_bytes()),
+                                        dt("create_pretraining_data") + ["--input", "docs.txt", "--vocab_file",
+                                                                         "bom.txt", "--output_prefix", "c2"])[1],
+     ["--vocab_file bom.txt", "byte-order mark (BOM)"]),
+    ("data_cache_is_a_file", lambda ws: (write(ws / "afile", "x"), flag("--data_cache", "afile"))[1],
+     ["--data_cache", "afile is a file, not a folder"]),
+    ("data_cache_under_a_file", lambda ws: (write(ws / "afile", "x"), flag("--data_cache", "afile/cache"))[1],
+     ["--data_cache", "afile/cache", "afile is a file, not a folder"]),
+    ("data_cache_not_writable", lambda ws: flag("--data_cache", "/sys/ernie_mtl_cache"),
+     ["--data_cache /sys/ernie_mtl_cache"]),  # root gets EPERM from mkdir, others os.access's answer
+    ("mixture_folder_orphan_bin", lambda ws: corpora_folder(ws, ("corpus.bin", "other.bin")),
+     ["--input_dir", "corp/other.bin has no other.idx beside it", "move other.bin out of the folder"]),
+    ("mixture_folder_orphan_idx", lambda ws: corpora_folder(ws, ("corpus.idx", "b.idx")),
+     ["corp/b.idx has no b.bin beside it"]),
     ("output_dir_is_a_file", lambda ws: (write(ws / "afile", "x"), flag("--output_dir", "afile"))[1],
      ["--output_dir", "afile", "is a file"]),
     ("output_dir_under_a_file", lambda ws: (write(ws / "afile", "x"), flag("--output_dir", "afile/run"))[1],
@@ -287,6 +316,10 @@ CASES = [
      ["mix_ratio", "abc", "batch_size", "sixteen"]),
     ("mtl_task_file_missing", lambda ws: mt_yaml(ws, "task_instance: topic, nosuch\ntask_dir: tasks\n"),
      ["nosuch", "does not exist"]),
+    ("mtl_task_name_not_ascii", lambda ws: (write(ws / "tasks" / "情感.yaml", "reader: cls\ntrain_file: ../cls.tsv\n"
+                                                                          "n_classes: 2\n"),
+                                            mt_yaml(ws, "task_instance: 情感\ntask_dir: tasks\n"))[1],
+     ["task names ['情感'] may only use ASCII letters", "rename the task and its task file"]),
     ("mtl_unknown_reader", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n",
                                               "reader: clss\ntrain_file: ../cls.tsv\n"), ["unknown reader 'clss'"]),
     ("mtl_no_task_instance", lambda ws: mt_yaml(ws, "task_dir: tasks\nmix_ratio: 1\n"),
@@ -477,7 +510,8 @@ ENV = {"launch_master_malformed": {"MASTER": "host-without-port", "NNODES": "2",
                                      ("ips_mode", "61000-65535", {"IPS": "10.0.0.1"})]}}
 LIMIT = {"ckpt_disk_full_on_save": 40_000}
 # fragments the message must NOT contain (a wrong cause, a spurious follow-on problem)
-ABSENT = {"config_syntax_error_alone": ["is required", "problems"], "config_empty": ["is required"],
+ABSENT = {"vocab_with_bom": ["lacks"], "tool_vocab_with_bom": ["lacks"], "mixture_folder_orphan_bin": ["problems"],
+          "config_syntax_error_alone": ["is required", "problems"], "config_empty": ["is required"],
           "config_duplicate_key": ["problems"], "ckpt_opt_written_damaged": ["another configuration"], "eval_ckpt_written_damaged": ["Traceback"]}
 # folders of the workspace whose files are listed before and after: a refused command adds none
 # (no VisualDL record, no metrics file, no checkpoint)
