@@ -35,6 +35,7 @@ from ernie_mtl.callbacks import BestCheckpoint, Callback, EarlyStopping, VisualD
 from ernie_mtl.checkpoint import Checkpointer
 from ernie_mtl.logging_utils import MetricWriter, Window
 from ernie_mtl.reporting import reporter_for
+from ernie_mtl.resume import UNRESOLVED
 
 TEST_RESULTS = "test_results.json"
 
@@ -50,10 +51,12 @@ def run(cfg) -> int:
     for line in cfg.setup.reports:
         log.info(line)
     barrier = StoreBarrier(info)
+    resume_from = resolve_resume(cfg, info, log)  # a damaged checkpoint is refused before any data or program work
     plan = prepare(cfg, info=info, topo=topo, barrier=barrier, log=log.info)
     programs = build_programs(cfg, topo, plan)
     exe = make_executor(cfg, info, programs, log)
     trainer = Trainer(cfg, info=info, topo=topo, plan=plan, programs=programs, exe=exe, barrier=barrier, log=log)
+    trainer.resume_from = resume_from
     try:
         trainer.resume()
         trainer.train()
@@ -65,6 +68,22 @@ def run(cfg) -> int:
 
     watchdog.finish()  # this rank completed: its peers stop watching it
     return 0
+
+
+def resolve_resume(cfg, info, log):
+    """The checkpoint `--resume` designates (None: a new run), found and verified -- every file's
+    size and SHA-1, train_state.json field by field -- first thing, so a damaged or inconsistent
+    checkpoint stops the run within seconds instead of after index caches and programs are built.
+    Whether the run can continue from it exactly (topology, data, seed) is checked when it is loaded."""
+    from ernie_mtl.checkpoint import Checkpointer
+
+    def unused(prefix: str) -> None:
+        raise AssertionError("resolve_resume reads no program state")
+
+    finder = Checkpointer(cfg.train.output_dir, rank=info.rank, world_size=info.world_size, per_rank_state=False,
+                          save_program_state=unused, load_program_state=unused, keep_last=cfg.train.keep_last,
+                          log=log.info if info.rank == 0 else (lambda message: None))
+    return finder.resolve(cfg.train.resume, overwrite=cfg.train.overwrite_output_dir)
 
 
 def prebuild(cfg) -> int:
@@ -143,6 +162,7 @@ class Trainer:
             save_program_state=lambda prefix: paddle.static.save(self.p.main, prefix),
             load_program_state=lambda prefix: paddle.static.load(self.p.main, prefix, self.exe))
         self._resume_checks = None
+        self.resume_from: Any = UNRESOLVED  # run() resolves --resume before the plan (resolve_resume)
 
     # -- small accessors ---------------------------------------------------------------------
     def task(self, name: str):
