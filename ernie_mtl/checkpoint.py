@@ -245,7 +245,8 @@ def _check_rank_records(path: Path, files: Mapping[str, Any]) -> None:
         try:
             recorded = json.loads(sums.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise CheckpointError(f"{sums} is missing from checkpoint {path} (rank {r}'s record of its files)") from None
+            raise CheckpointError(f"{sums} is missing from checkpoint {path} (rank {r}'s record of its "
+                                  "files)") from None
         except (UnicodeDecodeError, ValueError) as e:
             raise CheckpointError(f"{sums} is damaged (not valid JSON: {e})") from None
         except OSError as e:
