@@ -529,6 +529,7 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_
 
     problems = []
     vocab_size = None
+    vocab_ok = False
     if data.vocab_file is None:
         problems.append("--tokenizer_name_or_path is required when --model_name_or_path is an architecture name: "
                         "give the vocab.txt the corpus was tokenized with (or its directory)")
@@ -538,6 +539,7 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_
     else:
         vocab_size, vocab_problems = _vocab_problems(data.vocab_file, need_mask=needs_mask)
         problems += vocab_problems
+        vocab_ok = not vocab_problems
     if not flag_mode:  # no corpus flag: the tasks' files were checked by the multi-task loader
         pass
     elif data.input_dir is None:
@@ -551,7 +553,9 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_
     else:
         from ernie_mtl.data.mixture import parse_mixture
 
-        vocab = str(data.vocab_file) if data.vocab_file is not None and data.vocab_file.is_file() else None
+        # an unusable vocab (a BOM, no [MASK], ...) is reported above; comparing the corpora with it would
+        # only add a follow-on "tokenized with another vocabulary"
+        vocab = str(data.vocab_file) if vocab_ok else None
         try:
             parse_mixture(data.input_dir, what="--input_dir", vocab_file=vocab)
         except ConfigError as e:

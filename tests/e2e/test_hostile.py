@@ -518,7 +518,7 @@ ENV = {"launch_master_malformed": {"MASTER": "host-without-port", "NNODES": "2",
                                      ("ips_mode", "61000-65535", {"IPS": "10.0.0.1"})]}}
 LIMIT = {"ckpt_disk_full_on_save": 40_000}
 # fragments the message must NOT contain (a wrong cause, a spurious follow-on problem)
-ABSENT = {"vocab_with_bom": ["lacks"], "tool_vocab_with_bom": ["lacks"], "mixture_folder_orphan_bin": ["problems"],
+ABSENT = {"vocab_with_bom": ["lacks", "problems"], "tool_vocab_with_bom": ["lacks"], "mixture_folder_orphan_bin": ["problems"],
           "config_syntax_error_alone": ["is required", "problems"], "config_empty": ["is required"],
           "config_duplicate_key": ["problems"], "ckpt_opt_written_damaged": ["another configuration"],
           "eval_ckpt_written_damaged": ["Traceback"]}
