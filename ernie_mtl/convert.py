@@ -118,13 +118,12 @@ def read_checkpoint(path: Path, *, with_optimizer: bool = False) -> Source:
     """A checkpoint folder; a sharded run's per-rank files are merged (union, duplicates must agree)."""
     from ernie_mtl.checkpoint import STATE_DIR
 
-    from ernie_mtl.checkpoint import CheckpointError, read_train_state_file, verify_files
+    from ernie_mtl.checkpoint import CheckpointError, verified_state
 
-    try:
-        raw = read_train_state_file(path)
-        verify_files(path, raw, ranks=[])  # every file the checkpoint lists: sizes and SHA-1s
+    try:  # train_state.json field by field, every file's size and SHA-1: as resume checks them
+        raw = verified_state(path, use="convert")
     except CheckpointError as e:
-        raise ConvertError(f"{e}; convert an intact checkpoint (another model_<step> or best_<task>)") from None
+        raise ConvertError(str(e)) from None
     name_map = raw.get("name_map")
     if not isinstance(name_map, dict) or not name_map:
         raise ConvertError(f"{path / TRAIN_STATE} has no name_map (structured name -> static name); it was not "

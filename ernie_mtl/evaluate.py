@@ -35,13 +35,16 @@ def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str) -> Dic
     import paddle
 
     from ernie_mtl.build import build_forward_program
-    from ernie_mtl.checkpoint import read_train_state_file
+    from ernie_mtl.checkpoint import STATE_DIR, CheckpointError, unreadable_state_file, verified_state
     from ernie_mtl.export import float32_scope, merged_state
     from ernie_mtl.forward import make_feed
     from ernie_mtl.plugins import import_plugins
     from ernie_mtl.tasks.base import TaskContext, get_task_type
 
-    raw = read_train_state_file(checkpoint)
+    try:  # the checks resume and the converter make: a damaged file is never evaluated
+        raw = verified_state(checkpoint, use="evaluate")
+    except CheckpointError as e:
+        raise ConfigError([f"--checkpoint {checkpoint}: {e}, or the exported model (without --checkpoint)"]) from None
     config = raw.get("config", {})
     mtl = config.get("mtl", {})
     problems = import_plugins(mtl.get("plugins", []), where=f"{checkpoint}: the run's plugins")
@@ -75,8 +78,17 @@ def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str) -> Dic
             raise ConfigError([f"{checkpoint}: its name map does not match the network rebuilt from its own record "
                                "(written by another version?); evaluate its exported model instead"])
         exe = paddle.static.Executor(paddle.CPUPlace())
-        scope = float32_scope(merged_state(checkpoint / "state"), fwd.name_map, use_ema=bool(mtl.get("use_ema")),
-                              place=exe.place)
+        try:
+            state = merged_state(checkpoint / STATE_DIR)
+        except Exception:  # noqa: BLE001  (a file that passed the checks but paddle cannot read)
+            bad = next(filter(None, (unreadable_state_file(p.with_suffix("")) for p in
+                                     sorted((checkpoint / STATE_DIR).glob("rank_*.pdparams")))), None)
+            if bad is None:
+                raise
+            raise ConfigError([f"--checkpoint {checkpoint}: {bad[0]} is damaged ({bad[1]}), although its size and "
+                               "SHA-1 are the ones recorded at save time: it was written damaged; evaluate another "
+                               "checkpoint or the exported model (without --checkpoint)"]) from None
+        scope = float32_scope(state, fwd.name_map, use_ema=bool(mtl.get("use_ema")), place=exe.place)
         preds = fwd.predictions[task_name]
         outputs: Dict[str, List[np.ndarray]] = {n: [] for n in preds}
         bs = task.spec.batch_size

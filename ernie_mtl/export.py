@@ -147,14 +147,35 @@ def gather_program_state(program, output_dir: str, task: str, info, barrier, *, 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+_MANIFEST_KEYS = {"task": str, "reader": str, "spec": dict, "feeds": list, "fetches": list}
+
+
 def read_manifest(model_dir: os.PathLike) -> Dict[str, Any]:
+    """The manifest of an exported model; ConfigError naming the file and its defect (missing,
+    unreadable, not JSON, keys absent or of the wrong type) and the way out."""
     path = Path(model_dir) / MANIFEST
+    out, task = Path(model_dir).parent.parent, Path(model_dir).parent.name
+    redo = (f"evaluate or convert the task's checkpoint instead ({out / f'best_{task}'} or {out / 'model_last'}), or "
+            "train again to export it anew")
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError:
+            manifest = json.load(f)
+    except FileNotFoundError:
         raise ConfigError([f"{model_dir}: no {MANIFEST}; give a folder written by the trainer's export "
                            "(<output_dir>/<task>/infer_model)"]) from None
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read it ({e.strerror})"]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"{path} is damaged (not UTF-8 text, byte {e.start}); {redo}"]) from None
+    except ValueError as e:  # json.JSONDecodeError
+        raise ConfigError([f"{path} is damaged (not valid JSON: {e}); {redo}"]) from None
+    if not isinstance(manifest, dict):
+        raise ConfigError([f"{path} is damaged (a JSON {type(manifest).__name__}, not an object); {redo}"])
+    bad = [f"{k!r} missing" if k not in manifest else f"{k!r} is {type(manifest[k]).__name__}, expected "
+           f"{kind.__name__}" for k, kind in _MANIFEST_KEYS.items() if not isinstance(manifest.get(k), kind)]
+    if bad:
+        raise ConfigError([f"{path} is damaged ({'; '.join(bad)}); {redo}"])
+    return manifest
 
 
 def load_task_from_manifest(manifest: Mapping[str, Any], model_dir: os.PathLike, *, pred_file: Optional[str] = None,
@@ -230,6 +251,8 @@ def write_json(path: os.PathLike, data: Any) -> Path:
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f, ensure_ascii=False, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():

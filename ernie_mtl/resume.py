@@ -16,6 +16,8 @@ from typing import Any, Dict
 
 from ernie_mtl.checkpoint import TrainState
 
+UNRESOLVED = object()  # a trainer's resume_from before --resume was resolved (trainer.resolve_resume)
+
 
 def resume_checks(trainer) -> Dict[str, Any]:
     """What must not change for the run to continue exactly (computed once per run: data hashing)."""
@@ -48,7 +50,8 @@ def train_state(trainer) -> TrainState:
 def resume(trainer) -> bool:
     """Continue from the checkpoint `--resume` designates, if any; returns whether it resumed."""
     t = trainer
-    ref = t.checkpointer.resolve(t.cfg.train.resume, overwrite=t.cfg.train.overwrite_output_dir)
+    ref = t.resume_from if getattr(t, "resume_from", UNRESOLVED) is not UNRESOLVED else \
+        t.checkpointer.resolve(t.cfg.train.resume, overwrite=t.cfg.train.overwrite_output_dir)
     if ref is None:
         if t.cfg.train.resume == "none" and t.cfg.train.overwrite_output_dir:
             _clear_previous_run(t)

@@ -34,6 +34,7 @@ from ernie_mtl.callbacks import BestCheckpoint, Callback, EarlyStopping, VisualD
 from ernie_mtl.checkpoint import Checkpointer
 from ernie_mtl.logging_utils import MetricWriter, Window
 from ernie_mtl.reporting import reporter_for
+from ernie_mtl.resume import UNRESOLVED
 
 TEST_RESULTS = "test_results.json"
 
@@ -49,10 +50,12 @@ def run(cfg) -> int:
     for line in cfg.setup.reports:
         log.info(line)
     barrier = StoreBarrier(info)
+    resume_from = resolve_resume(cfg, info, log)  # a damaged checkpoint is refused before any data or program work
     plan = prepare(cfg, info=info, topo=topo, barrier=barrier, log=log.info)
     programs = build_programs(cfg, topo, plan)
     exe = make_executor(cfg, info, programs, log)
     trainer = Trainer(cfg, info=info, topo=topo, plan=plan, programs=programs, exe=exe, barrier=barrier, log=log)
+    trainer.resume_from = resume_from
     try:
         trainer.resume()
         trainer.train()
@@ -64,6 +67,22 @@ def run(cfg) -> int:
 
     watchdog.finish()  # this rank completed: its peers stop watching it
     return 0
+
+
+def resolve_resume(cfg, info, log):
+    """The checkpoint `--resume` designates (None: a new run), found and verified -- every file's
+    size and SHA-1, train_state.json field by field -- first thing, so a damaged or inconsistent
+    checkpoint stops the run within seconds instead of after index caches and programs are built.
+    Whether the run can continue from it exactly (topology, data, seed) is checked when it is loaded."""
+    from ernie_mtl.checkpoint import Checkpointer
+
+    def unused(prefix: str) -> None:
+        raise AssertionError("resolve_resume reads no program state")
+
+    finder = Checkpointer(cfg.train.output_dir, rank=info.rank, world_size=info.world_size, per_rank_state=False,
+                          save_program_state=unused, load_program_state=unused, keep_last=cfg.train.keep_last,
+                          log=log.info if info.rank == 0 else (lambda message: None))
+    return finder.resolve(cfg.train.resume, overwrite=cfg.train.overwrite_output_dir)
 
 
 def prebuild(cfg) -> int:
@@ -80,8 +99,8 @@ def prebuild(cfg) -> int:
     log = get_logger(0)
     topo = Topology.from_config(cfg.parallel, world)
     plan = prepare(cfg, info=info, topo=topo, barrier=lambda *a, **k: None, log=log.info, is_builder=True)
-    for t in plan.tasks:
-        if t.spec.test_file and t.sized_by_run:
+    for t in plan.tasks:  # the targets' test splits are in the plan; an auxiliary corpus's too, if it has one
+        if t.spec.test_file and t.sized_by_run and t.spec.name not in plan.test:
             load_eval_split(t, "test", plan.eval_batches)
     log.info(f"index caches ready for {plan.planned.total_steps} optimizer steps of {len(plan.tasks)} task(s) "
              f"(world size {world}); the run with the same flags reuses them")
@@ -137,6 +156,7 @@ class Trainer:
             save_program_state=lambda prefix: paddle.static.save(self.p.main, prefix),
             load_program_state=lambda prefix: paddle.static.load(self.p.main, prefix, self.exe))
         self._resume_checks = None
+        self.resume_from: Any = UNRESOLVED  # run() resolves --resume before the plan (resolve_resume)
 
     # -- small accessors ---------------------------------------------------------------------
     def task(self, name: str):
@@ -327,12 +347,10 @@ class Trainer:
         """The final test evaluation: every target with a test split, with the final weights and with
         its best checkpoint's weights (when it has one); logged, written to VisualDL (`test/...`,
         `test_best/...`) and to `<output_dir>/test_results.json`."""
-        from ernie_mtl.plan import load_eval_split
-
-        tasks = [t for t in self.tasks if t.spec.is_target and t.spec.test_file]
+        tasks = [t for t in self.tasks if t.spec.name in self.plan.test]
         if not tasks:
             return {}
-        data = {t.spec.name: load_eval_split(t, "test", self.plan.eval_batches) for t in tasks}
+        data = self.plan.test  # read and checked before training (ernie_mtl/plan.py)
         results: Dict[str, Any] = {t.spec.name: {} for t in tasks}
         with self._ema_swapped_in():
             final = {t.spec.name: self.evaluate_split(t, data[t.spec.name]) for t in tasks}
