@@ -49,6 +49,16 @@ def is_cjk_char(ch: str) -> bool:
     return len(ch) == 1 and any(a <= ord(ch) <= b for a, b in CJK_RANGES)
 
 
+BOM = "\ufeff"
+
+
+def bom_problem(vocab_file: PathLike, first_token: str) -> str:
+    """Why a vocab.txt that starts with a UTF-8 byte-order mark is refused, and the fix."""
+    return (f"{vocab_file} starts with a UTF-8 byte-order mark (BOM), which paddlenlp's tokenizer reads as part of "
+            f"the first token ({first_token!r} instead of {first_token[1:]!r}); save the file as UTF-8 without BOM, "
+            f"e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' {vocab_file}")
+
+
 def load_vocab(vocab_file: PathLike) -> Dict[str, int]:
     """token -> id from a vocab.txt (id = line number), read as paddlenlp reads it."""
     vocab: Dict[str, int] = {}
@@ -60,6 +70,8 @@ def load_vocab(vocab_file: PathLike) -> Dict[str, int]:
     with f:
         for i, line in enumerate(f):
             token = line.rstrip("\n")
+            if i == 0 and token.startswith(BOM):
+                raise ValueError(bom_problem(vocab_file, token))
             if token in vocab:
                 raise ValueError(f"{vocab_file}:{i + 1}: token {token!r} already on line {vocab[token] + 1}; "
                                  "a vocab file must list each token once")

@@ -28,8 +28,9 @@
 #   DRY_RUN=1                print the command and exit without running it
 # OMP_NUM_THREADS/MKL_NUM_THREADS: a value you set is kept; otherwise they are decided for this node
 # by `python -m ernie_mtl.dist.threads` (cores / processes per node) and printed before the command.
-# PORT_RANGE: a value you set is kept; otherwise the launcher's ports are taken above the kernel's
-# range for outgoing connections (`python -m ernie_mtl.dist.ports`), printed before the command.
+# PORT_RANGE: a value you set (LOW:HIGH, 1 <= LOW < HIGH <= 65535, at least processes + 2 ports) is
+# checked and kept; otherwise the launcher's ports are taken above the kernel's range for outgoing
+# connections (`python -m ernie_mtl.dist.ports`), printed before the command.
 # Every other argument is passed to run_multitask_static.py unchanged (after `--`, everything is).
 # If a node fails, run the same command again on every node: training resumes from OUTPUT_DIR/model_last.
 #
@@ -198,6 +199,25 @@ case "$MODE" in
         [[ -z "$HOST" ]] || launch+=(--host "$HOST")
         device=cpu; nproc_local=$NPROC ;;
 esac
+# A PORT_RANGE you set goes to the launcher as it is, which parses it with int() and picks ports by
+# a bind test that loops forever when no port of the range can be bound: check it here.
+if [[ -n "${PORT_RANGE+set}" && -z "$PORT_RANGE" ]]; then
+    unset PORT_RANGE  # empty is unset (the launcher would fail on int('')); a range is chosen below
+elif [[ -n "${PORT_RANGE-}" ]]; then
+    port_fix="give LOW:HIGH with 1 <= LOW < HIGH <= 65535, e.g. PORT_RANGE=61000:65535, or unset PORT_RANGE (docs/launch.md, 'The launcher's ports')"
+    [[ "$PORT_RANGE" =~ ^([0-9]{1,5}):([0-9]{1,5})$ ]] \
+        || die "PORT_RANGE='$PORT_RANGE' is malformed: the launcher's port range is two port numbers joined by ':'; $port_fix"
+    port_lo=$((10#${BASH_REMATCH[1]})) port_hi=$((10#${BASH_REMATCH[2]}))
+    (( port_lo >= 1 && port_hi <= 65535 )) \
+        || die "PORT_RANGE='$PORT_RANGE' lies outside the ports 1..65535 (the launcher would wait forever for a port it cannot bind); $port_fix"
+    (( port_lo <= port_hi )) \
+        || die "PORT_RANGE='$PORT_RANGE': LOW $port_lo is not below HIGH $port_hi; give the lower port first (PORT_RANGE=$port_hi:$port_lo), or unset PORT_RANGE"
+    # the launcher takes one port for its rendezvous store, one for the pod and one per process
+    port_need=$((nproc_local + 2))
+    (( port_hi - port_lo + 1 >= port_need )) \
+        || die "PORT_RANGE='$PORT_RANGE' holds $((port_hi - port_lo + 1)) port(s), but the launcher needs $port_need on this node ($nproc_local process(es) + its store + the pod); widen it, e.g. PORT_RANGE=$port_lo:$((port_lo + 999 > 65535 ? 65535 : port_lo + 999)), or unset PORT_RANGE"
+fi
+
 cmd=("${launch[@]}" --log_dir "$LOG_DIR" "$ROOT/run_multitask_static.py" --config "$CONFIG" --output_dir "$OUTPUT_DIR")
 [[ -z "$INPUT_DIR" ]] || cmd+=(--input_dir "$INPUT_DIR")
 cmd+=(--device "$device" ${train_args[@]+"${train_args[@]}"})

@@ -18,8 +18,9 @@
 #   DRY_RUN=1                    print the command and exit without running it
 # OMP_NUM_THREADS/MKL_NUM_THREADS: a value you set is kept; otherwise they are decided for this node
 # by `python -m ernie_mtl.dist.threads` (cores / NPROC) and printed before the command.
-# PORT_RANGE: a value you set is kept; otherwise the launcher's ports are taken above the kernel's
-# range for outgoing connections (`python -m ernie_mtl.dist.ports`), printed before the command.
+# PORT_RANGE: a value you set (LOW:HIGH, 1 <= LOW < HIGH <= 65535, at least processes + 2 ports) is
+# checked and kept; otherwise the launcher's ports are taken above the kernel's range for outgoing
+# connections (`python -m ernie_mtl.dist.ports`), printed before the command.
 # Every other argument is passed to run_multitask_static.py unchanged (after `--`, everything is).
 # GPUS is ignored: Paddle 2.6.2's launcher fails on CPU with --gpus/--devices ("substring not found").
 # The checks and the command are in scripts/run.sh (launch mode "cpu").

@@ -12,8 +12,9 @@
 #   DRY_RUN=1                print the command and exit without running it
 # OMP_NUM_THREADS/MKL_NUM_THREADS: a value you set is kept; otherwise they are decided for this node
 # by `python -m ernie_mtl.dist.threads` (host threads per GPU process) and printed before the command.
-# PORT_RANGE: a value you set is kept; otherwise the launcher's ports are taken above the kernel's
-# range for outgoing connections (`python -m ernie_mtl.dist.ports`), printed before the command.
+# PORT_RANGE: a value you set (LOW:HIGH, 1 <= LOW < HIGH <= 65535, at least processes + 2 ports) is
+# checked and kept; otherwise the launcher's ports are taken above the kernel's range for outgoing
+# connections (`python -m ernie_mtl.dist.ports`), printed before the command.
 # Every other argument is passed to run_multitask_static.py unchanged (after `--`, everything is).
 # The checks and the command are in scripts/run.sh (launch mode "single").
 # `sh scripts/...` works too: re-run under bash (the checks use bash features).

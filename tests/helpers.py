@@ -215,9 +215,9 @@ def first(mapping: Optional[Mapping], default=None):
 
 
 def rehash_checkpoint(path: Path) -> None:
-    """After a test edits a checkpoint's files on purpose: record their new sizes and SHA-1s, so the
-    edit reaches the code under test instead of the integrity check (tests/unit/test_checkpoint.py
-    covers that check itself)."""
+    """After a test edits a checkpoint's files on purpose: record their new sizes and SHA-1s (in
+    train_state.json and in each rank's state/rank_<r>.sha1), so the edit reaches the code under test
+    instead of the integrity check (tests/unit/test_checkpoint.py covers that check itself)."""
     from ernie_mtl.checkpoint import TRAIN_STATE, sha1_of
 
     path = Path(path)
@@ -225,6 +225,9 @@ def rehash_checkpoint(path: Path) -> None:
     raw["files"] = {rel: {"size": (path / rel).stat().st_size, "sha1": sha1_of(path / rel)}
                     for rel in raw.get("files", {}) if (path / rel).is_file()}
     (path / TRAIN_STATE).write_text(json.dumps(raw))
+    for sums in (path / "state").glob("rank_*.sha1"):  # each rank's own record must agree with `files`
+        rank = sums.name[:-len(".sha1")]
+        sums.write_text(json.dumps({rel: e for rel, e in raw["files"].items() if rel.startswith(f"state/{rank}.")}))
 
 
 def train(argv, *, cwd, env=None, launch_procs=0, timeout=400, log_dir=None):

@@ -6,4 +6,5 @@ from ernie_mtl.checkpoint.layout import (LAST, MANIFEST, MODEL_PREFIX, STATE_DIR
                                          best_dir, best_name, export_dir, is_complete, kept_name, last_dir)
 from ernie_mtl.checkpoint.store import (CheckpointError, CheckpointRef, Checkpointer, TrainState,  # noqa: F401
                                         existing_outputs, find_latest, kept_checkpoints, merged_state,
-                                        read_train_state, read_train_state_file, scan, verify_files)
+                                        read_train_state, read_train_state_file, scan, unreadable_state_file,
+                                        verified_state, verify_files)

@@ -19,15 +19,21 @@ checkpoint loadable; a failed save (disk full, permissions) removes its temporar
 every existing checkpoint as it was.
 
 Integrity. Before anything is loaded or written, resume validates the chosen checkpoint entirely:
-`train_state.json` parses and has the right types, every file it lists exists with its size and
-SHA-1, every rank's state is there. `--resume auto` never skips a damaged newest checkpoint
-silently (it would train from scratch over it): it refuses, names the damaged file and lists the
-intact checkpoints to pass with `--resume PATH`. `--resume none` in a folder that holds checkpoints
-refuses too, unless `--overwrite_output_dir` says to replace them.
+`train_state.json` parses, holds every key the saver writes with the right types, and its values
+agree with each other (`state_problems`: step vs folder name, LR scheduler, task schedule, consumed
+samples); every file it lists exists with its size and SHA-1, each rank's own `.sha1` record agrees
+with that list, every rank's state is there; a state file that passes all that but cannot be read
+is named as damaged (not blamed on the configuration). `--resume auto` never skips a damaged newest
+checkpoint silently (it would train from scratch over it): it refuses, names the damaged file and
+lists the intact checkpoints to pass with `--resume PATH` (`Checkpointer.damaged_message`, also for
+a damaged `--resume PATH`). `--resume none` in a folder that holds checkpoints refuses too, unless
+`--overwrite_output_dir` says to replace them. Every other reader (`--do_eval --checkpoint`, the
+converter) goes through `verified_state`, the same checks.
 """
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import time
@@ -81,12 +87,16 @@ class CheckpointRef:
 # -- reading and validating ---------------------------------------------------------------------------
 _TYPES: Dict[str, Tuple[type, ...]] = {"step": (int,), "consumed_samples": (int,), "lr_scheduler": (dict,),
                                        "sampler": (dict,), "config": (dict,), "topology": (dict,),
-                                       "name_map": (dict,), "extra": (dict,)}
+                                       "name_map": (dict,), "extra": (dict,), "files": (dict,), "world_size": (int,)}
+# every key `Checkpointer.save` writes (format 2); a checkpoint without one was not written whole by it
+_REQUIRED = ("step", "consumed_samples", "lr_scheduler", "sampler", "config", "topology", "name_map", "extra",
+             "files", "world_size", "per_rank_state")
 
 
 def read_train_state_file(path: os.PathLike) -> Dict[str, Any]:
     """The parsed `train_state.json` of checkpoint folder `path`; CheckpointError naming the file and
-    the defect (missing, not JSON, a field of the wrong type) otherwise."""
+    the defect otherwise: missing, not JSON, a required key absent, a field of the wrong type or out
+    of range, or fields that contradict each other (`state_problems`)."""
     file = Path(path) / TRAIN_STATE
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
@@ -100,10 +110,66 @@ def read_train_state_file(path: os.PathLike) -> Dict[str, Any]:
         raise CheckpointError(f"{file} is damaged (a JSON {type(raw).__name__}, not an object)")
     bad = [f"{k} is {type(raw[k]).__name__} {raw[k]!r:.40}, expected {'/'.join(t.__name__ for t in types)}"
            for k, types in _TYPES.items() if k in raw and (not isinstance(raw[k], types) or isinstance(raw[k], bool))]
-    missing = [k for k in ("step", "name_map") if k not in raw]
-    if bad or missing:
-        raise CheckpointError(f"{file} is damaged: " + "; ".join(bad + [f"no {k!r}" for k in missing]))
+    required = _REQUIRED if _format(raw) >= 2 else ("step", "name_map")
+    missing = [f"no {k!r}" for k in required if k not in raw]
+    if not isinstance(raw.get("per_rank_state", False), bool):
+        bad.append(f"per_rank_state is {raw['per_rank_state']!r:.40}, expected true or false")
+    if _is_int(raw.get("world_size")) and raw["world_size"] < 1:
+        bad.append(f"world_size {raw['world_size']} is not a number of processes")
+    problems = bad + missing or state_problems(raw, Path(path).name)
+    if problems:
+        raise CheckpointError(f"{file} is damaged: " + "; ".join(problems))
     return raw
+
+
+def _format(raw: Mapping) -> int:
+    value = raw.get("format", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 2
+
+
+def _is_int(*values: Any) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def state_problems(raw: Mapping, folder_name: str = "") -> List[str]:
+    """What contradicts itself in a train state whose fields have the right types: a negative step or
+    sample count, or a step that disagrees with the folder name `model_<step>`, the LR scheduler's
+    step count, the task schedule's position (micro-batches drawn = step x accumulation) or the
+    consumed samples (micro-batches per task x its batch size x data-parallel ranks). Each value is
+    written by the trainer at the same instant, so a disagreement means the file was edited or
+    damaged; checks whose fields are absent (a hand-made or older state) are skipped."""
+    step, consumed = raw["step"], raw.get("consumed_samples", 0)
+    problems = [f"{k} {v} is negative" for k, v in (("step", step), ("consumed_samples", consumed))
+                if _is_int(v) and v < 0]
+    if problems:
+        return problems
+    kept = _KEPT.match(folder_name)
+    if kept and int(kept.group(1)) != step:
+        problems.append(f"step {step} disagrees with the folder name {folder_name} (saved at step {kept.group(1)})")
+    last_epoch = (raw.get("lr_scheduler") or {}).get("last_epoch")
+    if last_epoch is not None and last_epoch != step:
+        problems.append(f"step {step} disagrees with lr_scheduler.last_epoch {last_epoch!r} (the optimizer steps "
+                        "the learning-rate schedule counted)")
+    sampler = raw.get("sampler") or {}
+    position, accumulate, counts = sampler.get("position"), sampler.get("accumulate_steps"), sampler.get("counts")
+    if _is_int(position, accumulate) and position != step * accumulate:
+        problems.append(f"step {step} disagrees with sampler.position {position} (micro-batches drawn: {accumulate} "
+                        "per optimizer step)")
+    if not (isinstance(counts, list) and _is_int(*counts) and _is_int(position)):
+        return problems
+    if sum(counts) != position:
+        problems.append(f"sampler.counts {counts} do not sum to sampler.position {position}")
+    tasks = (raw.get("extra") or {}).get("tasks")
+    topology = raw.get("topology") or {}
+    sizes = [((t or {}).get("spec") or {}).get("batch_size") for t in tasks] if isinstance(tasks, list) else []
+    ranks = (topology.get("dp_degree"), topology.get("sharding_degree"))
+    if len(sizes) == len(counts) and _is_int(*sizes, *ranks, consumed):
+        expected = sum(c * b for c, b in zip(counts, sizes)) * ranks[0] * ranks[1]
+        if consumed != expected:
+            problems.append(f"consumed_samples {consumed} disagrees with the task schedule's {expected} "
+                            f"(micro-batches per task {counts} x batch sizes {sizes} x {ranks[0] * ranks[1]} "
+                            "data-parallel ranks)")
+    return problems
 
 
 def read_train_state(path: Path) -> Optional[TrainState]:
@@ -115,12 +181,13 @@ def read_train_state(path: Path) -> Optional[TrainState]:
 
 
 def verify_files(path: os.PathLike, raw: Optional[Mapping] = None, *, ranks: Optional[List[int]] = None) -> None:
-    """Check every file a checkpoint lists (size and SHA-1), and that the program state of `ranks`
-    (default: every rank that wrote one) is there. CheckpointError naming the first defect."""
+    """Check every file a checkpoint lists (size and SHA-1), that each rank's own record
+    (`state/rank_<r>.sha1`) agrees with the list, and that the program state of `ranks` (default:
+    every rank that wrote one) is there. CheckpointError naming the first defect."""
     path = Path(path)
     raw = raw if raw is not None else read_train_state_file(path)
     files = raw.get("files")
-    if raw.get("format", 1) >= 2 and not isinstance(files, dict):
+    if _format(raw) >= 2 and not isinstance(files, dict):
         raise CheckpointError(f"{path / TRAIN_STATE} is damaged: no file list")
     world = int(raw.get("world_size", 1))
     wanted = ranks if ranks is not None else (list(range(world)) if raw.get("per_rank_state") else [0])
@@ -129,8 +196,13 @@ def verify_files(path: os.PathLike, raw: Optional[Mapping] = None, *, ranks: Opt
             rel = f"{STATE_DIR}/rank_{r}{ext}"
             if not (path / rel).is_file():
                 raise CheckpointError(f"{path / rel} is missing from checkpoint {path} (rank {r}'s program state)")
+    if isinstance(files, dict):
+        _check_rank_records(path, files)
     for rel, entry in (files or {}).items():
         file = path / rel
+        if not isinstance(entry, dict):
+            raise CheckpointError(f"{path / TRAIN_STATE} is damaged: its entry for {rel} is {entry!r:.60}, not "
+                                  "a size and SHA-1")
         if not file.is_file():
             raise CheckpointError(f"{file} is missing from checkpoint {path}")
         size = file.stat().st_size
@@ -139,6 +211,30 @@ def verify_files(path: os.PathLike, raw: Optional[Mapping] = None, *, ranks: Opt
                                   "(truncated or replaced)")
         if sha1_of(file) != entry.get("sha1"):
             raise CheckpointError(f"{file} is damaged: its SHA-1 differs from the one recorded when it was saved")
+
+
+def _check_rank_records(path: Path, files: Mapping[str, Any]) -> None:
+    """Each rank hashed its own files (`state/rank_<r>.sha1`) and rank 0 copied them into
+    train_state.json's `files`: the two records must be equal, entry for entry."""
+    ranks = sorted({m.group(1) for rel in files if (m := re.match(rf"^{STATE_DIR}/rank_(\d+)\.", rel))}, key=int)
+    for r in ranks:
+        sums = path / STATE_DIR / f"rank_{r}{SUMS}"
+        mine = {rel: entry for rel, entry in files.items() if rel.startswith(f"{STATE_DIR}/rank_{r}.")}
+        try:
+            recorded = json.loads(sums.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise CheckpointError(f"{sums} is missing from checkpoint {path} (rank {r}'s record of its "
+                                  "files)") from None
+        except (UnicodeDecodeError, ValueError) as e:
+            raise CheckpointError(f"{sums} is damaged (not valid JSON: {e})") from None
+        except OSError as e:
+            raise CheckpointError(f"{sums}: cannot read it ({e.strerror})") from None
+        if recorded != mine:
+            differ = sorted(rel for rel in set(recorded) | set(mine)
+                            if not isinstance(recorded, dict) or recorded.get(rel) != mine.get(rel))
+            raise CheckpointError(f"{sums} disagrees with {path / TRAIN_STATE} about {', '.join(differ)} (size or "
+                                  "SHA-1): one of the two records was changed after the save, so the checkpoint "
+                                  "is damaged")
 
 
 def _candidates(root: Path) -> List[Path]:
@@ -168,6 +264,38 @@ def scan(output_dir: os.PathLike) -> Tuple[List[CheckpointRef], List[Tuple[Path,
             continue
         intact.append(CheckpointRef(path, int(raw["step"])))
     return sorted(intact, key=lambda r: r.step), damaged
+
+
+def intact_checkpoints(output_dir: os.PathLike, *, exclude: Optional[os.PathLike] = None) -> List[CheckpointRef]:
+    """Every intact checkpoint folder of an output directory (model_last, model_<step>, best_<task>),
+    by step: what to suggest when a checkpoint given to a command is damaged."""
+    found = []
+    for path in existing_outputs(output_dir):
+        if exclude is not None and path.resolve() == Path(exclude).resolve():
+            continue
+        try:
+            raw = read_train_state_file(path)
+            verify_files(path, raw, ranks=[])
+        except CheckpointError:
+            continue
+        found.append(CheckpointRef(path, int(raw["step"])))
+    return sorted(found, key=lambda r: r.step)
+
+
+def verified_state(path: os.PathLike, *, use: str) -> Dict[str, Any]:
+    """The train state of checkpoint `path` after the checks resume makes (train_state.json field by
+    field, every listed file's size and SHA-1, the ranks' own records); CheckpointError naming the
+    damaged file, the intact checkpoints beside it and `use` ("evaluate", "convert") otherwise."""
+    path = Path(path)
+    try:
+        raw = read_train_state_file(path)
+        verify_files(path, raw, ranks=[])
+    except CheckpointError as e:
+        others = intact_checkpoints(path.parent, exclude=path)
+        listed = (f"intact checkpoints beside it: {', '.join(f'{r.path} (step {r.step})' for r in reversed(others))}"
+                  if others else "no intact checkpoint is beside it")
+        raise CheckpointError(f"{e}; nothing was changed: {use} an intact checkpoint instead ({listed})") from None
+    return raw
 
 
 def find_latest(output_dir: os.PathLike) -> Optional[CheckpointRef]:
@@ -320,18 +448,36 @@ class Checkpointer:
             blocking = [(p, why) for p, why in damaged
                         if not (_KEPT.match(p.name) and int(_KEPT.match(p.name).group(1)) < newest)]
             if blocking:
-                options = (f"intact checkpoints: {', '.join(f'{r.path} (step {r.step})' for r in reversed(intact))}; "
-                           "resume one with --resume PATH" if intact else "no intact checkpoint remains")
-                raise CheckpointError(
-                    f"cannot resume from {self.root}: {blocking[0][1]}. Nothing was written: the damaged checkpoint "
-                    f"is kept as it is. {options}, or start a new run with --resume none and another --output_dir")
+                raise CheckpointError(self.damaged_message(self.root, blocking[0][1], intact=intact))
             for path, why in damaged:
                 self.log(f"warning: ignoring damaged older checkpoint {path}: {why}")
             return intact[-1] if intact else None
         path = Path(resume)
-        raw = read_train_state_file(path)
-        verify_files(path, raw)
+        try:
+            raw = read_train_state_file(path)
+            verify_files(path, raw)
+        except CheckpointError as e:
+            if not (path / TRAIN_STATE).exists():
+                raise
+            raise CheckpointError(self.damaged_message(path, str(e), exclude=path)) from None
         return CheckpointRef(path, int(raw["step"]))
+
+    def damaged_message(self, subject: os.PathLike, why: str, *, intact: Optional[List[CheckpointRef]] = None,
+                        exclude: Optional[os.PathLike] = None) -> str:
+        """The one refusal for a damaged checkpoint: what is damaged, that nothing was changed, and
+        what to do -- resume an intact checkpoint of this output_dir (listed) or start anew."""
+        if intact is None:
+            intact = scan(self.root)[0]
+        intact = [r for r in intact if exclude is None or r.path.resolve() != Path(exclude).resolve()]
+        fresh = (f"start a new run in another --output_dir, or here with --resume none --overwrite_output_dir "
+                 f"(which deletes the checkpoints in {self.root})")
+        if intact:
+            options = (f"Intact checkpoints: {', '.join(f'{r.path} (step {r.step})' for r in reversed(intact))}; "
+                       f"resume one with --resume PATH, or {fresh}.")
+        else:
+            options = f"No intact checkpoint remains: {fresh}."
+        return (f"cannot resume from {subject}: {why.rstrip('.')}. Nothing in {self.root} was changed: the damaged "
+                f"checkpoint is kept as it is. {options}")
 
     def load(self, ref: CheckpointRef, *, topology: Mapping, check: Mapping) -> TrainState:
         """Restore this rank's program state from `ref` and return its train state.
@@ -341,6 +487,10 @@ class Checkpointer:
         """
         raw = read_train_state_file(ref.path)
         state = TrainState.from_json(raw)
+        lacking = [k for k in topology if k not in state.topology]
+        if lacking:  # the saver writes every key: a gap is damage, not another setting
+            raise CheckpointError(self.damaged_message(
+                ref.path, f"{ref.path / TRAIN_STATE} is damaged: its topology lacks {lacking}", exclude=ref.path))
         diffs = [f"{k}: checkpoint {state.topology.get(k)!r} vs now {v!r}"
                  for k, v in topology.items() if state.topology.get(k) != v]
         saved_checks = raw.get("extra", {}).get("resume_checks", {})
@@ -373,9 +523,16 @@ class Checkpointer:
         try:
             self._load_state(str(prefix))
         except Exception as e:  # noqa: BLE001  (a file that passed the checks but paddle cannot read)
+            unreadable = unreadable_state_file(prefix)
+            if unreadable is not None:
+                file, why = unreadable
+                raise CheckpointError(self.damaged_message(
+                    path, f"{file} is damaged ({why}), although its size and SHA-1 are the ones recorded at "
+                    "save time: it was written damaged", exclude=path)) from None
+            detail = str(e).strip().splitlines()[-1][:200] if str(e).strip() else ""
             raise CheckpointError(f"cannot load {prefix}.pdparams/.pdopt of checkpoint {path}: "
-                                  f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else ''}; "
-                                  "the checkpoint does not fit this program (written by another configuration?)") from None
+                                  f"{type(e).__name__}: {detail}; its files are intact, but their variables do not "
+                                  "fit this program (written by another configuration or version?)") from None
 
 
 def merged_state(path: os.PathLike, *, verify: bool = True) -> Dict[str, Any]:
@@ -393,6 +550,22 @@ def merged_state(path: os.PathLike, *, verify: bool = True) -> Dict[str, Any]:
     for file in sorted(folder.glob("rank_*.pdparams")) + sorted(folder.glob("rank_*.pdopt")):
         merged.update(paddle.load(str(file), return_numpy=True))
     return merged
+
+
+def unreadable_state_file(prefix: os.PathLike) -> Optional[Tuple[Path, str]]:
+    """(file, reason) for the first of `<prefix>.pdparams/.pdopt` that is not a readable program state
+    (paddle.static.save writes each as one pickle), or None when both unpickle. Used after a load
+    failed, to tell a damaged file from a state that does not fit the program."""
+    import pickle
+
+    for ext in (".pdparams", ".pdopt"):
+        file = Path(f"{prefix}{ext}")
+        try:
+            with open(file, "rb") as f:
+                pickle.load(f)
+        except Exception as e:  # noqa: BLE001  (unpickling damaged bytes raises many types)
+            return file, f"unreadable: {type(e).__name__}: {str(e).strip()[:120]}"
+    return None
 
 
 def kept_checkpoints(output_dir: os.PathLike) -> List[CheckpointRef]:

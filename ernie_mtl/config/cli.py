@@ -122,10 +122,17 @@ def _convert(name: str, raw: Any, source: str) -> Any:
                          + ("; or none to unset it" if optional else "")) from None
 
 
-def _read_flag_yaml(path: str, problems: List[str]) -> Dict[str, Any]:
-    data = read_yaml(path, problems, what="config", label=f"--config {path}")
+def _read_flag_yaml(path: str, problems: List[str]) -> Optional[Dict[str, Any]]:
+    """The flag values of a `--config` file, or None when the file itself is unusable (unreadable,
+    not YAML, a key given twice, empty): then its problem is the one to report, not the flags it
+    would have set."""
+    data = read_yaml(path, problems, what="config", label=f"--config {path}",
+                     empty="write the training flags in it (keys are flag names without --, e.g. `max_steps: "
+                           "1000`), or drop --config")
+    if data is None:
+        return None
     values = {}
-    for key, value in (data or {}).items():
+    for key, value in data.items():
         if key in _UNSUPPORTED_PARALLEL:
             problems += _unsupported_parallel(key, value, f"{path}: key {key!r}")
         elif key not in _FLAGS:
@@ -214,7 +221,7 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, hooks: ParseHooks,
                 config_file, hooks=hooks, cli={**mtl_cli, **given}, task_cli=task_cli,
                 flag_names={k for k, (s, _) in _FLAGS.items() if s != RUN_WIDE},
                 splits=("pred",) if _truthy(given.get("do_predict")) else () if _truthy(given.get("do_eval"))
-                else ("train", "dev"))
+                else ("train", "dev", "test"))  # training reads the test files at its end: check them now
             for key, raw in setup.run_flags.items():
                 values[key], sources[key] = raw, f"from {config_file}"
             if _truthy(given.get("do_predict")) and "pred_file" not in given and given.get("task"):
@@ -225,7 +232,10 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, hooks: ParseHooks,
             problems += e.problems
         given = {k: v for k, v in given.items() if _FLAGS[k][0] != RUN_WIDE}  # the loader typed those
     elif config_file:
-        for key, raw in _read_flag_yaml(config_file, problems).items():
+        from_file = _read_flag_yaml(config_file, problems)
+        if from_file is None:  # what the file would have set is unknown: "--input_dir is required" would mislead
+            raise ConfigError(problems)
+        for key, raw in from_file.items():
             values[key], sources[key] = raw, f"from {config_file}"
     for key, raw in given.items():
         values[key], sources[key] = raw, "command line"
@@ -356,7 +366,7 @@ def validate(cfg: RunConfig, *, hooks: ParseHooks, world_size: Optional[int] = N
         if not cfg.flag_mode:
             problems += _multitask_problems(cfg, arch)
         problems += _train_problems(cfg.train, cfg.optim)
-        problems += _output_dir_problems(cfg.train)
+        problems += _output_dir_problems(cfg.train, cfg.data)
         if cfg.amp.use_amp and cfg.amp.amp_level == "O2" and cfg.parallel.use_sharding:
             problems.append("--amp_level O2 with --sharding_degree > 1 cannot be built by fleet 2.6.2 (its sharding "
                             "pass rejects O2's parameter casts); use --amp_level O1 with sharding, or O2 without")
@@ -391,6 +401,10 @@ def _vocab_problems(vocab_file: Path, *, need_mask: bool) -> Tuple[Optional[int]
     if not tokens:
         return 0, [f"--tokenizer_name_or_path {vocab_file} is empty; give the vocab.txt written by "
                    "python -m data_tools.build_vocab (or a PaddleNLP model's)"]
+    if tokens[0].startswith("\ufeff"):  # else "[PAD]" would be reported missing: the BOM is the cause
+        from data_tools.tokenization import bom_problem
+
+        return len(tokens), [f"--tokenizer_name_or_path {bom_problem(vocab_file, tokens[0])}"]
     wanted = ["[PAD]", "[CLS]", "[SEP]", "[UNK]"] + (["[MASK]"] if need_mask else [])
     missing = [t for t in wanted if t not in set(tokens)]
     if missing:
@@ -400,18 +414,28 @@ def _vocab_problems(vocab_file: Path, *, need_mask: bool) -> Tuple[Optional[int]
     return len(tokens), []
 
 
-def _output_dir_problems(train: TrainConfig) -> List[str]:
-    """--output_dir must be a folder this process can create and write (checked before any work)."""
-    out = Path(train.output_dir)
+def _output_dir_problems(train: TrainConfig, data: Optional[DataConfig] = None) -> List[str]:
+    """--output_dir (and --data_cache, where the index caches go) must be folders this process can
+    create and write (checked before any work)."""
+    problems = _folder_problems("--output_dir", train.output_dir)
+    if data is not None and data.data_cache:
+        problems += _folder_problems("--data_cache", data.data_cache, use="the index caches are written in it")
+    return problems
+
+
+def _folder_problems(flag: str, folder: str, use: str = "") -> List[str]:
+    """A folder this process can create and write: not a file, not under a file, writable."""
+    out = Path(folder)
+    why = f" ({use})" if use else ""
     if out.exists() and not out.is_dir():
-        return [f"--output_dir {out} is a file, not a folder; choose a folder path"]
+        return [f"{flag} {out} is a file, not a folder{why}; choose a folder path"]
     probe = out
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():
-        return [f"--output_dir {out}: {probe} is a file, not a folder; choose another path"]
+        return [f"{flag} {out}: {probe} is a file, not a folder{why}; choose another path"]
     if not os.access(probe, os.W_OK | os.X_OK):
-        return [f"--output_dir {out}: {probe} is not writable by this user; choose a folder you can write to"]
+        return [f"{flag} {out}: {probe} is not writable by this user{why}; choose a folder you can write to"]
     return []
 
 

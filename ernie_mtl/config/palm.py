@@ -242,7 +242,9 @@ class _Loader:
             return None
         bad = [n for n in names if not _TASK_NAME.match(n)]
         if bad:
-            self.problems.append(f"{where}: task names {bad} may only use letters, digits, '_' and '-'")
+            self.problems.append(f"{where}: task names {bad} may only use ASCII letters (a-z, A-Z), digits, '_' and "
+                                 "'-' (a name becomes file and folder names, feed names and VisualDL tags); rename "
+                                 "the task and its task file in ASCII (e.g. task_1 and task_1.yaml)")
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             self.problems.append(f"{where}: {dupes} listed more than once")
@@ -354,7 +356,8 @@ class _Loader:
             self.problems.append(f"{self.path}: task_instance names {name!r} but its task file {path} does not "
                                  f"exist; create it or set task_dir (now {mtl.task_dir})")
             return None
-        data = _read_yaml(path, "task config", self.problems)
+        data = read_yaml(path, self.problems, what="task config",
+                         empty="write the task's keys in it (reader, train_file, ...: docs/multitask_config.md)")
         return None if data is None else (path, data)
 
     def _task_type(self, mtl: MultiTaskConfig, i: int, task_file):

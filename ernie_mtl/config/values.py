@@ -145,26 +145,87 @@ def suggest(name: str, known: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def read_yaml(path: str, problems: List[str], *, what: str = "config", label: Optional[str] = None
-              ) -> Optional[Dict[str, Any]]:
-    """The mapping in YAML file `path` (keys without leading dashes), {} for an empty file, or None
-    after appending a problem (`label` names the path in messages, e.g. "--config x.yaml")."""
+class DuplicateKeyError(ValueError):
+    """A YAML mapping that names one key twice (YAML itself would keep the last value silently)."""
+
+    def __init__(self, key: Any, first_line: int, second_line: int):
+        self.key, self.first_line, self.second_line = key, first_line, second_line
+        super().__init__(f"key {key!r} is given twice (lines {first_line} and {second_line})")
+
+
+def _unique_key_loader():
+    """A yaml.SafeLoader that refuses a mapping naming one key twice. PyYAML keeps the last value:
+    `learning_rate: 1e-3` above a forgotten `learning_rate: 0.5` trained at 0.5 without a word.
+    Merge keys (`<<: *defaults`) may still be overridden by the mapping's own keys, as YAML intends."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader, node, deep=False):
+        seen: Dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader reports it itself
+                continue
+            line = key_node.start_mark.line + 1
+            if first is not None:
+                raise DuplicateKeyError(key, first, line)
+            seen[key] = line
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return UniqueKeyLoader
+
+
+def load_yaml_text(stream) -> Any:
+    """yaml.safe_load, except that a key given twice in one mapping raises DuplicateKeyError."""
+    import yaml
+
+    return yaml.load(stream, Loader=_unique_key_loader())  # noqa: S506  (a SafeLoader subclass)
+
+
+def read_yaml(path: str, problems: List[str], *, what: str = "config", label: Optional[str] = None,
+              empty: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """The mapping in YAML file `path` (keys without leading dashes), or None after appending a
+    problem (`label` names the path in messages, e.g. "--config x.yaml"). An empty file (nothing but
+    comments) is {}, or a problem when `empty` says what to write in it instead. Syntax errors are
+    reported with the file's line and column, and a key given twice in one mapping with both lines
+    (YAML would keep the last value silently)."""
     import yaml
 
     label = label or path
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = load_yaml_text(f)
     except UnicodeDecodeError as e:
         problems.append(f"{label}: the {what} is not UTF-8 text (byte {e.start}); save it as UTF-8")
         return None
     except OSError as e:
         problems.append(f"{label}: cannot read the {what} ({e.strerror}); give an existing YAML file")
         return None
+    except DuplicateKeyError as e:
+        lines = f"on line {e.first_line}" if e.first_line == e.second_line else \
+            f"(lines {e.first_line} and {e.second_line})"
+        problems.append(f"{label}:{e.second_line}: the {what} gives key {e.key!r} twice {lines}; YAML would keep "
+                        "only the last value: delete one of them")
+        return None
     except yaml.YAMLError as e:
-        problems.append(f"{label}: the {what} is not valid YAML: {e}")
+        mark, context_mark = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
+        where = f"{label}:{mark.line + 1}:{mark.column + 1}" if mark is not None else label
+        reason = getattr(e, "problem", None) or str(e)
+        if getattr(e, "context", None):
+            reason += f", {e.context}" + (f" started on line {context_mark.line + 1}" if context_mark else "")
+        problems.append(f"{where}: the {what} is not valid YAML ({reason}); fix the syntax there")
         return None
     if data is None:
+        if empty is not None:
+            problems.append(f"{label}: the {what} is empty (no keys); {empty}")
+            return None
         return {}
     if not isinstance(data, dict):
         problems.append(f"{label}: the {what} must be a mapping of keys to values, got {type(data).__name__}")

@@ -47,12 +47,10 @@ _PAIR_KEYS = ("cls.seq_relationship.weight", "cls.seq_relationship.bias")
 
 
 from data_tools.cli_utils import UserError  # noqa: E402
+from ernie_mtl.checkpoint import STATE_DIR, CheckpointError, verified_state  # noqa: E402
 from ernie_mtl.checkpoint.io import replace_dir, write_json_atomic  # noqa: E402
-from ernie_mtl.config import model_family  # noqa: E402
-from ernie_mtl.checkpoint import CheckpointError, read_train_state_file, verify_files
-from ernie_mtl.checkpoint import STATE_DIR
-from ernie_mtl.config import ConfigError, ModelConfig
-from ernie_mtl.program.builder import load_pretrained_into_scope
+from ernie_mtl.config import ConfigError, ModelConfig, model_family  # noqa: E402
+from ernie_mtl.program.builder import load_pretrained_into_scope  # noqa: E402
 
 
 class ConvertError(UserError):
@@ -121,12 +119,10 @@ def read_source(path: os.PathLike, *, vocab_file: Optional[os.PathLike] = None,
 def read_checkpoint(path: Path, *, with_optimizer: bool = False) -> Source:
     """A checkpoint folder; a sharded run's per-rank files are merged (union, duplicates must agree)."""
 
-
-    try:
-        raw = read_train_state_file(path)
-        verify_files(path, raw, ranks=[])  # every file the checkpoint lists: sizes and SHA-1s
+    try:  # train_state.json field by field, every file's size and SHA-1: as resume checks them
+        raw = verified_state(path, use="convert")
     except CheckpointError as e:
-        raise ConvertError(f"{e}; convert an intact checkpoint (another model_<step> or best_<task>)") from None
+        raise ConvertError(str(e)) from None
     name_map = raw.get("name_map")
     if not isinstance(name_map, dict) or not name_map:
         raise ConvertError(f"{path / TRAIN_STATE} has no name_map (structured name -> static name); it was not "

@@ -6,10 +6,11 @@ Forms accepted for `--input_dir` (and for `train_file` of a `reader: pretrain` t
   a single-corpus run (`build_pretrain_datasets`);
 * ``"5.0 data/clue 7.0 data/news 12.0 data/wudao"`` -- weight/prefix pairs, PaddleNLP/Megatron
   style (also a YAML list, flat or of ``[weight, prefix]`` pairs); weights need not sum to 1;
-* ``data/`` -- a folder: every complete ``<name>.bin`` + ``<name>.idx`` pair directly inside it,
-  sorted by name, each weighted by its size in tokens (the `.bin` size divided by the token
-  width, so equal to the `.bin` size whenever the corpora share a dtype). PaddleNLP also takes
-  every corpus of a folder, but in `os.listdir` order and with weight 1.0 each.
+* ``data/`` -- a folder: every ``<name>.bin`` + ``<name>.idx`` pair directly inside it, sorted by
+  name, each weighted by its size in tokens (the `.bin` size divided by the token width, so equal
+  to the `.bin` size whenever the corpora share a dtype). A `.bin` without its `.idx` (or the
+  reverse) is refused, not skipped: leaving it out would change the mixture without a word.
+  PaddleNLP also takes every corpus of a folder, but in `os.listdir` order and with weight 1.0 each.
 
 How many samples each corpus contributes (N = samples the run needs from a split, w_i the
 weights normalised by their left-to-right sum, as the compiled helper normalises them)::
@@ -93,7 +94,7 @@ class Mixture:
 
     corpora: Tuple[Corpus, ...]
     what: str = "--input_dir"  # where it came from, for messages
-    notes: Tuple[str, ...] = ()  # things worth logging (e.g. incomplete pairs skipped in a folder)
+    notes: Tuple[str, ...] = ()  # things worth logging (e.g. a corpus without its .json sidecar)
 
     def __len__(self) -> int:
         return len(self.corpora)
@@ -308,13 +309,17 @@ def _folder(folder: str, what: str, problems: List[str], notes: List[str]):
             problems.append(f"{what} {folder}: corpus {stem} holds no tokens; remove it from the folder")
             continue
         entries.append((len(entries) + 1, float(tokens), prefix))
-    if incomplete:
-        notes.append(f"{what} {folder}: skipped incomplete corpora (no matching .bin/.idx): {', '.join(incomplete)}")
     if not entries and not problems:
         found = f"it holds {', '.join(incomplete)} without the matching file" if incomplete else \
             f"it holds {len(names)} entries, none a .bin/.idx pair"
         problems.append(f"{what} {folder} is a folder without any complete corpus ({found}); point at a folder of "
                         "<name>.bin + <name>.idx pairs, or give a corpus prefix")
+    elif incomplete:  # refused, not skipped: training on the rest would silently change the mixture
+        for name in incomplete:
+            other = name[:-4] + (".idx" if name.endswith(".bin") else ".bin")
+            problems.append(f"{what} {folder}: {os.path.join(folder, name)} has no {other} beside it (an unfinished "
+                            f"tokenization or copy); complete the pair, or move {name} out of the folder; the folder's "
+                            "corpora are mixed by size, so training on the others would change the mixture silently")
     return entries
 
 

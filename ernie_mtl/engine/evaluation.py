@@ -20,10 +20,8 @@ import numpy as np
 from ernie_mtl.engine.prediction import by_name, executor_runner, num_batches, predict_batches
 from ernie_mtl.program.forward import make_feed
 
-from ernie_mtl.checkpoint.layout import TEST_RESULTS
 from ernie_mtl.checkpoint.io import write_json_atomic
-from ernie_mtl.checkpoint.layout import best_dir
-from ernie_mtl.planning.plan import load_eval_split
+from ernie_mtl.checkpoint.layout import TEST_RESULTS, best_dir
 
 
 class Evaluator:
@@ -75,10 +73,10 @@ def final_test(trainer) -> Dict[str, Any]:
     to `<output_dir>/test_results.json`. The run is over: its last state is in model_last."""
 
     s, ev = trainer.session, trainer.evaluator
-    tasks = [t for t in s.plan.tasks if t.spec.is_target and t.spec.test_file]
+    tasks = [t for t in s.plan.tasks if t.spec.name in s.plan.test]
     if not tasks:
         return {}
-    data = {t.spec.name: load_eval_split(t, "test", s.plan.eval_batches) for t in tasks}
+    data = s.plan.test  # read and checked before training (ernie_mtl/planning/plan.py)
     final = ev.evaluate(tasks, data, "test")
     results: Dict[str, Any] = {t.spec.name: {"last": {"step": trainer.step, "metrics": final[t.spec.name]}}
                                for t in tasks}

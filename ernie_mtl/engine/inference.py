@@ -25,24 +25,45 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from ernie_mtl.checkpoint.io import write_json_atomic
-from ernie_mtl.checkpoint.layout import MANIFEST, MODEL_PREFIX, export_dir
+from ernie_mtl.checkpoint.layout import MANIFEST, MODEL_PREFIX, STATE_DIR, best_dir, export_dir, last_dir
 from ernie_mtl.config import ConfigError, TaskSpec
 from ernie_mtl.engine.prediction import by_name, executor_runner, predict_batches
 from ernie_mtl.tasks.base import TaskContext, TaskType, get_task_type
-from ernie_mtl.checkpoint.store import merged_state, read_train_state_file
+from ernie_mtl.checkpoint.store import CheckpointError, merged_state, unreadable_state_file, verified_state
 from ernie_mtl.program.builder import build_forward_program
 from ernie_mtl.program.forward import make_feed
 
 
 # -- exported models --------------------------------------------------------------------------------
+_MANIFEST_KEYS = {"task": str, "reader": str, "spec": dict, "feeds": list, "fetches": list}
+
+
 def read_manifest(model_dir: os.PathLike) -> Dict[str, Any]:
+    """The manifest of an exported model; ConfigError naming the file and its defect (missing,
+    unreadable, not JSON, keys absent or of the wrong type) and the way out."""
     path = Path(model_dir) / MANIFEST
+    out, task = Path(model_dir).parent.parent, Path(model_dir).parent.name
+    redo = (f"evaluate or convert the task's checkpoint instead ({best_dir(out, task)} or {last_dir(out)}), or "
+            "train again to export it anew")
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError:
+            manifest = json.load(f)
+    except FileNotFoundError:
         raise ConfigError([f"{model_dir}: no {MANIFEST}; give a folder written by the trainer's export "
                            "(<output_dir>/<task>/infer_model)"]) from None
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read it ({e.strerror})"]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"{path} is damaged (not UTF-8 text, byte {e.start}); {redo}"]) from None
+    except ValueError as e:  # json.JSONDecodeError
+        raise ConfigError([f"{path} is damaged (not valid JSON: {e}); {redo}"]) from None
+    if not isinstance(manifest, dict):
+        raise ConfigError([f"{path} is damaged (a JSON {type(manifest).__name__}, not an object); {redo}"])
+    bad = [f"{k!r} missing" if k not in manifest else f"{k!r} is {type(manifest[k]).__name__}, expected "
+           f"{kind.__name__}" for k, kind in _MANIFEST_KEYS.items() if not isinstance(manifest.get(k), kind)]
+    if bad:
+        raise ConfigError([f"{path} is damaged ({'; '.join(bad)}); {redo}"])
+    return manifest
 
 
 def load_task_from_manifest(manifest: Mapping[str, Any], model_dir: os.PathLike, *, pred_file: Optional[str] = None,
@@ -144,7 +165,10 @@ def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str) -> Dic
 
     from ernie_mtl.engine.exporter import float32_scope
 
-    raw = read_train_state_file(checkpoint)
+    try:  # the checks resume and the converter make: a damaged file is never evaluated
+        raw = verified_state(checkpoint, use="evaluate")
+    except CheckpointError as e:
+        raise ConfigError([f"--checkpoint {checkpoint}: {e}, or the exported model (without --checkpoint)"]) from None
     config = raw.get("config", {})
     mtl = config.get("mtl", {})
     _import_plugins(mtl.get("plugins", []), where=f"{checkpoint}: the run's plugins")
@@ -177,8 +201,17 @@ def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str) -> Dic
             raise ConfigError([f"{checkpoint}: its name map does not match the network rebuilt from its own record "
                                "(written by another version?); evaluate its exported model instead"])
         exe = paddle.static.Executor(paddle.CPUPlace())
-        scope = float32_scope(merged_state(checkpoint), fwd.name_map, use_ema=bool(mtl.get("use_ema")),
-                              place=exe.place)
+        try:
+            state = merged_state(checkpoint, verify=False)  # verified above
+        except Exception:  # noqa: BLE001  (a file that passed the checks but paddle cannot read)
+            bad = next(filter(None, (unreadable_state_file(p.with_suffix("")) for p in
+                                     sorted((checkpoint / STATE_DIR).glob("rank_*.pdparams")))), None)
+            if bad is None:
+                raise
+            raise ConfigError([f"--checkpoint {checkpoint}: {bad[0]} is damaged ({bad[1]}), although its size and "
+                               "SHA-1 are the ones recorded at save time: it was written damaged; evaluate another "
+                               "checkpoint or the exported model (without --checkpoint)"]) from None
+        scope = float32_scope(state, fwd.name_map, use_ema=bool(mtl.get("use_ema")), place=exe.place)
         preds = fwd.predictions[task_name]
         block = program.global_block()
 

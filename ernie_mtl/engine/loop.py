@@ -64,7 +64,7 @@ class Trainer:
             self.close()
 
     def resume(self) -> Optional[ResumeState]:
-        state = restore(self.checkpointer, self.cfg, self.topo, self.resume_checks)
+        state = restore(self.checkpointer, self.session.resume_from, self.topo, self.resume_checks)
         if state is None:
             if self.cfg.train.resume == "none" and self.cfg.train.overwrite_output_dir:
                 clear_previous_run(self.cfg.train.output_dir, is_rank0=self.is_rank0, barrier=self.barrier,

@@ -82,19 +82,27 @@ def format_eta(seconds: float) -> str:
 
 class MetricWriter:
     """Scalars to VisualDL (`<output_dir>/visualdl`) and to `<output_dir>/train_metrics.jsonl`
-    (full-precision floats, one JSON object per logged step). No-op unless `enabled`."""
+    (full-precision floats, one JSON object per logged step). No-op unless `enabled`.
+
+    The files are opened on the first write, not here: a run refused after the writer exists (a
+    damaged checkpoint found by resume) leaves no new VisualDL record or metrics file behind, so
+    "nothing was changed" holds."""
 
     def __init__(self, output_dir: str, *, enabled: bool):
         self.enabled = enabled
+        self.output_dir = output_dir
+        self.logdir = str(Path(output_dir) / "visualdl")
         self._vdl = None
         self._jsonl = None
-        if enabled:
+        self._jsonl_mode = "a"
+
+    def _open(self) -> None:
+        if self._vdl is None:
             from visualdl import LogWriter
 
-            self.logdir = str(Path(output_dir) / "visualdl")
             self._vdl = LogWriter(logdir=self.logdir)
-            os.makedirs(output_dir, exist_ok=True)
-            self._jsonl = open(Path(output_dir) / METRICS_FILE, "a", encoding="utf-8")
+            os.makedirs(self.output_dir, exist_ok=True)
+            self._jsonl = open(Path(self.output_dir) / METRICS_FILE, self._jsonl_mode, encoding="utf-8")
 
     def restart_file(self) -> None:
         """Start train_metrics.jsonl anew (a run replacing a previous one in the same folder)."""
@@ -102,11 +110,14 @@ class MetricWriter:
             path = self._jsonl.name
             self._jsonl.close()
             self._jsonl = open(path, "w", encoding="utf-8")
+        else:
+            self._jsonl_mode = "w"
 
     def scalars(self, step: int, values: Mapping[str, Optional[float]]) -> None:
         """Write `{tag: value}` at `step` (None values are skipped)."""
         if not self.enabled:
             return
+        self._open()
         clean = {k: float(v) for k, v in values.items() if v is not None}
         for tag, value in clean.items():
             self._vdl.add_scalar(tag=tag, value=value, step=step)
@@ -117,6 +128,7 @@ class MetricWriter:
         """The resolved configuration: as VisualDL hyperparameters (scalars and strings) and as text."""
         if not self.enabled:
             return
+        self._open()
         flat = {f"{s}.{k}": (v if isinstance(v, (int, float, str)) and not isinstance(v, bool) else str(v))
                 for s, fields_ in config.items() for k, v in fields_.items()}
         self._vdl.add_hparams(hparams_dict=flat, metrics_list=list(metrics))

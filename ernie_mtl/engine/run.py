@@ -71,8 +71,8 @@ def prebuild(cfg, *, world_size: Optional[int] = None) -> PrebuildResult:
     log = get_logger(0)
     topo = Topology.from_config(cfg.parallel, world)
     plan = prepare(cfg, info=info, topo=topo, barrier=lambda *a, **k: None, log=log.info, is_builder=True)
-    for t in plan.tasks:
-        if t.spec.test_file and t.sized_by_run:
+    for t in plan.tasks:  # the targets' test splits are in the plan; an auxiliary corpus's too, if it has one
+        if t.spec.test_file and t.sized_by_run and t.spec.name not in plan.test:
             load_eval_split(t, "test", plan.eval_batches)
     log.info(f"index caches ready for {plan.planned.total_steps} optimizer steps of {len(plan.tasks)} task(s) "
              f"(world size {world}); the run with the same flags reuses them")

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from ernie_mtl.checkpoint.store import Checkpointer
+from ernie_mtl.checkpoint.store import CheckpointRef, Checkpointer
 from ernie_mtl.dist.process import ProcessInfo, StoreBarrier, executor_mode, resolve_device, start_process
 from ernie_mtl.dist.topology import Topology
 from ernie_mtl.planning.plan import RunPlan, prepare
@@ -35,6 +35,7 @@ class Session:
     programs: Programs
     exe: Any  # paddle.static.Executor
     scope: Any  # paddle.static.Scope holding this run's variables
+    resume_from: Optional[CheckpointRef] = None  # the checkpoint --resume designates, verified (None: new run)
 
     @property
     def is_rank0(self) -> bool:
@@ -75,13 +76,28 @@ def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]]
     for line in [*notes, *cfg.setup.reports]:
         log.info(line)
     barrier = StoreBarrier(info)
+    resume_from = resolve_resume(cfg, info, log)  # a damaged checkpoint is refused before any data or program work
     plan = prepare(cfg, info=info, topo=topo, barrier=barrier, log=log.info)
     programs = build_programs(cfg, topo, plan)
     scope = paddle.static.Scope()
     with paddle.static.scope_guard(scope):
         exe = make_executor(cfg, info, programs, log)
     return Session(cfg=cfg, info=info, log=log, topo=topo, barrier=barrier, plan=plan, programs=programs, exe=exe,
-                   scope=scope)
+                   scope=scope, resume_from=resume_from)
+
+
+def resolve_resume(cfg, info: ProcessInfo, log) -> Optional[CheckpointRef]:
+    """The checkpoint `--resume` designates (None: a new run), found and verified -- every file's
+    size and SHA-1, train_state.json field by field -- first thing, so a damaged or inconsistent
+    checkpoint stops the run within seconds instead of after index caches and programs are built.
+    Whether the run can continue from it exactly (topology, data, seed) is checked when it is loaded."""
+    def unused(prefix: str) -> None:
+        raise AssertionError("resolve_resume reads no program state")
+
+    finder = Checkpointer(cfg.train.output_dir, rank=info.rank, world_size=info.world_size, per_rank_state=False,
+                          save_program_state=unused, load_program_state=unused, keep_last=cfg.train.keep_last,
+                          log=log.info if info.rank == 0 else (lambda message: None))
+    return finder.resolve(cfg.train.resume, overwrite=cfg.train.overwrite_output_dir)
 
 
 def build_programs(cfg, topo: Topology, plan: RunPlan) -> Programs:

@@ -62,10 +62,10 @@ class ResumeState:
     callbacks: Dict[str, Any] = field(default_factory=dict)  # by class name: enabling a callback later still resumes
 
 
-def restore(checkpointer, cfg, topo, checks: Dict[str, Any]) -> Optional[ResumeState]:
-    """Load the program state of the checkpoint `--resume` designates (verified, compared with this
-    run's topology and `checks`) and return what the loop continues from; None for a new run."""
-    ref = checkpointer.resolve(cfg.train.resume, overwrite=cfg.train.overwrite_output_dir)
+def restore(checkpointer, ref: Optional[CheckpointRef], topo, checks: Dict[str, Any]) -> Optional[ResumeState]:
+    """Load the program state of checkpoint `ref` (resolved and verified when the session opened:
+    ernie_mtl/engine/session.resolve_resume), compared with this run's topology and `checks`, and
+    return what the loop continues from; None for a new run."""
     if ref is None:
         return None
     state = checkpointer.load(ref, topology=topo.to_dict(), check=checks)

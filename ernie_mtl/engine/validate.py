@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Sequence
 
 from ernie_mtl.checkpoint.layout import MANIFEST, export_dir, is_complete
 from ernie_mtl.config import ConfigError, RunConfig
-from ernie_mtl.config.cli import parse_config
+from ernie_mtl.config.cli import _vocab_problems, parse_config
 from ernie_mtl.config.slices import RESUME_WORDS, TrainConfig
 from ernie_mtl.config.values import suggest
 from ernie_mtl.data.mixture import parse_mixture
@@ -93,7 +93,11 @@ def _corpus_problems(cfg: RunConfig) -> List[str]:
         missing = [data.input_dir + ext for ext in (".bin", ".idx") if not os.path.isfile(data.input_dir + ext)]
         return [f"--input_dir {data.input_dir}: {' and '.join(missing)} not found; give the corpus prefix "
                 "(the path without .bin/.idx), weight/prefix pairs, or a folder of corpora"]
-    vocab = str(data.vocab_file) if data.vocab_file is not None and data.vocab_file.is_file() else None
+    # an unusable vocab (a BOM, no [MASK], ...) is reported by config; comparing the corpora with it would
+    # only add a follow-on "tokenized with another vocabulary"
+    usable = data.vocab_file is not None and data.vocab_file.is_file() and \
+        not _vocab_problems(data.vocab_file, need_mask=True)[1]
+    vocab = str(data.vocab_file) if usable else None
     try:
         parse_mixture(data.input_dir, what="--input_dir", vocab_file=vocab)
     except ConfigError as e:

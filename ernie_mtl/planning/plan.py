@@ -38,6 +38,7 @@ class RunPlan:
     tasks: List[Any]  # TaskType instances, in task_instance order
     train: Dict[str, Any]  # task -> TaskData of its training split
     dev: Dict[str, Any]  # task -> TaskData of its dev split (tasks with a dev file)
+    test: Dict[str, Any]  # task -> TaskData of its test split (targets with a test file), read before training
     streams: List[TaskStream]  # this rank's reading order per task
     schedule: TaskSchedule
     planned: Plan
@@ -108,15 +109,36 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
                           examples_per_micro=t.spec.batch_size * dw, micro_batch_size=t.spec.batch_size,
                           data_rank=topo.data_rank(info.rank), shuffle=t.shuffle_examples)
 
-    dev = {}
-    if load_dev:
-        dev = {t.spec.name: load_eval_split(t, "dev", eval_batches) for t in tasks if t.spec.dev_file}
-        empty = [f"task {t.spec.name}: dev file {t.spec.dev_file} has no examples; give a file with rows after the "
-                 "header, or remove the key" for t in tasks if t.spec.name in dev and len(dev[t.spec.name]) == 0]
-        if empty:
-            raise ConfigError(empty)
-    return RunPlan(tasks=tasks, train=train, dev=dev, streams=[stream(t) for t in tasks], schedule=schedule,
-                   planned=planned, probabilities=probabilities, quotas=quotas, eval_batches=eval_batches)
+    dev, test = {}, {}
+    if load_dev:  # the evaluation data too, so a bad row is found before training, not after it
+        dev = _eval_splits([t for t in tasks if t.spec.dev_file], "dev", eval_batches, name_key=not setup.flag_mode)
+        test = _eval_splits([t for t in tasks if t.spec.is_target and t.spec.test_file], "test", eval_batches,
+                            name_key=not setup.flag_mode)
+    return RunPlan(tasks=tasks, train=train, dev=dev, test=test, streams=[stream(t) for t in tasks],
+                   schedule=schedule, planned=planned, probabilities=probabilities, quotas=quotas,
+                   eval_batches=eval_batches)
+
+
+def _eval_splits(tasks, split: str, eval_batches: int, *, name_key: bool) -> Dict[str, Any]:
+    """{task: data} of the `split` ("dev" or "test") of `tasks`; one ConfigError naming each task's
+    `<split>_file` key and the problem (a file that is unreadable, in the wrong format or empty).
+    Every rank reads every task's split, so the index-cache barriers of generated corpora match."""
+    key = f"{split}_file"
+    out, problems = {}, []
+    for t in tasks:
+        where = f"task {t.spec.name}: {key}" if name_key else f"task {t.spec.name}"
+        try:
+            out[t.spec.name] = load_eval_split(t, split, eval_batches)
+        except ConfigError as e:
+            problems += [f"{where}: {p}" for p in e.problems]
+            continue
+        if len(out[t.spec.name]) == 0:
+            what = f"{key} {getattr(t.spec, key)}" if name_key else f"the {split} split of {getattr(t.spec, key)}"
+            problems.append(f"task {t.spec.name}: {what} has no examples; give a file with rows after the header, "
+                            "or remove the key")
+    if problems:
+        raise ConfigError(problems)
+    return out
 
 
 def load_eval_split(task, split: str, eval_batches: int):

@@ -8,6 +8,8 @@ ernie_mtl/tasks/mlm.py), the loss ernie_mtl.tasks.mlm.pretraining_losses (MLM + 
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
@@ -94,10 +96,26 @@ class PretrainTask(TaskType):
                                               cfg=self.cfg, vocab=self.vocab, cache_dir=self.ctx.cache_dir,
                                               is_builder=self.ctx.is_builder,
                                               barrier=self.ctx.barrier, log=self.ctx.log)
-        except (ValueError, OSError) as e:  # missing/corrupt corpus, vocab mismatch, empty split
+        except OSError as e:  # the index cache's folder (--data_cache, or index-cache/ beside a corpus) or a corpus
+            raise ConfigError([self._os_problem(e, split, mixture)]) from None
+        except ValueError as e:  # missing/corrupt corpus, vocab mismatch, empty split
             raise ConfigError([f"task {self.spec.name!r} (pretrain), {split} split of {mixture.spec()}: {e}"]) from None
         self.datasets[split] = datasets
         return TaskData(split, datasets[CORPUS_SPLITS[split]])
+
+    def _os_problem(self, e: OSError, split: str, mixture) -> str:
+        """An I/O fault while loading a split, naming what the user controls: --data_cache when the
+        failing path is in it, --data_cache as the way out when it is a corpus's index-cache/."""
+        from data_tools.cli_utils import describe_os_error
+
+        name = os.path.abspath(str(e.filename)) if e.filename is not None else None
+        cache = os.path.abspath(self.ctx.cache_dir) if self.ctx.cache_dir else None
+        if name and cache and os.path.commonpath([name, cache]) == cache:
+            return f"--data_cache {cache}: cannot write the index cache there ({describe_os_error(e)})"
+        if name and not cache and "index-cache" in Path(name).parts:
+            return (f"cannot write the index cache beside the corpus ({describe_os_error(e)}); pass --data_cache DIR, "
+                    "a folder you can write to")
+        return f"task {self.spec.name!r} (pretrain), {split} split of {mixture.spec()}: {describe_os_error(e)}"
 
     def describe_data(self) -> List[str]:
         """Per corpus of the training data: weight, documents, samples planned and epochs (and, for a

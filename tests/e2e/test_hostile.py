@@ -1,12 +1,17 @@
-"""Hostile but realistic input against every entry point (issue 11): each case runs the real command
-in a fresh copy of a prepared workspace and asserts exit status 2, one message naming the culprit
-(file, line, flag or key), no traceback, and that every file that existed before is byte-identical
-afterwards (no checkpoint, corpus or vocabulary is ever damaged by a refused run).
+"""Hostile but realistic input against every entry point (issues 11 and 17): each case runs the real
+command in a fresh copy of a prepared workspace and asserts exit status 2, one message naming the
+culprit (file, line, flag or key) and none of the fragments that would name a wrong cause (ABSENT),
+no traceback, that every file that existed before is byte-identical afterwards (no checkpoint,
+corpus or vocabulary is ever damaged by a refused run), and that the run's folders (WATCHED) gained
+no file (no VisualDL record, no checkpoint, no half-trained output).
 
 Workspace (built once): a vocab, a tokenized corpus, classification and MRC task files, a trained
-flag-mode run with checkpoints model_3 and model_last (step 6), and a multi-task run with an
-exported `topic` model. A full disk is simulated without root by a file-size limit (RLIMIT_FSIZE,
-SIGXFSZ ignored: writes past it fail with EFBIG as they fail with ENOSPC).
+flag-mode run with checkpoints model_3, model_6 and model_last (step 6), and a multi-task run with
+an exported `topic` model and its best_topic checkpoint. The checkpoints record the workspace's
+absolute data paths, which resume compares: cases that edit a checkpoint and must reach the resume
+itself pass those paths (`run_data`). A full disk is simulated without root by a file-size limit
+(RLIMIT_FSIZE, SIGXFSZ ignored: writes past it fail with EFBIG as they fail with ENOSPC); launch
+script cases use DRY_RUN=1 (the checks come before the command is printed).
 """
 import zlib  # noqa: F401  (before paddle)
 
@@ -127,6 +132,87 @@ def mt_yaml(ws, global_text, task_text=None, name="g.yaml"):
                   "--output_dir", "mtl2"]
 
 
+def run_data(ws):
+    """The flags that place the run's data where the checkpoints recorded it (the prepared
+    workspace's absolute paths, which resume compares), with the index caches in the copy: a case
+    that edits a checkpoint then reaches the resume itself."""
+    data = json.loads((ws / "out" / "model_last" / "train_state.json").read_text())["config"]["data"]
+    return ["--input_dir", data["input_dir"], "--tokenizer_name_or_path", data["tokenizer_name_or_path"],
+            "--data_cache", str(ws / "cache")]
+
+
+def edit_state(ws, folder, change, *, root="out"):
+    """Edit checkpoint `folder`'s train_state.json by hand (`change(raw)`), as a user or a tool might."""
+    f = ws / root / folder / "train_state.json"
+    raw = json.loads(f.read_text())
+    change(raw)
+    f.write_text(json.dumps(raw))
+
+
+def resume_edited(folder, change):
+    """Resume `--resume out/<folder>` after `change` edited its train_state.json."""
+    def make(ws):
+        edit_state(ws, folder, change)
+        return flag("--resume", f"out/{folder}", *run_data(ws))
+    return make
+
+
+def written_damaged(ws, folder, ext, *, root="out"):
+    """A state file damaged before its checksums were recorded (so its size and SHA-1 match): its
+    end cut off, then train_state.json's `files` and the rank's .sha1 rewritten to fit."""
+    from helpers import rehash_checkpoint
+
+    f = ws / root / folder / "state" / f"rank_0{ext}"
+    f.write_bytes(f.read_bytes()[:-11])
+    rehash_checkpoint(ws / root / folder)
+
+
+def truncate(path: Path):
+    path.write_bytes(path.read_bytes()[:-11])
+
+
+def flip_byte(path: Path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, different content
+    path.write_bytes(bytes(data))
+
+
+def with_test_file(ws, rows, *, name="t.tsv"):
+    """The topic task with a test file `rows` (a target: tested at the end of the run)."""
+    write(ws / name, rows)
+    return mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n", "reader: cls\ntrain_file: ../cls.tsv\n"
+                   f"dev_file: ../cls.tsv\ntest_file: ../{name}\nn_classes: 2\n")
+
+
+def seq_label_task(ws, test_rows):
+    """A seq_label target whose test file is `test_rows` (characters and tags joined by \\x02)."""
+    rows = ["text_a\tlabel"] + ["\x02".join(CHARS[i:i + 4]) + "\tB\x02I\x02O\x02O" for i in range(12)]
+    write(ws / "seg.tsv", "\n".join(rows) + "\n")
+    write(ws / "seg_test.tsv", test_rows)
+    write(ws / "tags.json", json.dumps({"B": 0, "I": 1, "O": 2}))
+    return mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n", "reader: seq_label\ntrain_file: ../seg.tsv\n"
+                   "dev_file: ../seg.tsv\ntest_file: ../seg_test.tsv\nlabel_map: ../tags.json\n")
+
+
+def corpora_folder(ws, *copies):
+    """--input_dir a folder of corpora: the workspace's corpus, plus `copies` (source, name in the folder)."""
+    folder = ws / "corp"
+    folder.mkdir()
+    for ext in (".bin", ".idx", ".json"):
+        shutil.copy(ws / f"corpus{ext}", folder / f"corpus{ext}")
+    for source, name in copies:
+        shutil.copy(ws / source, folder / name)
+    return flag("--input_dir", "corp")
+
+
+EVAL = RUN + ["--do_eval", "--task", "topic", "--eval_file", "cls.tsv", "--output_dir", "mtl"]
+EVAL_CKPT = EVAL + ["--checkpoint", "mtl/best_topic"]
+
+
+def _set(key, value):
+    return lambda raw: raw.__setitem__(key, value)
+
+
 CASES = [
     # flags: every problem at once, each named
     ("flag_not_a_number", lambda ws: flag("--max_lr", "abc"), ["--max_lr 'abc'", "not a number"]),
@@ -173,6 +259,24 @@ CASES = [
                                        flag("--tokenizer_name_or_path", "nomask.txt"))[1], ["nomask.txt", "[MASK]"]),
     ("vocab_not_utf8", lambda ws: (write(ws / "bad.txt", b"[PAD]\n\xff\xfe\n"),
                                    flag("--tokenizer_name_or_path", "bad.txt"))[1], ["bad.txt", "not UTF-8"]),
+    # issue 17: messages that named the wrong cause or no fix
+    ("vocab_with_bom", lambda ws: (write(ws / "bom.txt", b"\xef\xbb\xbf" + (ws / "vocab.txt").read_bytes()),
+                                   flag("--tokenizer_name_or_path", "bom.txt"))[1],
+     ["--tokenizer_name_or_path", "bom.txt starts with a UTF-8 byte-order mark (BOM)", "without BOM"]),
+    ("tool_vocab_with_bom", lambda ws: (write(ws / "bom.txt", b"\xef\xbb\xbf" + (ws / "vocab.txt").read_bytes()),
+                                        dt("create_pretraining_data") + ["--input", "docs.txt", "--vocab_file",
+                                                                         "bom.txt", "--output_prefix", "c2"])[1],
+     ["--vocab_file bom.txt", "byte-order mark (BOM)"]),
+    ("data_cache_is_a_file", lambda ws: (write(ws / "afile", "x"), flag("--data_cache", "afile"))[1],
+     ["--data_cache", "afile is a file, not a folder"]),
+    ("data_cache_under_a_file", lambda ws: (write(ws / "afile", "x"), flag("--data_cache", "afile/cache"))[1],
+     ["--data_cache", "afile/cache", "afile is a file, not a folder"]),
+    ("data_cache_not_writable", lambda ws: flag("--data_cache", "/sys/ernie_mtl_cache"),
+     ["--data_cache /sys/ernie_mtl_cache"]),  # root gets EPERM from mkdir, others os.access's answer
+    ("mixture_folder_orphan_bin", lambda ws: corpora_folder(ws, ("corpus.bin", "other.bin")),
+     ["--input_dir", "corp/other.bin has no other.idx beside it", "move other.bin out of the folder"]),
+    ("mixture_folder_orphan_idx", lambda ws: corpora_folder(ws, ("corpus.idx", "b.idx")),
+     ["corp/b.idx has no b.bin beside it"]),
     ("output_dir_is_a_file", lambda ws: (write(ws / "afile", "x"), flag("--output_dir", "afile"))[1],
      ["--output_dir", "afile", "is a file"]),
     ("output_dir_under_a_file", lambda ws: (write(ws / "afile", "x"), flag("--output_dir", "afile/run"))[1],
@@ -185,6 +289,31 @@ CASES = [
      ["b.yaml", "mapping"]),
     ("config_unknown_key", lambda ws: (write(ws / "b.yaml", "max_lrr: 1\n"), RUN + ["--config", "b.yaml"])[1],
      ["unknown key 'max_lrr'", "did you mean 'max_lr'"]),
+    # issue 17: a key given twice is refused (YAML keeps the last value), a syntax error reported alone, an
+    # empty file named
+    ("config_duplicate_key", lambda ws: (write(ws / "b.yaml", "max_lr: 1e-3\nmax_steps: 6\nmax_lr: 0.5\n"),
+                                         flag("--config", "b.yaml"))[1],
+     ["--config b.yaml:3:", "key 'max_lr' twice (lines 1 and 3)", "delete one"]),
+    ("config_syntax_error_alone", lambda ws: (write(ws / "b.yaml", "max_steps: 6\na: [1, 2\n"),
+                                              RUN + ["--config", "b.yaml"])[1],
+     ["--config b.yaml:3:1: the config is not valid YAML", "started on line 2"]),
+    ("config_empty", lambda ws: (write(ws / "b.yaml", ""), RUN + ["--config", "b.yaml"])[1],
+     ["--config b.yaml: the config is empty", "drop --config"]),
+    ("config_only_comments", lambda ws: (write(ws / "b.yaml", "# max_steps: 6\n"), flag("--config", "b.yaml"))[1],
+     ["--config b.yaml: the config is empty"]),
+    ("mtl_global_duplicate_key", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\nbatch_size: 4\n"
+                                                        "num_epochs: 1\nbatch_size: 8\n"),
+     ["g.yaml:5:", "key 'batch_size' twice (lines 3 and 5)"]),
+    ("mtl_task_duplicate_key", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n",
+                                                  "reader: cls\ntrain_file: ../cls.tsv\nn_classes: 2\n"
+                                                  "dev_file: ../cls.tsv\nn_classes: 3\n"),
+     ["tasks/topic.yaml:5: the task config gives key 'n_classes' twice (lines 3 and 5)"]),
+    ("mtl_task_nested_duplicate_key", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n",
+                                                         "reader: cls\ntrain_file: ../cls.tsv\nn_classes: 2\n"
+                                                         "label_map: {a: 0, a: 1}\n"),
+     ["topic.yaml:4: the task config gives key 'a' twice on line 4"]),
+    ("mtl_task_file_empty", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n", "# nothing yet\n"),
+     ["tasks/topic.yaml: the task config is empty"]),
     # multi-task configuration: every problem at once
     ("mtl_global_and_task_errors_together", lambda ws: mt_yaml(
         ws, "task_instance: topic\ntask_dir: tasks\nmix_ratio: abc\n",
@@ -192,6 +321,10 @@ CASES = [
      ["mix_ratio", "abc", "batch_size", "sixteen"]),
     ("mtl_task_file_missing", lambda ws: mt_yaml(ws, "task_instance: topic, nosuch\ntask_dir: tasks\n"),
      ["nosuch", "does not exist"]),
+    ("mtl_task_name_not_ascii", lambda ws: (write(ws / "tasks" / "情感.yaml", "reader: cls\ntrain_file: ../cls.tsv\n"
+                                                                          "n_classes: 2\n"),
+                                            mt_yaml(ws, "task_instance: 情感\ntask_dir: tasks\n"))[1],
+     ["task names ['情感'] may only use ASCII letters", "rename the task and its task file"]),
     ("mtl_unknown_reader", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n",
                                               "reader: clss\ntrain_file: ../cls.tsv\n"), ["unknown reader 'clss'"]),
     ("mtl_no_task_instance", lambda ws: mt_yaml(ws, "task_dir: tasks\nmix_ratio: 1\n"),
@@ -220,6 +353,25 @@ CASES = [
                                  write(ws / "tasks" / "topic.yaml", "reader: mrc\ntrain_file: ../qa.json\n"),
                                  mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n"))[2],
      ["qa.json:2:", "not valid JSON"]),
+    # issue 17: a target's test_file is read before training, as dev_file is (it was read after training and export)
+    ("test_file_missing", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n",
+                                             "reader: cls\ntrain_file: ../cls.tsv\ntest_file: ../nope.tsv\n"
+                                             "n_classes: 2\n"),
+     ["topic.yaml: key 'test_file' '../nope.tsv': file not found"]),
+    ("test_file_header_only", lambda ws: with_test_file(ws, "label\ttext_a\n"),
+     ["task topic: test_file", "t.tsv has no examples"]),
+    ("test_file_bad_row", lambda ws: with_test_file(ws, "label\ttext_a\n1\t好\n0\ta\tb\n"),
+     ["task topic: test_file: ", "t.tsv:3: 3 tab-separated fields"]),
+    ("test_file_not_utf8", lambda ws: with_test_file(ws, b"label\ttext_a\n1\t\xff\xfe\n"),
+     ["task topic: test_file: ", "t.tsv:2: not UTF-8"]),
+    ("test_file_unknown_tag", lambda ws: seq_label_task(ws, "text_a\tlabel\n的\x02了\tB\x02X\n"),
+     ["task topic: test_file: ", "seg_test.tsv:2: tag(s) ['X'] are not in label_map"]),
+    ("test_file_no_header", lambda ws: with_test_file(ws, "1\t好\n"), ["task topic: test_file: ", "t.tsv:1:",
+                                                                      "header row"]),
+    ("dev_file_bad_row_names_key", lambda ws: (write(ws / "d.tsv", "label\ttext_a\n1\ta\tb\n"), mt_yaml(
+        ws, "task_instance: topic\ntask_dir: tasks\n",
+        "reader: cls\ntrain_file: ../cls.tsv\ndev_file: ../d.tsv\nn_classes: 2\n"))[1],
+     ["task topic: dev_file: ", "d.tsv:2:"]),
     # checkpoints: never skipped, never overwritten
     ("ckpt_state_garbage", lambda ws: damage_state(ws, "garbage"), ["model_last/train_state.json is damaged",
                                                                     "--resume none"]),
@@ -280,16 +432,103 @@ CASES = [
     ("tool_merge_other_vocab", lambda ws: (write(ws / "corpus.json", json.dumps(
         {**json.loads((ws / "corpus.json").read_text()), "vocab_sha1": "2" * 40})),
         dt("merge") + ["--inputs", "corpus", "out_c", "--output_prefix", "merged"])[1], ["merge"]),
+    # issue 17: --do_eval --checkpoint verifies the checkpoint as resume and the converter do
+    ("eval_ckpt_params_truncated", lambda ws: (truncate(ws / "mtl/best_topic/state/rank_0.pdparams"),
+                                               EVAL_CKPT)[1],
+     ["--checkpoint", "best_topic/state/rank_0.pdparams is damaged", "truncated", "mtl/model_last (step"]),
+    ("eval_ckpt_params_same_size", lambda ws: (flip_byte(ws / "mtl/best_topic/state/rank_0.pdparams"), EVAL_CKPT)[1],
+     ["rank_0.pdparams is damaged", "SHA-1 differs", "evaluate an intact checkpoint"]),
+    ("eval_ckpt_step_edited", lambda ws: (edit_state(ws, "best_topic", _set("step", 99), root="mtl"), EVAL_CKPT)[1],
+     ["best_topic/train_state.json is damaged", "step 99 disagrees with lr_scheduler.last_epoch"]),
+    ("eval_ckpt_written_damaged", lambda ws: (written_damaged(ws, "best_topic", ".pdparams", root="mtl"),
+                                              EVAL_CKPT)[1], ["best_topic/state/rank_0.pdparams is damaged",
+                                                              "unreadable", "written damaged"]),
+    ("eval_manifest_garbage", lambda ws: (write(ws / "mtl/topic/infer_model/manifest.json", "garbage{"), EVAL)[1],
+     ["infer_model/manifest.json is damaged", "not valid JSON", "mtl/best_topic"]),
+    ("eval_manifest_not_an_object", lambda ws: (write(ws / "mtl/topic/infer_model/manifest.json", "[1, 2]"),
+                                                EVAL)[1], ["manifest.json is damaged", "JSON list"]),
+    ("predict_manifest_without_feeds", lambda ws: (
+        write(ws / "mtl/topic/infer_model/manifest.json", json.dumps(
+            {k: v for k, v in json.loads((ws / "mtl/topic/infer_model/manifest.json").read_text()).items()
+             if k != "feeds"})),
+        RUN + ["--do_predict", "--task", "topic", "--pred_file", "cls.tsv", "--output_dir", "mtl"])[1],
+     ["manifest.json is damaged", "'feeds' missing"]),
+    # issue 17: resume checks train_state.json field by field and the ranks' own records
+    ("ckpt_step_edited", resume_edited("model_3", _set("step", 5)),
+     ["model_3/train_state.json is damaged", "step 5 disagrees with the folder name model_3",
+      "model_6 (step 6)", "--resume PATH"]),
+    ("ckpt_step_negative", resume_edited("model_3", _set("step", -3)), ["model_3/train_state.json is damaged",
+                                                                        "step -3 is negative"]),
+    ("ckpt_topology_missing", resume_edited("model_3", lambda raw: raw.pop("topology")),
+     ["model_3/train_state.json is damaged", "no 'topology'", "model_6 (step 6)"]),
+    ("ckpt_topology_key_missing", resume_edited("model_3", lambda raw: raw["topology"].pop("world_size")),
+     ["model_3/train_state.json is damaged", "topology lacks ['world_size']"]),
+    ("ckpt_rank_sha1_disagrees", lambda ws: (write(ws / "out/model_3/state/rank_0.sha1", json.dumps(
+        {k: dict(v, sha1="0" * 40)
+         for k, v in json.loads((ws / "out/model_3/state/rank_0.sha1").read_text()).items()})),
+        flag("--resume", "out/model_3", *run_data(ws)))[1],
+     ["model_3/state/rank_0.sha1 disagrees with", "model_3/train_state.json", "model_6 (step 6)"]),
+    ("ckpt_consumed_edited", resume_edited("model_3", _set("consumed_samples", 999)),
+     ["consumed_samples 999 disagrees with the task schedule's 12"]),
+    ("ckpt_lr_epoch_edited", resume_edited("model_3", lambda raw: raw["lr_scheduler"].update(last_epoch=1)),
+     ["step 3 disagrees with lr_scheduler.last_epoch 1"]),
+    ("ckpt_auto_newest_edited", lambda ws: ([edit_state(ws, f, _set("step", 7)) for f in ("model_last", "model_6")],
+                                            flag(*run_data(ws)))[1],
+     ["cannot resume from", "step 7 disagrees", "Intact checkpoints: ", "model_3 (step 3)"]),
+    ("ckpt_resume_path_damaged_lists_intact", lambda ws: (truncate(ws / "out/model_3/state/rank_0.pdparams"),
+                                                          flag("--resume", "out/model_3"))[1],
+     ["cannot resume from", "model_3/state/rank_0.pdparams is damaged", "model_6 (step 6)", "--resume PATH"]),
+    ("ckpt_opt_written_damaged", lambda ws: (written_damaged(ws, "model_3", ".pdopt"),
+                                             flag("--resume", "out/model_3", *run_data(ws)))[1],
+     ["model_3/state/rank_0.pdopt is damaged", "unreadable", "written damaged", "model_6 (step 6)"]),
+    ("ckpt_none_intact", lambda ws: ([write(ws / "out" / f / "train_state.json", "garbage{{{")
+                                      for f in ("model_last", "model_3", "model_6")], flag())[1],
+     ["train_state.json is damaged", "No intact checkpoint remains: start a new run in another --output_dir, or "
+                                     "here with --resume none --overwrite_output_dir"]),
+    ("s2d_rank_sha1_missing", lambda ws: ((ws / "out/model_last/state/rank_0.sha1").unlink(),
+                                          S2D + ["--input", "out/model_last", "--output_dir", "conv"])[1],
+     ["rank_0.sha1 is missing", "convert an intact checkpoint", "model_3 (step 3)"]),
     # launch scripts
     ("launch_master_malformed", lambda ws: ["bash", ROOT / "scripts" / "run.sh"], ["MASTER"]),
+    # issue 17: a PORT_RANGE the user set is checked before the launcher takes it as it is
+    ("launch_port_range_garbage", lambda ws: ["bash", ROOT / "scripts" / "run_cpu.sh"],
+     ["run_cpu.sh: error: PORT_RANGE='garbage' is malformed", "LOW:HIGH", "unset PORT_RANGE"]),
+    ("launch_port_range_reversed", lambda ws: ["bash", ROOT / "scripts" / "run_cpu.sh"],
+     ["PORT_RANGE='9000:8000'", "LOW 9000 is not below HIGH 8000", "PORT_RANGE=8000:9000"]),
+    ("launch_port_range_one_number", lambda ws: ["bash", ROOT / "scripts" / "run_cpu.sh"],
+     ["PORT_RANGE='5000' is malformed", "LOW:HIGH"]),
+    ("launch_port_range_above_65535", lambda ws: ["bash", ROOT / "scripts" / "run_cpu.sh"],
+     ["PORT_RANGE='70000:80000' lies outside the ports 1..65535"]),
+    ("launch_port_range_port_zero", lambda ws: ["bash", ROOT / "scripts" / "run_single_node.sh"],
+     ["run_single_node.sh: error: PORT_RANGE='0:100' lies outside the ports 1..65535"]),
+    ("launch_port_range_too_small", lambda ws: ["bash", ROOT / "scripts" / "run_cpu.sh"],
+     ["PORT_RANGE='40000:40002' holds 3 port(s), but the launcher needs 4", "2 process(es)"]),
+    ("launch_port_range_ips_mode", lambda ws: ["bash", ROOT / "scripts" / "run.sh"],
+     ["run.sh: error: PORT_RANGE='61000-65535' is malformed"]),
 ]
 ENV = {"launch_master_malformed": {"MASTER": "host-without-port", "NNODES": "2", "GPUS": "0", "CONFIG": "global.yaml",
-                                   "OUTPUT_DIR": "o", "DRY_RUN": "1"}}
+                                   "OUTPUT_DIR": "o", "DRY_RUN": "1"},
+       # DRY_RUN: the check comes before the command is printed; without it the old scripts' launcher
+       # died in a traceback, or (70000:80000) tried to bind a port forever
+       **{f"launch_port_range_{case}": {"PORT_RANGE": value, "NPROC": "2", "GPUS": "0", "CONFIG": "global.yaml",
+                                        "OUTPUT_DIR": "o", "DRY_RUN": "1", **extra}
+          for case, value, extra in [("garbage", "garbage", {}), ("reversed", "9000:8000", {}),
+                                     ("one_number", "5000", {}), ("above_65535", "70000:80000", {}),
+                                     ("port_zero", "0:100", {}), ("too_small", "40000:40002", {}),
+                                     ("ips_mode", "61000-65535", {"IPS": "10.0.0.1"})]}}
 LIMIT = {"ckpt_disk_full_on_save": 40_000}
+# fragments the message must NOT contain (a wrong cause, a spurious follow-on problem)
+ABSENT = {"vocab_with_bom": ["lacks", "problems"], "tool_vocab_with_bom": ["lacks"], "mixture_folder_orphan_bin": ["problems"],
+          "config_syntax_error_alone": ["is required", "problems"], "config_empty": ["is required"],
+          "config_duplicate_key": ["problems"], "ckpt_opt_written_damaged": ["another configuration"],
+          "eval_ckpt_written_damaged": ["Traceback"]}
+# folders of the workspace whose files are listed before and after: a refused command adds none
+# (no VisualDL record, no metrics file, no checkpoint)
+WATCHED = ("out", "mtl", "mtl2", "conv", "o")
 
 
-def test_there_are_at_least_sixty_cases():
-    assert len(CASES) >= 60 and len({c[0] for c in CASES}) == len(CASES)
+def test_there_are_at_least_110_cases():
+    assert len(CASES) >= 110 and len({c[0] for c in CASES}) == len(CASES)
 
 
 @pytest.mark.parametrize("name,make,fragments", CASES, ids=[c[0] for c in CASES])
@@ -304,6 +543,10 @@ def test_hostile_input_is_refused_with_one_clear_message_and_nothing_changed(bas
     assert "Traceback" not in text and "During handling" not in text, text[-3000:]
     for fragment in fragments:
         assert fragment in text, (fragment, text[-3000:])
+    for fragment in ABSENT.get(name, ()):
+        assert fragment not in text, (fragment, text[-3000:])
     after = snapshot(ws)
     changed = [p for p, data in before.items() if after.get(p) != data]
     assert not changed, changed  # every file that existed before is byte-identical
+    added = [p for p in after if p not in before and p.split(os.sep)[0] in WATCHED]
+    assert not added, added  # and the run's folders gained nothing

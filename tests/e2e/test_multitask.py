@@ -306,4 +306,4 @@ def test_command_line_reaches_tasks_and_bad_inputs_are_clear(data, tmp_path):
     assert {t.max_seq_len for t in parsed.setup.tasks} == {48}
     (data / "empty_dev.tsv").write_text("label\ttext_a\n", encoding="utf-8")
     proc = run(["--config", cfg, "--tasks.sentiment.dev_file=empty_dev.tsv"], cwd=data)
-    assert proc.returncode == 2 and "task sentiment: dev file" in proc.stderr and "has no examples" in proc.stderr
+    assert proc.returncode == 2 and "task sentiment: dev_file" in proc.stderr and "has no examples" in proc.stderr

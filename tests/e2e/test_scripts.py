@@ -180,6 +180,17 @@ def test_bad_input_is_refused(config, name, env, args, message):
     assert proc.stdout == ""  # no command printed, nothing launched
 
 
+def test_an_empty_port_range_counts_as_unset(config, tmp_path):
+    """PORT_RANGE= (empty) reached Paddle's launcher, which died on int(''): the script drops it."""
+    fake = tmp_path / "python"  # reports what the launcher would see, runs nothing else
+    fake.write_text('#!/bin/sh\nif [ "$2" = paddle.distributed.launch ]; then echo "launcher sees PORT_RANGE='
+                    '${PORT_RANGE-unset}"; exit 0; fi\nexec python3 "$@"\n')
+    fake.chmod(0o755)
+    proc = run("run", {"CONFIG": str(config), "PYTHON": str(fake), "PORT_RANGE": "", "IPS": "10.0.0.1", "GPUS": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "launcher sees PORT_RANGE=unset"
+
+
 def test_missing_corpus_is_refused(tmp_path, config):
     no_input = tmp_path / "no_input.yaml"
     no_input.write_text("max_steps: 3\n")

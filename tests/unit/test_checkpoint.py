@@ -213,3 +213,84 @@ def test_a_failed_save_leaves_every_checkpoint_and_no_temporary_folder(tmp_path,
                                               "free disk space.*previous checkpoints are unchanged"):
         cp.save("model_last", TrainState(step=2, consumed_samples=2))
     assert _tree(tmp_path) == before and not list(tmp_path.glob(".*tmp*"))
+
+
+def _realistic_state(step=3):
+    """What the trainer writes: 2 tasks (batch 2 and 4), accumulation 2, two data-parallel ranks."""
+    return TrainState(step=step, consumed_samples=(4 * 2 + 2 * 4) * 2, lr_scheduler={"last_epoch": step},
+                      sampler={"position": 2 * step, "accumulate_steps": 2, "counts": [4, 2 * step - 4]},
+                      topology={"dp_degree": 2, "sharding_degree": 1},
+                      extra={"tasks": [{"spec": {"batch_size": 2}}, {"spec": {"batch_size": 4}}]})
+
+
+@pytest.mark.parametrize("edit,expected", [
+    (lambda r: r.update(step=5), ["step 5 disagrees with the folder name model_3", "lr_scheduler.last_epoch 3",
+                                  "sampler.position 6"]),
+    (lambda r: r.update(step=-1), ["step -1 is negative"]),
+    (lambda r: r.update(consumed_samples=7), ["consumed_samples 7 disagrees with the task schedule's 32"]),
+    (lambda r: r["sampler"].update(counts=[1, 1]), ["sampler.counts [1, 1] do not sum to sampler.position 6"]),
+    (lambda r: r.pop("topology"), ["no 'topology'"]),
+    (lambda r: r.pop("files"), ["no 'files'"]),
+    (lambda r: r.update(world_size="2"), ["world_size is str"]),
+    (lambda r: r.update(per_rank_state="yes"), ["per_rank_state is 'yes'"]),
+])
+def test_a_train_state_that_contradicts_itself_is_damaged(tmp_path, program, edit, expected):
+    import json
+
+    main, exe, scope, _ = program
+    cp = _checkpointer(tmp_path, main, exe, scope)
+    cp.save("model_3", _realistic_state())
+    assert cp.resolve(str(tmp_path / "model_3")).step == 3  # as written: consistent
+    state_file = tmp_path / "model_3" / "train_state.json"
+    raw = json.loads(state_file.read_text())
+    edit(raw)
+    state_file.write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError) as e:
+        cp.resolve(str(tmp_path / "model_3"))
+    assert "model_3/train_state.json is damaged" in str(e.value) and "Nothing in" in str(e.value)
+    for fragment in expected:
+        assert fragment in str(e.value), (fragment, str(e.value))
+
+
+def test_each_ranks_record_must_agree_with_the_file_list(tmp_path, program):
+    import json
+
+    main, exe, scope, _ = program
+    cp = _checkpointer(tmp_path, main, exe, scope)
+    cp.save("model_2", TrainState(step=2, consumed_samples=2))
+    cp.save("model_last", TrainState(step=3, consumed_samples=3))
+    sums = tmp_path / "model_last" / "state" / "rank_0.sha1"
+    record = json.loads(sums.read_text())
+    record["state/rank_0.pdopt"]["size"] += 1
+    sums.write_text(json.dumps(record))
+    with pytest.raises(CheckpointError, match=r"rank_0.sha1 disagrees with .*train_state.json about "
+                                              r"state/rank_0.pdopt .*model_2 \(step 2\)"):
+        cp.resolve("auto")
+    sums.unlink()
+    with pytest.raises(CheckpointError, match=r"rank_0.sha1 is missing"):
+        cp.resolve("auto")
+
+
+def test_a_state_file_written_damaged_is_named_not_blamed_on_the_configuration(tmp_path, program):
+    """Truncated before its checksums were taken (they match): the load fails, and the message says
+    which file is unreadable instead of guessing at another configuration."""
+    import json
+
+    main, exe, scope, _ = program
+    cp = _checkpointer(tmp_path, main, exe, scope)
+    cp.save("model_2", TrainState(step=2, consumed_samples=2))
+    cp.save("model_last", TrainState(step=3, consumed_samples=3))
+    opt = tmp_path / "model_last" / "state" / "rank_0.pdopt"
+    opt.write_bytes(opt.read_bytes()[:-9])
+    entry = {"size": opt.stat().st_size, "sha1": ckpt.sha1_of(opt)}
+    for f in (tmp_path / "model_last" / "train_state.json", tmp_path / "model_last" / "state" / "rank_0.sha1"):
+        raw = json.loads(f.read_text())
+        files = raw["files"] if "files" in raw else raw
+        files["state/rank_0.pdopt"] = entry
+        f.write_text(json.dumps(raw))
+    ref = cp.resolve("auto")
+    with pytest.raises(CheckpointError) as e:
+        cp.load(ref, topology={}, check={})
+    message = str(e.value)
+    assert "rank_0.pdopt is damaged (unreadable" in message and "written damaged" in message
+    assert "another configuration" not in message and "model_2 (step 2)" in message

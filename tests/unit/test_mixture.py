@@ -103,14 +103,19 @@ def test_a_folder_means_every_complete_corpus_weighted_by_tokens(data, tmp_path)
     for name in ("wudao", "clue", "news"):  # copied in another order: the mixture is sorted by name
         for ext in (".bin", ".idx", ".json"):
             shutil.copy(p[name] + ext, folder / f"{name}{ext}")
-    (folder / "half.bin").write_bytes(b"\0\0")  # an unfinished corpus: skipped, and said so
     mix = parse_mixture(str(folder))
     assert [c.name for c in mix] == ["clue", "news", "wudao"]
     tokens = [json.loads(Path(p[n] + ".json").read_text())["tokens"] for n in ("clue", "news", "wudao")]
     assert mix.weights == [float(t) for t in tokens]
     assert mix.weights == [os.path.getsize(p[n] + ".bin") / 2 for n in ("clue", "news", "wudao")]  # uint16
-    assert any("half.bin" in n for n in mix.notes)
     assert parse_mixture(mix.spec()).corpora == mix.corpora
+    (folder / "half.bin").write_bytes(b"\0\0")  # an unfinished corpus: refused (it would change the weights)
+    (folder / "lone.idx").write_bytes(b"")
+    with pytest.raises(ConfigError) as err:
+        parse_mixture(str(folder), what="--input_dir")
+    assert [p_.split(": ", 2)[1].split(" has no ")[0] for p_ in err.value.problems] == [
+        str(folder / "half.bin"), str(folder / "lone.idx")]
+    assert "half.idx beside it" in str(err.value) and "move half.bin out of the folder" in str(err.value)
 
 
 def test_bad_input_names_each_item_value_and_fix(data, tmp_path):
