@@ -44,10 +44,13 @@ class DeviceEMA:
     def __init__(self, main, params: List[str], decay: float):
         self.decay = float(decay)
         block = main.global_block()
-        self._specs = {v.name: (list(v.shape), v.dtype) for v in block.vars.values()}
         self.params = [p for p in params if block.has_var(p) and block.var(p).persistable]
         # the float32 value the optimizer updates: AMP O2's master weight where there is one
         self.sources = {p: (p + "_fp32_master_0" if block.has_var(p + "_fp32_master_0") else p) for p in self.params}
+        # shapes of the tensors these programs touch only: gradient merge's conditional block adds
+        # STEP_SCOPES variables to the block, which have no shape (asking raises)
+        self._specs = {n: (list(block.var(n).shape), block.var(n).dtype)
+                       for n in {*self.params, *self.sources.values()}}
         for p in self.params:  # persistable in the training program: checkpoints carry them
             block.create_var(name=ema_name(p), shape=self._specs[p][0], dtype="float32", persistable=True,
                              stop_gradient=True)

@@ -345,3 +345,14 @@ def test_device_ema_matches_the_formula_swaps_in_and_restores(task_files):
                                           np.array(scope.find_var(ema_name(q)).get_tensor()))
     for q in tracked:
         np.testing.assert_array_equal(np.array(scope.find_var(q).get_tensor()), trained[q])
+
+
+def test_device_ema_builds_with_gradient_accumulation(task_files):
+    """Gradient merge's conditional block adds STEP_SCOPES variables (no shape) to the block: the EMA
+    asked every variable of the block for its shape and failed to build with accumulation > 1."""
+    p = build_mtl(make_tasks(task_files), dropout=0.0, ema_decay=0.9,
+                  parallel=ParallelConfig(micro_batch_size=4, global_batch_size=8))
+    assert set(p.ema.params) == set(p.name_map.values())
+    persistable = {v.name for v in p.main.list_vars() if v.persistable}
+    assert any(n.endswith("@GRAD@GradientMerge") for n in persistable)
+    assert all(f"{q}@EMA" in persistable for q in p.ema.params)
