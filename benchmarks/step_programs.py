@@ -216,7 +216,7 @@ class Step:
         feed = {**make_feed(self.task_types, task_index, batch),
                 **self.programs.freeze.feed([self.task_types[task_index].spec.name])}
         if self.dropout_seeds:
-            feed[DROPOUT_SEEDS] = draw_dropout_seeds(self.seed, i, 0, 0, self.dropout_seeds)
+            feed[DROPOUT_SEEDS] = draw_dropout_seeds(self.seed, i, 0, self.dropout_seeds)
         return feed
 
     def after_run(self) -> None:
@@ -226,10 +226,10 @@ class Step:
 
     def feed(self, i: int) -> Dict[str, np.ndarray]:
         f = dict(self.feeds[i % len(self.feeds)])
-        if self.dropout_seeds:  # the trainer's seeds of (step i, micro-batch 0, data rank 0)
+        if self.dropout_seeds:  # the trainer's seeds of (step i, slot 0)
             from ernie_mtl.program.randomness import DROPOUT_SEEDS, draw_dropout_seeds
 
-            f[DROPOUT_SEEDS] = draw_dropout_seeds(self.seed, i, 0, 0, self.dropout_seeds)
+            f[DROPOUT_SEEDS] = draw_dropout_seeds(self.seed, i, 0, self.dropout_seeds)
         for k, name in enumerate(self.seed_vars):  # a new seed per op and step, as real dropout gets
             f[name] = np.array([1 + (i * len(self.seed_vars) + k) % (2 ** 31 - 2)], "int32")
         return f

@@ -90,8 +90,7 @@ class PretrainingPrograms:
     def feed_names(self):
         return [s.name for s in self.programs.fwd.feeds]
 
-    def feed(self, batch: Mapping[str, np.ndarray], step: int = 0, micro: int = 0, seed: int = 1,
-             data_rank: int = 0) -> Dict[str, np.ndarray]:
+    def feed(self, batch: Mapping[str, np.ndarray], step: int = 0, slot: int = 0, seed: int = 1) -> Dict[str, np.ndarray]:
         """The program's feed of a pretraining batch (unprefixed names, as collate_pretrain makes)."""
         from ernie_mtl.program.forward import make_feed
         from ernie_mtl.program.randomness import DROPOUT_SEEDS, draw_dropout_seeds
@@ -101,7 +100,7 @@ class PretrainingPrograms:
             batch.pop("next_sentence_labels", None)
         feed = make_feed([self.task], 0, batch)
         if self.programs.dropout_seeds:
-            feed[DROPOUT_SEEDS] = draw_dropout_seeds(seed, step, micro, data_rank, self.programs.dropout_seeds)
+            feed[DROPOUT_SEEDS] = draw_dropout_seeds(seed, step, slot, self.programs.dropout_seeds)
         return feed
 
 
@@ -166,7 +165,7 @@ def params(programs, scope):
 def with_hooks(argv, env):
     """The test-only callbacks (tests/plugins/test_hooks.py) when the environment asks for them."""
     names = [n for n, var in (("kill_at_step", "ERNIE_MTL_TEST_KILL_AT_STEP"), ("dump_state", "ERNIE_MTL_TEST_DUMP_DIR"),
-                              ("eval_at_start", "ERNIE_MTL_TEST_EVAL_AT_START"))
+                              ("eval_at_start", "ERNIE_MTL_TEST_EVAL_AT_START"), ("record_slots", "ERNIE_MTL_TEST_SLOTS"))
              if (env or {}).get(var)]
     return list(argv) + (["--plugins", HOOKS, "--callbacks", ",".join(names)] if names else [])
 

@@ -134,8 +134,9 @@ def _is_int(*values: Any) -> bool:
 def state_problems(raw: Mapping, folder_name: str = "") -> List[str]:
     """What contradicts itself in a train state whose fields have the right types: a negative step or
     sample count, or a step that disagrees with the folder name `model_<step>`, the LR scheduler's
-    step count, the task schedule's position (micro-batches drawn = step x accumulation) or the
-    consumed samples (micro-batches per task x its batch size x data-parallel ranks). Each value is
+    step count, the task schedule's position (slots drawn = step x slots per step, counted from the
+    schedule's base after a change of global batch) or the consumed samples (slots per task x its
+    batch size). Each value is
     written by the trainer at the same instant, so a disagreement means the file was edited or
     damaged; checks whose fields are absent (a hand-made or older state) are skipped."""
     step, consumed = raw["step"], raw.get("consumed_samples", 0)
@@ -151,24 +152,26 @@ def state_problems(raw: Mapping, folder_name: str = "") -> List[str]:
         problems.append(f"step {step} disagrees with lr_scheduler.last_epoch {last_epoch!r} (the optimizer steps "
                         "the learning-rate schedule counted)")
     sampler = raw.get("sampler") or {}
-    position, accumulate, counts = sampler.get("position"), sampler.get("accumulate_steps"), sampler.get("counts")
-    if _is_int(position, accumulate) and position != step * accumulate:
-        problems.append(f"step {step} disagrees with sampler.position {position} (micro-batches drawn: {accumulate} "
-                        "per optimizer step)")
+    position, per_step, counts = sampler.get("position"), sampler.get("slots_per_step"), sampler.get("counts")
+    base = sampler.get("base", [0, 0])
+    if not (isinstance(base, list) and len(base) == 2 and _is_int(*base)):
+        problems.append(f"sampler.base {base!r} is not [position, step]")
+        base = [0, 0]
+    if _is_int(position, per_step) and per_step > 0 and position != base[0] + (step - base[1]) * per_step:
+        problems.append(f"step {step} disagrees with sampler.position {position} (micro-batches drawn: {per_step} "
+                        f"per optimizer step" + (f" from position {base[0]} at step {base[1]}" if base != [0, 0] else "")
+                        + ")")
     if not (isinstance(counts, list) and _is_int(*counts) and _is_int(position)):
         return problems
     if sum(counts) != position:
         problems.append(f"sampler.counts {counts} do not sum to sampler.position {position}")
     tasks = (raw.get("extra") or {}).get("tasks")
-    topology = raw.get("topology") or {}
     sizes = [((t or {}).get("spec") or {}).get("batch_size") for t in tasks] if isinstance(tasks, list) else []
-    ranks = (topology.get("dp_degree"), topology.get("sharding_degree"))
-    if len(sizes) == len(counts) and _is_int(*sizes, *ranks, consumed):
-        expected = sum(c * b for c, b in zip(counts, sizes)) * ranks[0] * ranks[1]
+    if len(sizes) == len(counts) and _is_int(*sizes, consumed):
+        expected = sum(c * b for c, b in zip(counts, sizes))
         if consumed != expected:
             problems.append(f"consumed_samples {consumed} disagrees with the task schedule's {expected} "
-                            f"(micro-batches per task {counts} x batch sizes {sizes} x {ranks[0] * ranks[1]} "
-                            "data-parallel ranks)")
+                            f"(micro-batches per task {counts} x batch sizes {sizes})")
     return problems
 
 

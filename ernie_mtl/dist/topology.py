@@ -41,6 +41,13 @@ class Topology:
         """Micro-batches per rank per optimizer step."""
         return self.global_batch_size // (self.micro_batch_size * self.data_world_size)
 
+    @property
+    def slots_per_step(self) -> int:
+        """Micro-batches of all ranks per optimizer step (data world x accumulate steps): the global
+        batch in micro-batches, which the task schedule draws and the dropout seeds number
+        (ernie_mtl/planning/schedule.py), the same on every topology with this global batch."""
+        return self.global_batch_size // self.micro_batch_size
+
     def data_rank(self, global_rank: int) -> int:
         """Position of `global_rank` in the data-parallel world (which samples it reads)."""
         self._check_rank(global_rank)

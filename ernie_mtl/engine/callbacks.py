@@ -31,7 +31,8 @@ class Callback:
         """After set-up and resume, before the first step of this process."""
 
     def on_step_end(self, trainer, step: int, tasks: List[str]) -> None:
-        """After optimizer step `step`, whose micro-batches came from `tasks`."""
+        """After optimizer step `step`, whose slots (the micro-batches of all ranks, in slot order) came
+        from `tasks`."""
 
     def on_log(self, trainer, step: int, logs: Mapping[str, float]) -> None:
         """Every logging step: `logs` are scalars (train/<task>/loss, train/<task>/sampled, lr, perf/...)."""

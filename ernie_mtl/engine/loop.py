@@ -3,10 +3,11 @@ runs alike. It reads like a table of contents; evaluation (ernie_mtl/engine/eval
 (ernie_mtl/engine/exporter.py), checkpoints (ernie_mtl/checkpoint) and the train state
 (ernie_mtl/engine/state.py) are components it calls.
 
-Per optimizer step the schedule draws the task of each of the `accumulate_steps` micro-batches,
-identically on every rank; each rank feeds its slice of that task's global micro-batch, the
-dropout seeds of (step, micro-batch, rank) and the idle-group flags of the step; one `exe.run` per
-micro-batch, the update happening inside the program on the last one (gradient merge). Logged
+Per optimizer step the schedule draws the task of each of the step's `slots_per_step` slots (the
+micro-batches of all ranks), identically on every rank; each rank feeds its own slots' examples
+(ernie_mtl/engine/feeding.py), the dropout seeds of (step, slot) and the idle-group flags of the
+step; one `exe.run` per micro-batch, the update happening inside the program on the last one
+(gradient merge, then the all-reduce). Logged
 losses are rank 0's (not all-reduced); tokens/s counts rank 0's non-pad tokens times the
 data-parallel size.
 
@@ -117,9 +118,10 @@ class Trainer:
 
     # -- one step ------------------------------------------------------------------------------------
     def train_step(self) -> List[str]:
-        """One optimizer step: the schedule's next `accumulate_steps` micro-batches."""
-        read = list(self.schedule.counts)  # per task: micro-batches read before this step
-        drawn = [self.schedule.next_task() for _ in range(self.topo.accumulate_steps)]
+        """One optimizer step: the schedule's next `slots_per_step` slots, this rank's
+        `accumulate_steps` of them computed here."""
+        read = list(self.schedule.counts)  # per task: slots read before this step
+        drawn = [self.schedule.next_task() for _ in range(self.topo.slots_per_step)]
         extra = [self.p.lr] + ([self.p.loss_scaling] if self.p.loss_scaling is not None else [])
         for micro in self.feeder.step(self.step, drawn, read):
             scalars = self.p.fwd.task_scalars[micro.task]
@@ -133,14 +135,15 @@ class Trainer:
         if self.ema is not None:
             self.ema.update(self.exe, self.step)  # update number = steps completed before this one
         self.step += 1
-        self.window.add_step(samples=sum(self.tasks[i].spec.batch_size for i in drawn) * self.topo.data_world_size,
+        names = [self.tasks[i].spec.name for i in drawn]
+        self.window.add_step(samples=sum(self.tasks[i].spec.batch_size for i in drawn), drawn=names,
                              lr=lr_and_scale[0], loss_scale=lr_and_scale[1] if len(lr_and_scale) > 1 else None)
-        return [self.tasks[i].spec.name for i in drawn]
+        return names
 
     def log_window(self) -> None:
         lines, logs = self.reporter.window(self, self.window)
         for i, task in enumerate(self.tasks):  # e.g. samples read per corpus of a mixture
-            logs.update(task.data_scalars(self.schedule.counts[i] * task.spec.batch_size * self.topo.data_world_size))
+            logs.update(task.data_scalars(self.schedule.counts[i] * task.spec.batch_size))
         for line in lines:
             self.print(line)
         self.emit("on_log", self.step, logs)
@@ -187,8 +190,7 @@ class Trainer:
     @property
     def consumed_samples(self) -> int:
         """Training samples read so far by all ranks."""
-        return int(sum(c * t.spec.batch_size for c, t in zip(self.schedule.counts, self.tasks))
-                   * self.topo.data_world_size)
+        return int(sum(c * t.spec.batch_size for c, t in zip(self.schedule.counts, self.tasks)))
 
     @property
     def exported(self) -> Dict[str, int]:

@@ -11,15 +11,16 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from ernie_mtl.checkpoint.layout import METRICS_FILE  # noqa: F401  (re-exported)
 
 
 class Window:
-    """What happened since the last log line: per task its micro-batches, summed loss and extra scalars
-    (e.g. mlm_loss, nsp_loss); optimizer steps, non-pad tokens (all ranks), samples (all ranks),
-    time; the learning rate and the loss scale as their latest values."""
+    """What happened since the last log line: per task this rank's micro-batches, summed loss and extra
+    scalars (e.g. mlm_loss, nsp_loss), and the slots drawn for it (all ranks); optimizer steps,
+    non-pad tokens (all ranks), samples (all ranks), time; the learning rate and the loss scale as
+    their latest values."""
 
     def __init__(self) -> None:
         self.reset()
@@ -28,6 +29,7 @@ class Window:
         self.steps = 0
         self.micro = 0
         self.count: Dict[str, int] = {}
+        self.drawn: Dict[str, int] = {}  # slots of all ranks, per task
         self.loss: Dict[str, float] = {}
         self.scalars: Dict[str, Dict[str, float]] = {}
         self.tokens = 0
@@ -46,8 +48,11 @@ class Window:
             sums[k] = sums.get(k, 0.0) + float(v)
         self.tokens += tokens
 
-    def add_step(self, *, samples: int, lr: float, loss_scale: Optional[float]) -> None:
+    def add_step(self, *, samples: int, lr: float, loss_scale: Optional[float], drawn: Sequence[str] = ()) -> None:
+        """One optimizer step: `samples` of all ranks, the tasks `drawn` for its slots."""
         self.steps += 1
+        for task in drawn:
+            self.drawn[task] = self.drawn.get(task, 0) + 1
         self.samples += samples
         self.lr = float(lr)
         if loss_scale is not None:

@@ -59,7 +59,7 @@ class Reporter:
         lines = []
         for i, t in enumerate(trainer.tasks):
             name = t.spec.name
-            logs[f"train/{name}/sampled"] = w.count.get(name, 0) / max(w.micro, 1)
+            logs[f"train/{name}/sampled"] = w.drawn.get(name, 0) / max(sum(w.drawn.values()), 1)  # all ranks' slots
             if name not in w.count:
                 continue
             loss = w.mean_loss(name)

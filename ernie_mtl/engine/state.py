@@ -4,7 +4,7 @@ Everything an exact resume needs is derived from the task schedule's state (the 
 position, per-task micro-batch counts -- hence reader positions and epochs -- and finished
 targets), plus the LR scheduler (with any re-plan), the callbacks' state (best metrics, early
 stopping counters) and the exports done. Dropout needs nothing: its seeds are a pure function of
-(seed, step, micro-batch, op, rank). The EMA's averages are variables of the program state.
+(seed, step, slot, op). The EMA's averages are variables of the program state.
 
 `resume_checks` lists what must not change for the run to continue exactly (besides the topology,
 which the store compares): the seed, every task's resolved spec, the identity of the training data

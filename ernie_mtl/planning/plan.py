@@ -39,7 +39,7 @@ class RunPlan:
     train: Dict[str, Any]  # task -> TaskData of its training split
     dev: Dict[str, Any]  # task -> TaskData of its dev split (tasks with a dev file)
     test: Dict[str, Any]  # task -> TaskData of its test split (targets with a test file), read before training
-    streams: List[TaskStream]  # this rank's reading order per task
+    streams: List[TaskStream]  # reading order per task (slot k of task i: examples [k*B_i, (k+1)*B_i))
     schedule: TaskSchedule
     planned: Plan
     probabilities: Sequence[float]
@@ -65,8 +65,8 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
                       rank=info.rank, world_size=info.world_size, barrier=barrier, log=log, is_builder=is_builder,
                       cache_dir=cfg.data.data_cache)
     tasks = [get_task_type(spec.reader)(spec, ctx) for spec in setup.tasks]
-    dw, acc = topo.data_world_size, topo.accumulate_steps
-    eval_batches = cfg.train.eval_iters * acc * dw
+    slots = topo.slots_per_step  # micro-batches of all ranks per optimizer step (schedule.py: slots)
+    eval_batches = cfg.train.eval_iters * slots
     sized = {t.spec.name for t in tasks if t.sized_by_run}
     train = {}
     for t in tasks:
@@ -88,26 +88,25 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
     probabilities = sampling_probabilities(m.sampling, mix_ratio=[t.spec.mix_ratio for t in tasks], num_examples=sizes,
                                            temperature=m.temperature, examples_cap=m.examples_cap)
     if setup.flag_mode:  # the one target's quota: exactly --max_steps optimizer steps
-        quotas: List[Optional[int]] = [cfg.optim.max_steps * acc]
+        quotas: List[Optional[int]] = [cfg.optim.max_steps * slots]
     else:
-        quotas = target_quotas(num_examples=sizes, batch_sizes=[t.spec.batch_size for t in tasks], data_parallel=dw,
+        quotas = target_quotas(num_examples=sizes, batch_sizes=[t.spec.batch_size for t in tasks],
                                is_target=[t.spec.is_target for t in tasks], num_epochs=m.num_epochs,
                                task_num_epochs=[t.spec.num_epochs for t in tasks],
                                mix_ratio=[t.spec.mix_ratio for t in tasks] if m.sampling == "palm" else None)
     schedule = TaskSchedule(probabilities, quotas, [t.spec.is_target for t in tasks], cfg.train.seed,
-                            accumulate_steps=acc, max_steps=cfg.optim.max_steps, names=[t.spec.name for t in tasks],
-                            steps_per_epoch=[steps_per_epoch(n, t.spec.batch_size, dw) for n, t in zip(sizes, tasks)])
+                            slots_per_step=slots, max_steps=cfg.optim.max_steps, names=[t.spec.name for t in tasks],
+                            steps_per_epoch=[steps_per_epoch(n, t.spec.batch_size) for n, t in zip(sizes, tasks)])
     planned = schedule.plan()
     for i, t in enumerate(tasks):  # generated samples: exactly as many as the run reads (no repeated masks)
         if t.spec.name in sized:
-            ctx.extra["num_samples"] = {"train": planned.micro_batches[i] * t.spec.batch_size * dw}
+            ctx.extra["num_samples"] = {"train": planned.micro_batches[i] * t.spec.batch_size}
             train[t.spec.name] = t.load("train")
     ctx.extra.pop("num_samples", None)
 
     def stream(t):
         return TaskStream(len(train[t.spec.name]), seed=cfg.train.seed, task_index=t.spec.index,
-                          examples_per_micro=t.spec.batch_size * dw, micro_batch_size=t.spec.batch_size,
-                          data_rank=topo.data_rank(info.rank), shuffle=t.shuffle_examples)
+                          batch_size=t.spec.batch_size, shuffle=t.shuffle_examples)
 
     dev, test = {}, {}
     if load_dev:  # the evaluation data too, so a bad row is found before training, not after it
@@ -211,8 +210,8 @@ def plan_warnings(run_plan: RunPlan, topo, *, flag_mode: bool, max_steps: Option
         examples = t.num_train_examples(run_plan.train[name])
         if epochs is not None and not t.spec.is_target and epochs[i] > REPEAT_WARN_EPOCHS:
             out.append(f"warning: task {name} (auxiliary): the plan reads its {examples:,} training examples "
-                       f"{epochs[i]:,.2f} times ({run_plan.planned.micro_batches[i]:,} micro-batches of {batch} x "
-                       f"{dw} data-parallel ranks), more than {REPEAT_WARN_EPOCHS} epochs. {_REPEAT_FIX[False]}")
+                       f"{epochs[i]:,.2f} times ({run_plan.planned.micro_batches[i]:,} micro-batches of {batch}), "
+                       f"more than {REPEAT_WARN_EPOCHS} epochs. {_REPEAT_FIX[False]}")
         if examples < global_batch:
             out.append(f"warning: task {name}: its train data has {examples:,} examples, fewer than one global batch "
                        f"of the task ({batch} per rank x {dw} data-parallel ranks x {acc} micro-batches per step = "

@@ -1,32 +1,45 @@
 """Which task each micro-batch trains, how long training lasts, and which examples a task reads.
 
 Everything here is a pure function of a seed and a few counters, so every rank computes the same
-task sequence without communicating (collective programs need every rank on the same task), and
-the whole state is a small JSON dict stored in checkpoints (exact resume).
+task sequence without communicating, and the whole state is a small JSON dict stored in
+checkpoints (exact resume).
+
+Slots. An optimizer step's global batch is `slots_per_step` micro-batches, "slots", whichever
+processes compute them (D data-parallel ranks x A micro-batches each: slot m*D + r is micro-batch
+m of data rank r, ernie_mtl/program/randomness.slot_of). The schedule draws a task per slot, and
+a slot of task i reads the task's next B_i examples (`TaskStream`). Nothing here depends on D or
+A, only on their product: so a run continues on another topology with the same global batch and
+sees the same examples in the same optimizer steps. Ranks may train different tasks in the same
+executor run; that is collective-safe because every micro-batch runs every head (the loss is
+gated by the task), and the update averages the slots as gradient accumulation does.
 
 Sampling (`sampling_probabilities`), with N_i the training examples of task i:
     palm          p_i = m_i / sum_j m_j                   (PALM's `mix_ratio` m_i)
     proportional  p_i ∝ min(N_i, K)                      (T5 examples-proportional mixing, cap K)
     temperature   p_i ∝ min(N_i, K) ** (1 / T)           (T5/mT5; T = 1 is proportional)
 
-Quotas (`target_quotas`) are counted in micro-batches *of the task*; one micro-batch of task i is
-B_i examples on each of D data-parallel ranks, so steps_per_epoch_i = ceil(N_i / (B_i * D)).
+Quotas (`target_quotas`) are counted in slots *of the task*; one slot of task i is B_i examples,
+so steps_per_epoch_i = ceil(N_i / B_i).
     a target with its own num_epochs E_i:     q_i = ceil(E_i * S_i)
     otherwise, with sampling palm (PALM v0.3): q_i = floor(E * m_i * S_main), main = the first
                                                target, E = the global num_epochs
     otherwise (proportional/temperature):     q_i = ceil(E * S_i)
 Auxiliary tasks have no quota: they are sampled until training stops and never stop it.
 
-Stopping (`TaskSchedule`): micro-batch j draws its task from the *active* tasks (unfinished
+Stopping (`TaskSchedule`): slot j draws its task from the *active* tasks (unfinished
 targets and all auxiliary tasks, probabilities renormalised) with a uniform number that depends
 only on (seed, j). A target finishes when it has drawn its quota or is finished early
 (`finish(i)`, early stopping) and is then no longer drawn, so every target trains on exactly its
 quota (unlike PALM, whose finished targets kept training). Training stops at the first optimizer
-step boundary (every `accumulate_steps` micro-batches) at which every target is finished, or after
+step boundary (every `slots_per_step` slots) at which every target is finished, or after
 `max_steps` optimizer steps. When the last target finishes inside an optimizer step, the step is
 completed with auxiliary tasks; without any, with the (finished) targets, drawn with their
-original probabilities: an update is always `accumulate_steps` micro-batches, so those targets
-may exceed their quota by fewer than `accumulate_steps` micro-batches.
+original probabilities: an update is always `slots_per_step` slots, so those targets may exceed
+their quota by fewer than `slots_per_step` slots.
+
+A change of global batch (`--allow_batch_change`, `regroup_state`) keeps the slot sequence and
+re-counts steps from the checkpoint: optimizer step boundaries fall every `slots_per_step` slots
+from the position the new batch started at (the state's `base`).
 """
 from __future__ import annotations
 
@@ -43,7 +56,7 @@ _BLOCK = 1024  # uniforms are generated per block of micro-batches: u_j = block(
 # Domain tags keep the schedule's and the streams' random numbers independent for the same seed.
 _SCHEDULE_TAG = 0x5C4ED
 _STREAM_TAG = 0x57EA3
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 1: one task per micro-batch of all data-parallel ranks (`accumulate_steps` draws per step)
 
 
 def sampling_probabilities(strategy: str, *, mix_ratio: Optional[Sequence[float]] = None,
@@ -85,17 +98,17 @@ def _nonnegative(key: str, values: Optional[Sequence[float]]) -> np.ndarray:
     return arr
 
 
-def steps_per_epoch(num_examples: int, batch_size: int, data_parallel: int = 1) -> int:
-    """Micro-batches of a task per epoch: ceil(N / (B * D)) (the last one may wrap into the next epoch)."""
-    if batch_size < 1 or data_parallel < 1:
-        raise ValueError(f"batch_size {batch_size} and data_parallel {data_parallel} must be >= 1")
-    return -(-int(num_examples) // (batch_size * data_parallel))
+def steps_per_epoch(num_examples: int, batch_size: int) -> int:
+    """Slots of a task per epoch: ceil(N / B) (the last one may wrap into the next epoch)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size {batch_size} must be >= 1")
+    return -(-int(num_examples) // batch_size)
 
 
-def target_quotas(*, num_examples: Sequence[int], batch_sizes: Sequence[int], data_parallel: int,
+def target_quotas(*, num_examples: Sequence[int], batch_sizes: Sequence[int],
                   is_target: Sequence[bool], num_epochs: float, task_num_epochs: Sequence[Optional[float]],
                   mix_ratio: Optional[Sequence[float]] = None) -> List[Optional[int]]:
-    """Micro-batch quota of every target (None for auxiliary tasks); rules in the module docstring.
+    """Slot quota of every target (None for auxiliary tasks); rules in the module docstring.
 
     `mix_ratio` given (sampling palm): targets without their own num_epochs follow PALM v0.3,
     q_i = floor(E * m_i * S_main); otherwise they get ceil(E * S_i) like a task-level num_epochs E.
@@ -104,7 +117,7 @@ def target_quotas(*, num_examples: Sequence[int], batch_sizes: Sequence[int], da
     if not (len(batch_sizes) == len(is_target) == len(task_num_epochs) == n) or (
             mix_ratio is not None and len(mix_ratio) != n):
         raise ValueError("num_examples, batch_sizes, is_target, task_num_epochs and mix_ratio need one value per task")
-    spe = [steps_per_epoch(num_examples[i], batch_sizes[i], data_parallel) for i in range(n)]
+    spe = [steps_per_epoch(num_examples[i], batch_sizes[i]) for i in range(n)]
     main = next((i for i in range(n) if is_target[i]), None)
     quotas: List[Optional[int]] = []
     for i in range(n):
@@ -124,9 +137,9 @@ class Plan:
     """What the rest of a schedule will do if nothing is finished early (see TaskSchedule.plan)."""
 
     total_steps: int  # optimizer steps of the whole run: the LR schedule's horizon
-    micro_batches: Tuple[int, ...]  # per task, over the whole run (already drawn included)
+    micro_batches: Tuple[int, ...]  # slots per task, over the whole run (already drawn included)
     expected: Tuple[float, ...]  # sampling probabilities p_i
-    realized: Tuple[float, ...]  # micro_batches_i / all micro-batches
+    realized: Tuple[float, ...]  # micro_batches_i / all slots
     epochs: Optional[Tuple[float, ...]]  # micro_batches_i / steps_per_epoch_i (None if not given)
 
 
@@ -134,12 +147,13 @@ class TaskSchedule:
     """The seeded task sequence of a multi-task run, with target quotas and stopping (module docstring).
 
     `probabilities` per task (sum > 0), `quotas` per task (an int >= 0 for targets, None for
-    auxiliary tasks), `accumulate_steps` micro-batches per optimizer step, optional `max_steps`
-    optimizer steps. `names` and `steps_per_epoch` only label `summary()` and `plan().epochs`.
+    auxiliary tasks), `slots_per_step` slots (micro-batches of all ranks) per optimizer step,
+    optional `max_steps` optimizer steps. `names` and `steps_per_epoch` only label `summary()` and
+    `plan().epochs`.
     """
 
     def __init__(self, probabilities: Sequence[float], quotas: Sequence[Optional[int]], is_target: Sequence[bool],
-                 seed: int, accumulate_steps: int = 1, max_steps: Optional[int] = None, *,
+                 seed: int, slots_per_step: int = 1, max_steps: Optional[int] = None, *,
                  names: Optional[Sequence[str]] = None, steps_per_epoch: Optional[Sequence[int]] = None):
         p = np.asarray(probabilities, dtype=np.float64)
         n = len(p)
@@ -161,8 +175,8 @@ class TaskSchedule:
                                 "finish; give it a positive mix_ratio")
         if not isinstance(seed, (int, np.integer)) or seed < 0:
             problems.append(f"seed {seed!r} must be an integer >= 0")
-        if accumulate_steps < 1:
-            problems.append(f"accumulate_steps {accumulate_steps} must be >= 1")
+        if slots_per_step < 1:
+            problems.append(f"slots_per_step {slots_per_step} must be >= 1")
         if max_steps is not None and max_steps < 1:
             problems.append(f"max_steps {max_steps} must be >= 1 (or None for no cap)")
         if not any(self.is_target) and max_steps is None:
@@ -175,29 +189,33 @@ class TaskSchedule:
         self.probabilities = p / p.sum()
         self.quotas = tuple(None if q is None else int(q) for q in quotas)
         self.seed = int(seed)
-        self.accumulate_steps = int(accumulate_steps)
+        self.slots_per_step = int(slots_per_step)
         self.max_steps = None if max_steps is None else int(max_steps)
         self.names = tuple(names) if names else tuple(f"task{i}" for i in range(n))
         self.steps_per_epoch = tuple(steps_per_epoch) if steps_per_epoch else None
         self._position = 0
         self._counts = np.zeros(n, dtype=np.int64)
         self._early: set = set()
+        self._base = (0, 0)  # (position, step) where the current slots_per_step began (a batch change)
         self._block: Tuple[int, Optional[np.ndarray]] = (-1, None)
 
     # -- state ---------------------------------------------------------------------------------
     @property
     def position(self) -> int:
-        """Micro-batches drawn so far."""
+        """Slots drawn so far."""
         return self._position
 
     @property
     def step(self) -> int:
         """Completed optimizer steps."""
-        return self._position // self.accumulate_steps
+        return self._step_at(self._position)
+
+    def _step_at(self, position: int) -> int:
+        return self._base[1] + (position - self._base[0]) // self.slots_per_step
 
     @property
     def counts(self) -> Tuple[int, ...]:
-        """Micro-batches drawn per task."""
+        """Slots drawn per task."""
         return tuple(int(c) for c in self._counts)
 
     def is_finished(self, i: int) -> bool:
@@ -212,9 +230,9 @@ class TaskSchedule:
         return bool(targets) and all(self._finished(i, counts, early) for i in targets)
 
     def _is_done(self, position: int, counts: np.ndarray, early: set) -> bool:
-        if position % self.accumulate_steps:
+        if (position - self._base[0]) % self.slots_per_step:
             return False
-        if self.max_steps is not None and position // self.accumulate_steps >= self.max_steps:
+        if self.max_steps is not None and self._step_at(position) >= self.max_steps:
             return True
         return self._all_targets_finished(counts, early)
 
@@ -233,7 +251,7 @@ class TaskSchedule:
 
     # -- drawing -------------------------------------------------------------------------------
     def _candidates(self, counts: np.ndarray, early: set) -> np.ndarray:
-        """Tasks the next micro-batch may train, as indices with positive probability."""
+        """Tasks the next slot may train, as indices with positive probability."""
         p = self.probabilities
         active = [i for i in range(len(p)) if p[i] > 0 and not self._finished(i, counts, early)]
         if not active:  # last target finished mid-step and no auxiliary task: complete the step with targets
@@ -252,7 +270,7 @@ class TaskSchedule:
         return candidates[np.minimum(picks, len(candidates) - 1)]
 
     def next_task(self) -> int:
-        """The task of the next micro-batch (advances the schedule). RuntimeError when done."""
+        """The task of the next slot (advances the schedule). RuntimeError when done."""
         if self.done:
             raise RuntimeError(f"the task schedule is done (step {self.step}); check `done` before drawing")
         j = self._position
@@ -269,13 +287,13 @@ class TaskSchedule:
         quota, so a whole run of draws is taken at once up to that event.
         """
         pos, counts, early = self._position, self._counts.copy(), set(self._early)
-        acc = self.accumulate_steps
+        per_step, (base_pos, base_step) = self.slots_per_step, self._base
         while not self._is_done(pos, counts, early):
             limit = (pos // _BLOCK + 1) * _BLOCK  # end of this block of uniforms
             if self.max_steps is not None:
-                limit = min(limit, self.max_steps * acc)
+                limit = min(limit, base_pos + (self.max_steps - base_step) * per_step)
             if self._all_targets_finished(counts, early):  # only the rest of this step remains
-                limit = min(limit, (pos // acc + 1) * acc)
+                limit = min(limit, base_pos + ((pos - base_pos) // per_step + 1) * per_step)
             candidates = self._candidates(counts, early)
             u = self._uniforms(pos // _BLOCK)[pos % _BLOCK: pos % _BLOCK + (limit - pos)]
             picks = self._choose(candidates, u)
@@ -289,7 +307,7 @@ class TaskSchedule:
             counts += np.bincount(picks[:take], minlength=len(counts))
             pos += take
         total = int(counts.sum())
-        return Plan(total_steps=pos // acc, micro_batches=tuple(int(c) for c in counts),
+        return Plan(total_steps=self._step_at(pos), micro_batches=tuple(int(c) for c in counts),
                     expected=tuple(float(x) for x in self.probabilities),
                     realized=tuple(float(c) / total if total else 0.0 for c in counts),
                     epochs=None if self.steps_per_epoch is None else tuple(
@@ -307,8 +325,8 @@ class TaskSchedule:
                          f"{plan.expected[i]:.4f}  {quota:>9}  {plan.micro_batches[i]:>10}  "
                          f"{plan.realized[i]:.4f}  {epochs:>6}")
         cap = "" if self.max_steps is None else f" (max_steps {self.max_steps})"
-        lines.append(f"optimizer steps: {plan.total_steps}{cap}, micro-batches per step: {self.accumulate_steps}, "
-                     f"seed {self.seed}")
+        lines.append(f"optimizer steps: {plan.total_steps}{cap}, micro-batches per step (all ranks): "
+                     f"{self.slots_per_step}, seed {self.seed}")
         return "\n".join(lines)
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -316,8 +334,8 @@ class TaskSchedule:
         """JSON-safe state: the configuration it is valid for and the counters."""
         return {"version": _STATE_VERSION, "seed": self.seed, "probabilities": self.probabilities.tolist(),
                 "quotas": list(self.quotas), "is_target": list(self.is_target),
-                "accumulate_steps": self.accumulate_steps, "position": self._position,
-                "counts": list(self.counts), "finished_early": sorted(self._early)}
+                "slots_per_step": self.slots_per_step, "position": self._position,
+                "counts": list(self.counts), "finished_early": sorted(self._early), "base": list(self._base)}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue from `state_dict()`; ConfigError if it was made for another schedule configuration.
@@ -326,9 +344,12 @@ class TaskSchedule:
         """
         problems = []
         if state.get("version") != _STATE_VERSION:
-            problems.append(f"task schedule state version {state.get('version')!r}; this code reads {_STATE_VERSION}")
+            problems.append(f"task schedule state version {state.get('version')!r}; this code reads {_STATE_VERSION}"
+                            + (" (version 1 drew one task for the micro-batch of all data-parallel ranks; this "
+                               "version draws one per rank's micro-batch, so the sequence cannot continue)"
+                               if state.get("version") == 1 else ""))
         mine = {"seed": self.seed, "quotas": list(self.quotas), "is_target": list(self.is_target),
-                "accumulate_steps": self.accumulate_steps}
+                "slots_per_step": self.slots_per_step}
         for key, value in mine.items():
             if state.get(key) != value:
                 problems.append(f"checkpoint task schedule has {key} {state.get(key)!r} but this run has {value!r}")
@@ -339,52 +360,79 @@ class TaskSchedule:
                             f"{self.probabilities.tolist()!r}")
         if problems:
             raise ConfigError(problems + ["the task mix changed since the checkpoint (seed, tasks, mix_ratio, "
-                                          "sampling, data sizes, batch sizes, accumulation): restore the "
+                                          "sampling, data sizes, batch sizes, global batch): restore the "
                                           "original configuration or start a new output_dir"])
         counts = np.asarray(state["counts"], dtype=np.int64)
         if len(counts) != len(self._counts) or int(counts.sum()) != int(state["position"]):
             raise ConfigError([f"checkpoint task schedule is inconsistent: counts {state['counts']} do not sum to "
                                f"position {state['position']}"])
+        base = state.get("base", [0, 0])
         self._position = int(state["position"])
         self._counts = counts
         self._early = {int(i) for i in state["finished_early"]}
+        self._base = (int(base[0]), int(base[1]))
+
+
+def state_step(state: Dict[str, Any]) -> int:
+    """The optimizer steps completed at a schedule state (`TaskSchedule.state_dict()`)."""
+    base_pos, base_step = state.get("base", [0, 0])
+    return int(base_step) + (int(state["position"]) - int(base_pos)) // int(state["slots_per_step"])
+
+
+def regroup_state(state: Dict[str, Any], *, slots_per_step: int, slot_scale: int = 1, quotas=None,
+                  divide: int = 1) -> Dict[str, Any]:
+    """A schedule state re-expressed for a run that continues it with another slot size or global batch.
+
+    The slot size changes by the factor `slot_scale / divide` (flag mode with another micro batch:
+    the one task's position and counts are re-counted in slots of the new size; they must come out
+    whole); `slots_per_step` is the new global batch in slots; `quotas` the new run's (None: kept).
+    Optimizer steps go on from the state's step: the new `base` is (its position, its step), so
+    boundaries fall every `slots_per_step` slots from there. ValueError when a count does not divide.
+    """
+    def rescale(value: int, what: str) -> int:
+        scaled = int(value) * slot_scale
+        if scaled % divide:
+            raise ValueError(f"{what} {value} slots of the checkpoint's micro-batch are not a whole number of slots "
+                             f"of the new one (x {slot_scale}/{divide})")
+        return scaled // divide
+
+    step = state_step(state)
+    position = rescale(state["position"], "position")
+    out = dict(state, position=position, counts=[rescale(c, "count") for c in state["counts"]],
+               slots_per_step=int(slots_per_step), base=[position, step])
+    if quotas is not None:
+        out["quotas"] = list(quotas)
+    return out
 
 
 class TaskStream:
-    """The order in which one task's training examples are read, across epochs and ranks.
+    """The order in which one task's training examples are read, across epochs.
 
     Epoch e is a permutation of range(N) drawn from (seed, task_index, e) (identity without
-    shuffling). The task's micro-batch k covers stream positions [k*B*D, (k+1)*B*D), where B*D =
-    `examples_per_micro` (a micro-batch may span an epoch boundary), and data rank r reads
-    [k*B*D + r*B, k*B*D + (r+1)*B) with B = `micro_batch_size`. So the union over ranks is the
-    one-rank stream with B*D, and resuming at micro-batch k reads exactly what the interrupted
-    run would have read.
+    shuffling). The task's k-th slot (micro-batch) covers stream positions [k*B, (k+1)*B) with B =
+    `batch_size` (a slot may span an epoch boundary). Which rank computes a slot does not matter: the
+    schedule numbers the slots of all ranks (module docstring), so resuming at slot k, on any
+    topology, reads exactly what the interrupted run would have read.
     """
 
-    def __init__(self, num_examples: int, *, seed: int, task_index: int, examples_per_micro: int,
-                 micro_batch_size: int, data_rank: int = 0, shuffle: bool = True):
+    def __init__(self, num_examples: int, *, seed: int, task_index: int, batch_size: int, shuffle: bool = True):
         if num_examples < 1:
             raise ValueError(f"task {task_index}: no training examples (num_examples {num_examples})")
-        if micro_batch_size < 1 or examples_per_micro % micro_batch_size:
-            raise ValueError(f"examples_per_micro {examples_per_micro} must be a multiple of micro_batch_size "
-                             f"{micro_batch_size} (one micro-batch per data-parallel rank)")
-        ranks = examples_per_micro // micro_batch_size
-        if not 0 <= data_rank < ranks:
-            raise ValueError(f"data_rank {data_rank} must be within [0, {ranks})")
+        if batch_size < 1:
+            raise ValueError(f"batch_size {batch_size} must be >= 1")
         self.num_examples = int(num_examples)
         self.seed, self.task_index = int(seed), int(task_index)
-        self.examples_per_micro, self.micro_batch_size = int(examples_per_micro), int(micro_batch_size)
-        self.data_rank, self.shuffle = int(data_rank), bool(shuffle)
+        self.batch_size, self.shuffle = int(batch_size), bool(shuffle)
         self._perms: Dict[int, np.ndarray] = {}
 
     @property
     def steps_per_epoch(self) -> int:
-        """Micro-batches of this task per epoch, ceil(N / (B*D))."""
-        return -(-self.num_examples // self.examples_per_micro)
+        """Slots of this task per epoch, ceil(N / B)."""
+        return -(-self.num_examples // self.batch_size)
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The example order of `epoch` (the last two are cached: a batch spans at most two epochs
-        unless B*D > N)."""
+        unless B > N)."""
         perm = self._perms.get(epoch)
         if perm is None:
             rng = np.random.default_rng([self.seed, _STREAM_TAG, self.task_index, epoch])
@@ -394,19 +442,19 @@ class TaskStream:
         return perm
 
     def indices(self, k: int) -> List[Tuple[int, int]]:
-        """(example index, epoch) pairs this rank reads in the task's micro-batch `k`."""
-        start = k * self.examples_per_micro + self.data_rank * self.micro_batch_size
+        """(example index, epoch) pairs of the task's slot `k`."""
+        start = k * self.batch_size
         out = []
-        for pos in range(start, start + self.micro_batch_size):
+        for pos in range(start, start + self.batch_size):
             epoch, offset = divmod(pos, self.num_examples)
             index = int(self.permutation(epoch)[offset]) if self.shuffle else offset
             out.append((index, epoch))
         return out
 
     def epoch_of(self, k: int) -> int:
-        """Epoch of the first example of micro-batch `k` (over all ranks, so the same on every rank)."""
-        return (k * self.examples_per_micro) // self.num_examples
+        """Epoch of the first example of slot `k`."""
+        return (k * self.batch_size) // self.num_examples
 
     def epochs_done(self, k: int) -> float:
-        """Epochs consumed after `k` micro-batches."""
-        return k * self.examples_per_micro / self.num_examples
+        """Epochs consumed after `k` slots."""
+        return k * self.batch_size / self.num_examples

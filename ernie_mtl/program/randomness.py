@@ -12,11 +12,22 @@ Dropout. `wire_dropout_seeds(program)` gives every dropout op of the forward its
 *tensor* (the op's `Seed` input, which takes priority over its attributes): one fed int32 vector
 `dropout_seeds` of length K (one entry per dropout op, in program order), split on the CPU into K
 scalars at the top of the program. Each micro-batch feeds
-    dropout_seeds = draw(seed, optimizer step, micro-batch of the step, data rank)  (K int32 values)
-so every mask is a pure function of (seed, step, micro-batch, op, data rank): masks differ across
-steps, micro-batches, layers and data-parallel ranks, a resumed run feeds exactly the seeds the
-uninterrupted run fed (nothing to save), and fleet's recompute replays a layer with the same Seed
-input, hence the same mask (it inserts its own `seed` ops only for dropout ops without one). The
+    dropout_seeds = draw(seed, optimizer step, slot of the micro-batch in the global batch)  (K int32 values)
+so every mask is a pure function of (seed, step, slot, op): masks differ across steps, slots and
+layers, a resumed run feeds exactly the seeds the uninterrupted run fed (nothing to save), and
+fleet's recompute replays a layer with the same Seed input, hence the same mask (it inserts its own
+`seed` ops only for dropout ops without one).
+
+Slots, not ranks. An optimizer step's global batch is `slots_per_step` micro-batches ("slots")
+whichever processes compute them: with D data-parallel ranks and A micro-batches per rank,
+micro-batch m of data rank r is slot `slot_of(m, r, D) = m * D + r` (so slot m*D..m*D+D-1 run
+together, as the all-reduce sums them). The schedule draws a task per slot and the slot reads its
+task's next micro-batch of examples (ernie_mtl/planning/schedule.py), so the same slot holds the
+same examples with the same masks on 2 processes, on 1 process with accumulation 2, or sharded:
+a run can continue on another topology with the same global batch and micro-batch size and see
+what the uninterrupted run saw. (With another micro-batch size a dropout op draws one mask for a
+tensor of another shape: the examples stay in order, the masks cannot match.) The rule before this
+one seeded with (step, micro-batch, data rank) separately, which tied the masks to the layout. The
 split runs under `device_guard("cpu")`: on GPUs the seed scalars are CPU tensors, so the dropout
 kernels read them without a device-to-host copy per op (one small copy at the top of the program).
 
@@ -36,7 +47,7 @@ from ernie_mtl.program.edits import strip_split_feed
 
 DROPOUT_SEEDS = "dropout_seeds"
 _SEED_OP_ATTR = "seed"
-_DROPOUT_TAG = 0xD20F
+_DROPOUT_TAG = 0xD51F  # the slot rule (0xD20F was the (micro-batch, data rank) rule)
 _INT31 = 2**31 - 1
 
 
@@ -88,10 +99,19 @@ def num_dropout_seeds(program) -> int:
     return int(block.var(DROPOUT_SEEDS).shape[0]) if block.has_var(DROPOUT_SEEDS) else 0
 
 
-def draw_dropout_seeds(seed: int, step: int, micro: int, data_rank: int, count: int) -> np.ndarray:
-    """The `dropout_seeds` feed of micro-batch `micro` of optimizer step `step` (0-based: the step
-    being computed) on data rank `data_rank`: `count` int32 values in [1, 2^31 - 1)."""
-    rng = np.random.default_rng([int(seed), _DROPOUT_TAG, int(step), int(micro), int(data_rank)])
+def slot_of(micro: int, data_rank: int, data_world: int) -> int:
+    """The slot (0-based position in the step's global batch, counted in micro-batches) of
+    micro-batch `micro` of a step on data rank `data_rank` of `data_world`: micro * D + rank."""
+    if not 0 <= data_rank < data_world or micro < 0:
+        raise ValueError(f"micro-batch {micro} of data rank {data_rank} in a data world of {data_world}")
+    return int(micro) * int(data_world) + int(data_rank)
+
+
+def draw_dropout_seeds(seed: int, step: int, slot: int, count: int) -> np.ndarray:
+    """The `dropout_seeds` feed of slot `slot` (`slot_of`) of optimizer step `step` (0-based: the
+    step being computed): `count` int32 values in [1, 2^31 - 1), the same whichever rank and
+    micro-batch compute the slot."""
+    rng = np.random.default_rng([int(seed), _DROPOUT_TAG, int(step), int(slot)])
     return rng.integers(1, _INT31, size=count, dtype=np.int64).astype(np.int32)
 
 

@@ -124,7 +124,7 @@ def test_a_multitask_plan_warns_about_a_task_smaller_than_a_global_batch(data, t
     # the auxiliary task is also read far more than 10 times: the same numbers as the schedule table
     row = line_with(text, "tiny ", " aux ").split()
     repeat = re.search(r"^warning: task tiny \(auxiliary\): the plan reads its 10 training examples ([\d,.]+) times "
-                       r"\(([\d,]+) micro-batches of 8 x 2 data-parallel ranks\)", text, re.M)
+                       r"\(([\d,]+) micro-batches of 8\)", text, re.M)
     assert repeat, text[-3000:]
     assert (number(repeat.group(2)), number(repeat.group(1))) == (number(row[4]), number(row[6]))
     assert number(row[6]) > 10

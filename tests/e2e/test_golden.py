@@ -10,9 +10,11 @@ and commit them with the reason. The runs pin OMP_NUM_THREADS=1 (the thread coun
 float reductions) and generate their data from fixed seeds.
 
 The files are compared on other machines than the one that wrote them, and float results differ in
-the last bits between CPU vendors (MKL and oneDNN take other code paths on AMD and Intel): the
-files in this folder, written on an Intel machine, are 1.3e-7 (flag mode) and 9.6e-8 (multi-task)
-off on an AMD EPYC at their largest (measured 2026-11-25). RTOL is 2e-5, 150x that spread; a
+the last bits between CPU vendors (MKL and oneDNN take other code paths on AMD and Intel): files
+written on an Intel machine were 1.3e-7 (flag mode) and 9.6e-8 (multi-task) off on an AMD EPYC at
+their largest (measured 2026-11-25; the files now in this folder were written on the AMD EPYC, when
+the dropout seeds and the task schedule became functions of the slot, issue 22). RTOL is 2e-5,
+150x that spread; a
 change of numerics that matters (another random draw, mask, sample, loss term or schedule) moves
 these losses by 1e-3 or more. Bitwise comparisons (resume, processes) compare two runs made on the
 same machine, never a file.

@@ -152,14 +152,16 @@ def test_two_nodes_equal_one_process_on_the_combined_batch(flag_runs):
 
 @pytest.mark.slow
 def test_two_nodes_multitask_equal_one_process(data, tmp_path):  # noqa: F811
-    """Multi-task mode (classification + the plugin's regression: per-example losses, so batch-split
-    invariant): per-task batch 4 on each node == batch 8 in one process."""
+    """Multi-task mode (classification + the plugin's regression): per-task batch 4, a global batch of
+    2 micro-batches, on two nodes == in one process with accumulation 2 (the same task and examples
+    per slot, ernie_mtl/planning/schedule.py)."""
     job = Job(tmp_path)
     try:
         common = dict(num_epochs=1, max_steps=8, eval_freq=1000, checkpoint_steps=1000, save_steps=1000,
                       task_instance="sentiment, score", target_tag="1, 1", mix_ratio="1.0, 1.0", plugins=["plugins.py"],
-                      dropout=0.0)
-        one_process(job, global_yaml(data, "mn1.yaml", save_path=str(tmp_path / "one"), **common), tmp_path / "one")
+                      dropout=0.0, micro_batch_size=8, global_batch_size=16)
+        one_process(job, global_yaml(data, "mn1.yaml", save_path=str(tmp_path / "one"), **common), tmp_path / "one",
+                    "--tasks.sentiment.batch_size=4", "--tasks.score.batch_size=4")
         cfg = global_yaml(data, "mn2.yaml", save_path=str(tmp_path / "two"), **common)
         nodes = Nodes(job, tmp_path, cfg, tmp_path / "two", "--tasks.sentiment.batch_size=4",
                       "--tasks.score.batch_size=4").start()

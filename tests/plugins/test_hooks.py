@@ -7,6 +7,11 @@ this lives in the production loop).
   (without sharding checkpoints hold rank 0's state only; this shows the other ranks' copies).
 - `eval_at_start`: evaluates every task with a dev file before the first step and writes what
   each rank got to <output_dir>/eval_at_start_rank<r>.json (distributed-evaluation tests).
+- `record_slots`: every micro-batch this rank computes, as a JSON line in
+  <output_dir>/slots_rank<r>.jsonl: the step, its slot in the global batch, the task, the
+  (example, epoch) pairs it read and its loss (the first value `exe.run` fetched), so tests can
+  compare what each slot saw across topologies (the loop itself is not changed: the hook wraps the
+  feeder and the executor of its trainer).
 """
 import json
 import os
@@ -42,3 +47,28 @@ class EvalAtStart(Callback):
         path = os.path.join(trainer.cfg.train.output_dir, f"eval_at_start_rank{trainer.info.rank}.json")
         with open(path, "w") as f:
             json.dump(results, f, sort_keys=True)
+
+
+@register_callback("record_slots")
+class RecordSlots(Callback):
+    def on_train_begin(self, trainer):
+        path = os.path.join(trainer.cfg.train.output_dir, f"slots_rank{trainer.info.rank}.jsonl")
+        out = open(path, "a", encoding="utf-8")
+        feeder_step, exe_run = trainer.feeder.step, trainer.exe.run
+        current = {}
+
+        def step(step, drawn, read):
+            for micro in feeder_step(step, drawn, read):
+                current.update(step=step, slot=micro.slot, task=micro.task,
+                               examples=[[int(i), int(e)] for i, e in micro.examples])
+                yield micro
+
+        def run(*args, **kwargs):
+            values = exe_run(*args, **kwargs)
+            if current:
+                out.write(json.dumps({**current, "loss": float(values[0].reshape(-1)[0])}) + "\n")
+                out.flush()
+                current.clear()
+            return values
+
+        trainer.feeder.step, trainer.exe.run = step, run

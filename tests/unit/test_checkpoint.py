@@ -216,19 +216,20 @@ def test_a_failed_save_leaves_every_checkpoint_and_no_temporary_folder(tmp_path,
 
 
 def _realistic_state(step=3):
-    """What the trainer writes: 2 tasks (batch 2 and 4), accumulation 2, two data-parallel ranks."""
-    return TrainState(step=step, consumed_samples=(4 * 2 + 2 * 4) * 2, lr_scheduler={"last_epoch": step},
-                      sampler={"position": 2 * step, "accumulate_steps": 2, "counts": [4, 2 * step - 4]},
+    """What the trainer writes: 2 tasks (batch 2 and 4), accumulation 2, two data-parallel ranks: 4
+    slots (micro-batches of all ranks) per step."""
+    return TrainState(step=step, consumed_samples=4 * 2 + (4 * step - 4) * 4, lr_scheduler={"last_epoch": step},
+                      sampler={"position": 4 * step, "slots_per_step": 4, "counts": [4, 4 * step - 4], "base": [0, 0]},
                       topology={"dp_degree": 2, "sharding_degree": 1},
                       extra={"tasks": [{"spec": {"batch_size": 2}}, {"spec": {"batch_size": 4}}]})
 
 
 @pytest.mark.parametrize("edit,expected", [
     (lambda r: r.update(step=5), ["step 5 disagrees with the folder name model_3", "lr_scheduler.last_epoch 3",
-                                  "sampler.position 6"]),
+                                  "sampler.position 12"]),
     (lambda r: r.update(step=-1), ["step -1 is negative"]),
-    (lambda r: r.update(consumed_samples=7), ["consumed_samples 7 disagrees with the task schedule's 32"]),
-    (lambda r: r["sampler"].update(counts=[1, 1]), ["sampler.counts [1, 1] do not sum to sampler.position 6"]),
+    (lambda r: r.update(consumed_samples=7), ["consumed_samples 7 disagrees with the task schedule's 40"]),
+    (lambda r: r["sampler"].update(counts=[1, 1]), ["sampler.counts [1, 1] do not sum to sampler.position 12"]),
     (lambda r: r.pop("topology"), ["no 'topology'"]),
     (lambda r: r.pop("files"), ["no 'files'"]),
     (lambda r: r.update(world_size="2"), ["world_size is str"]),

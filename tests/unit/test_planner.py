@@ -317,8 +317,8 @@ def test_plan_warnings_of_a_multitask_plan():
         planned=SimpleNamespace(epochs=(3.0, 40.0, 30.0, 2.0), micro_batches=(189, 280, 30, 100)))
     warnings = plan_warnings(run_plan, topo, flag_mode=False)
     assert warnings == [
-        "warning: task tiny (auxiliary): the plan reads its 10 training examples 30.00 times (30 micro-batches of 8 x "
-        "2 data-parallel ranks), more than 10 epochs. Give it more data, a lower sampling weight (mix_ratio), a "
+        "warning: task tiny (auxiliary): the plan reads its 10 training examples 30.00 times (30 micro-batches of 8), "
+        "more than 10 epochs. Give it more data, a lower sampling weight (mix_ratio), a "
         "shorter run (the targets' num_epochs, max_steps) or a smaller batch_size",
         "warning: task tiny: its train data has 10 examples, fewer than one global batch of the task (8 per rank x 2 "
         "data-parallel ranks x 2 micro-batches per step = 32): a step that draws only this task reads examples more "

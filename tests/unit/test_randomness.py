@@ -26,7 +26,7 @@ def tiny_model(**kw):
 
 
 # ------------------------------------------------------------------------------------------ dropout
-def test_dropout_masks_differ_across_steps_micro_batches_layers_and_ranks(build_programs):
+def test_dropout_masks_differ_across_steps_slots_and_layers(build_programs):
     p = build_programs(model=tiny_model(**DROP))
     drops = dropout_ops(p.main)
     assert p.dropout_seeds == len(drops) >= 6
@@ -38,9 +38,9 @@ def test_dropout_masks_differ_across_steps_micro_batches_layers_and_ranks(build_
         return [np.array(v) for v in exe.run(p.main, feed=p.feed(feed, **where), fetch_list=masks, scope=scope)]
 
     first, again = run(step=0), run(step=0)
-    for m0, m1 in zip(first, again):  # a pure function of (seed, step, micro-batch, op, rank)
+    for m0, m1 in zip(first, again):  # a pure function of (seed, step, slot, op)
         np.testing.assert_array_equal(m0, m1)
-    for other in (run(step=1), run(step=0, micro=1), run(step=0, data_rank=1), run(step=0, seed=2)):
+    for other in (run(step=1), run(step=0, slot=1), run(step=0, seed=2)):
         for k, (m0, m1) in enumerate(zip(first, other)):
             assert not np.array_equal(m0, m1), k
     by_shape = {}
@@ -56,10 +56,25 @@ def test_dropout_masks_differ_across_steps_micro_batches_layers_and_ranks(build_
 
 
 def test_seeds_are_distinct_per_op_and_reproducible():
-    a = draw_dropout_seeds(1234, 7, 1, 0, 40)
+    a = draw_dropout_seeds(1234, 7, 1, 40)
     assert a.dtype == np.int32 and len(set(a.tolist())) == 40 and (a > 0).all()
-    np.testing.assert_array_equal(a, draw_dropout_seeds(1234, 7, 1, 0, 40))
-    assert not np.array_equal(a, draw_dropout_seeds(1234, 8, 1, 0, 40))
+    np.testing.assert_array_equal(a, draw_dropout_seeds(1234, 7, 1, 40))
+    assert not np.array_equal(a, draw_dropout_seeds(1234, 8, 1, 40))
+    assert not np.array_equal(a, draw_dropout_seeds(1234, 7, 2, 40))
+
+
+def test_a_slot_is_the_same_micro_batch_on_any_layout():
+    """Slot = micro-batch x data world + data rank: 2 ranks x 1 micro-batch, 1 rank x 2 micro-batches
+    and 2 ranks x 2 micro-batches number the global batch's micro-batches 0.. in all-reduce order, so
+    the seeds of a slot (and the examples it reads) do not depend on the layout."""
+    from ernie_mtl.program.randomness import slot_of
+
+    assert [slot_of(0, r, 2) for r in (0, 1)] == [0, 1]
+    assert [slot_of(m, 0, 1) for m in (0, 1)] == [0, 1]
+    assert sorted(slot_of(m, r, 2) for m in (0, 1) for r in (0, 1)) == [0, 1, 2, 3]
+    assert slot_of(1, 0, 2) == 2  # rank 0's second micro-batch runs after both ranks' first
+    with pytest.raises(ValueError):
+        slot_of(0, 2, 2)
 
 
 def test_dropout_changes_the_loss_and_recompute_replays_the_same_masks(build_programs):
@@ -216,7 +231,7 @@ def test_idle_groups_are_heads_and_the_pooler_and_stay_bitwise_frozen(task_files
             batch = tasks[i].collate([data[i].get(j) for j in range(4 * micro, 4 * micro + 4)])
             feed = make_feed(tasks, i, batch)
             feed.update(p.freeze.feed([tasks[k].spec.name for k in drawn]))
-            feed[DROPOUT_SEEDS] = draw_dropout_seeds(1, n, micro, 0, p.dropout_seeds)
+            feed[DROPOUT_SEEDS] = draw_dropout_seeds(1, n, micro, p.dropout_seeds)
             exe.run(p.main, feed=feed, fetch_list=[p.fwd.loss], scope=scope)
             p.lr_scheduler.step() if micro == len(drawn) - 1 else None
 
@@ -325,7 +340,7 @@ def test_device_ema_matches_the_formula_swaps_in_and_restores(task_files):
     for n in range(5):
         batch = tasks[n % 2].collate([data[n % 2].get(j) for j in range(4)])
         feed = {**make_feed(tasks, n % 2, batch), **p.freeze.feed([tasks[n % 2].spec.name]),
-                DROPOUT_SEEDS: draw_dropout_seeds(1, n, 0, 0, p.dropout_seeds)}
+                DROPOUT_SEEDS: draw_dropout_seeds(1, n, 0, p.dropout_seeds)}
         exe.run(p.main, feed=feed, fetch_list=[p.fwd.loss], scope=scope)
         p.lr_scheduler.step()
         p.ema.update(exe, n, scope=scope)

@@ -54,32 +54,32 @@ def test_palm_readme_example_quotas_and_total():
     """PALM v0.3 README demo2: mix_ratio 1, .5, .5, num_epochs 2, S_main 5000 -> q = 10000, 5000, 5000 and
     T_est = 20000; with every task a target our run is exactly T_est micro-batches long."""
     mix = [1.0, 0.5, 0.5]
-    q = target_quotas(num_examples=[5000 * 4 * 2, 77, 99], batch_sizes=[4, 4, 4], data_parallel=2,
+    q = target_quotas(num_examples=[5000 * 4, 77, 99], batch_sizes=[4, 4, 4],
                       is_target=[True, True, True], num_epochs=2, task_num_epochs=[None] * 3, mix_ratio=mix)
     assert q == [10000, 5000, 5000]
-    s = TaskSchedule(sampling_probabilities("palm", mix_ratio=mix), q, [True] * 3, seed=1, accumulate_steps=1)
+    s = TaskSchedule(sampling_probabilities("palm", mix_ratio=mix), q, [True] * 3, seed=1, slots_per_step=1)
     plan = s.plan()
     assert plan.total_steps == 20000 and plan.micro_batches == (10000, 5000, 5000)
     # PALM only: the demo's real target_tag 1,0,0 gives the aux tasks no quota
-    assert target_quotas(num_examples=[40000, 77, 99], batch_sizes=[4] * 3, data_parallel=2,
+    assert target_quotas(num_examples=[20000, 77, 99], batch_sizes=[4] * 3,
                          is_target=[True, False, False], num_epochs=2, task_num_epochs=[None] * 3,
                          mix_ratio=mix) == [10000, None, None]
 
 
 def test_quotas_own_epochs_and_epoch_rule():
-    assert steps_per_epoch(10, 4, 1) == 3 and steps_per_epoch(16, 4, 2) == 2 and steps_per_epoch(17, 4, 2) == 3
+    assert steps_per_epoch(10, 4) == 3 and steps_per_epoch(16, 8) == 2 and steps_per_epoch(17, 8) == 3
     # task 1 has its own num_epochs: ceil(1.5 * ceil(100 / 8)) = ceil(1.5 * 13) = 20
-    q = target_quotas(num_examples=[80, 100, 5], batch_sizes=[8, 4, 1], data_parallel=2, is_target=[1, 1, 0],
+    q = target_quotas(num_examples=[80, 100, 5], batch_sizes=[16, 8, 2], is_target=[1, 1, 0],
                       num_epochs=3, task_num_epochs=[None, 1.5, None], mix_ratio=[2.0, 1.0, 1.0])
     assert q == [30, 20, None]  # floor(3 * 2.0 * 5) for the main task
-    q = target_quotas(num_examples=[80, 100], batch_sizes=[8, 4], data_parallel=2, is_target=[1, 1],
+    q = target_quotas(num_examples=[80, 100], batch_sizes=[16, 8], is_target=[1, 1],
                       num_epochs=0.5, task_num_epochs=[None, None])
     assert q == [3, 7]  # ceil(0.5 * 5), ceil(0.5 * 13) without mix_ratio (proportional/temperature sampling)
 
 
 # -- schedule -----------------------------------------------------------------------------------------
 def make(seed=7, acc=1, max_steps=None, quotas=(300, 100, None), p=(0.5, 0.2, 0.3), targets=(True, True, False)):
-    return TaskSchedule(list(p), list(quotas), list(targets), seed=seed, accumulate_steps=acc, max_steps=max_steps)
+    return TaskSchedule(list(p), list(quotas), list(targets), seed=seed, slots_per_step=acc, max_steps=max_steps)
 
 
 def test_same_seed_same_sequence_other_seed_differs():
@@ -159,7 +159,7 @@ def test_stops_at_optimizer_step_boundary_with_aux_filling():
 
 
 def test_step_completed_with_targets_without_aux():
-    s = TaskSchedule([0.5, 0.5], [5, 6], [True, True], seed=0, accumulate_steps=4)
+    s = TaskSchedule([0.5, 0.5], [5, 6], [True, True], seed=0, slots_per_step=4)
     seq = run(s)
     assert len(seq) == 12 and s.step == 3  # 11 quota micro-batches, completed to the step boundary
     assert sum(s.counts) == 12 and s.counts[0] >= 5 and s.counts[1] >= 6
@@ -207,7 +207,7 @@ def test_summary_table():
 
 # -- streams ------------------------------------------------------------------------------------------
 def test_stream_epochs_are_permutations_and_span_boundaries():
-    st = TaskStream(10, seed=1, task_index=0, examples_per_micro=4, micro_batch_size=4)
+    st = TaskStream(10, seed=1, task_index=0, batch_size=4)
     rows = [x for k in range(5) for x in st.indices(k)]  # 20 positions = 2 epochs; batch 2 spans 0 -> 1
     assert sorted(i for i, e in rows if e == 0) == list(range(10))
     assert sorted(i for i, e in rows if e == 1) == list(range(10))
@@ -216,22 +216,64 @@ def test_stream_epochs_are_permutations_and_span_boundaries():
     assert st.steps_per_epoch == 3 and st.epochs_done(5) == 2.0
 
 
-def test_stream_union_over_ranks_is_one_rank_with_b_times_d():
-    one = TaskStream(23, seed=5, task_index=2, examples_per_micro=6, micro_batch_size=6)
-    ranks = [TaskStream(23, seed=5, task_index=2, examples_per_micro=6, micro_batch_size=2, data_rank=r)
-             for r in range(3)]
+def test_stream_slots_of_another_size_tile_the_same_sequence():
+    """Slot k of size B covers positions [k*B, (k+1)*B) whoever computes it: slots of 2 read the
+    same examples as slots of 6 cut in three (flag mode continued with another micro batch)."""
+    six = TaskStream(23, seed=5, task_index=2, batch_size=6)
+    two = TaskStream(23, seed=5, task_index=2, batch_size=2)
     for k in range(12):
-        assert sum((r.indices(k) for r in ranks), []) == one.indices(k)
+        assert sum((two.indices(3 * k + j) for j in range(3)), []) == six.indices(k)
 
 
 def test_stream_resume_and_independence():
-    a = TaskStream(50, seed=9, task_index=1, examples_per_micro=8, micro_batch_size=8)
+    a = TaskStream(50, seed=9, task_index=1, batch_size=8)
     early = [a.indices(k) for k in range(30)]
-    b = TaskStream(50, seed=9, task_index=1, examples_per_micro=8, micro_batch_size=8)
+    b = TaskStream(50, seed=9, task_index=1, batch_size=8)
     assert [b.indices(k) for k in range(17, 30)] == early[17:]  # a resumed reader starts at k = 17
-    other = TaskStream(50, seed=9, task_index=0, examples_per_micro=8, micro_batch_size=8)
+    other = TaskStream(50, seed=9, task_index=0, batch_size=8)
     assert other.indices(0) != a.indices(0)
-    plain = TaskStream(5, seed=9, task_index=1, examples_per_micro=2, micro_batch_size=2, shuffle=False)
+    plain = TaskStream(5, seed=9, task_index=1, batch_size=2, shuffle=False)
     assert [plain.indices(k) for k in range(3)] == [[(0, 0), (1, 0)], [(2, 0), (3, 0)], [(4, 0), (0, 1)]]
-    with pytest.raises(ValueError, match="multiple of micro_batch_size"):
-        TaskStream(5, seed=0, task_index=0, examples_per_micro=5, micro_batch_size=2)
+    with pytest.raises(ValueError, match="batch_size 0"):
+        TaskStream(5, seed=0, task_index=0, batch_size=0)
+
+
+# -- another global batch: regrouped states ---------------------------------------------------------------
+def test_regrouped_state_keeps_the_slot_sequence_and_counts_steps_from_the_checkpoint():
+    """--allow_batch_change in a multi-task run: 4 slots per step become 6 at step 5; the slot
+    sequence (tasks and counts) goes on where it was, optimizer steps are counted from step 5."""
+    from ernie_mtl.planning.schedule import regroup_state, state_step
+
+    full = run(make(acc=4))
+    a = make(acc=4)
+    head = [a.next_task() for _ in range(20)]  # 5 steps of 4
+    state = regroup_state(json.loads(json.dumps(a.state_dict())), slots_per_step=6)
+    assert state_step(state) == 5 and state["base"] == [20, 5]
+    b = make(acc=6)
+    b.load_state_dict(state)
+    assert b.step == 5 and b.position == 20
+    b.next_task()
+    assert b.step == 5  # inside step 6 (1-based) until 6 slots are drawn
+    [b.next_task() for _ in range(5)]
+    assert b.step == 6
+    rest = run(b)
+    seq = head + full[20:20 + 6] + rest
+    n = len(seq)
+    assert seq[:min(n, len(full))] == full[:min(n, len(full))]  # the same task per slot while both draw
+    assert (n - 20) % 6 == 0 and b.step == 5 + (n - 20) // 6  # boundaries every 6 slots from the checkpoint
+    assert b.counts[:2] == (300, 100)
+    c = make(acc=6)
+    c.load_state_dict(json.loads(json.dumps(b.state_dict())))  # a later resume keeps the base
+    assert c.step == b.step and c.done
+
+
+def test_regrouped_state_in_other_slot_sizes_must_come_out_whole():
+    """Flag mode with another micro batch: the position is re-counted in slots of the new size."""
+    from ernie_mtl.planning.schedule import regroup_state
+
+    s = TaskSchedule([1.0], [40], [True], seed=0, slots_per_step=4, max_steps=10)
+    [s.next_task() for _ in range(12)]  # 3 steps of 4 slots of (say) 8 samples = 96 samples
+    state = regroup_state(s.state_dict(), slots_per_step=2, slot_scale=8, divide=16, quotas=[20])
+    assert state["position"] == 6 and state["counts"] == [6] and state["base"] == [6, 3] and state["quotas"] == [20]
+    with pytest.raises(ValueError, match="not a whole number of slots"):
+        regroup_state(s.state_dict(), slots_per_step=1, slot_scale=8, divide=40)
