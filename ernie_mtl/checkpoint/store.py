@@ -321,13 +321,17 @@ class Checkpointer:
     """Writes and finds checkpoints; owns the layout, the integrity checks and the retention policy.
 
     `save_program_state(prefix)` / `load_program_state(prefix)` are the only calls that touch the
-    framework (paddle.static.save/load of this rank's program); `barrier` synchronises ranks.
+    framework (paddle.static.save/load of this rank's program); `write_state(state, what)` writes a
+    structured state (ernie_mtl/checkpoint/reshard.py) into this rank's program, for a checkpoint
+    written by another topology; `barrier` synchronises ranks.
     """
 
     def __init__(self, output_dir: os.PathLike, *, rank: int, world_size: int, per_rank_state: bool,
                  save_program_state: Callable[[str], None], load_program_state: Callable[[str], None],
                  barrier: Optional[Callable[..., None]] = None, keep_last: int = 3,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print,
+                 write_state: Optional[Callable[[Dict[str, Any], str], None]] = None,
+                 topology: Optional[Mapping[str, Any]] = None):
         if keep_last < 1:
             raise ValueError(f"--keep_last {keep_last} must be >= 1 (permanent checkpoints to keep)")
         self.root = Path(output_dir)
@@ -339,6 +343,8 @@ class Checkpointer:
         self._barrier = barrier or (lambda *a, **k: None)
         self.keep_last = keep_last
         self.log = log
+        self._write_state = write_state
+        self.topology = dict(topology) if topology is not None else None  # this run's (Topology.to_dict())
 
     # -- writing -------------------------------------------------------------------------
     def save(self, name: str, state: TrainState) -> Path:
@@ -482,11 +488,14 @@ class Checkpointer:
         return (f"cannot resume from {subject}: {why.rstrip('.')}. Nothing in {self.root} was changed: the damaged "
                 f"checkpoint is kept as it is. {options}")
 
-    def load(self, ref: CheckpointRef, *, topology: Mapping, check: Mapping) -> TrainState:
+    def load(self, ref: CheckpointRef, *, topology: Mapping, check: Mapping, continuation=None) -> TrainState:
         """Restore this rank's program state from `ref` and return its train state.
 
-        Refuses when `topology` or any `check` value (e.g. global batch size) differs from what
-        the checkpoint was written with, since the run could not continue exactly.
+        `continuation` (ernie_mtl/checkpoint/reshard.decide) says how: None or "exact" loads this
+        rank's file as written, refusing when `topology` differs; "resharded"/"batch_change" reads
+        every rank's state and writes it into this rank's program by structured name. Refuses when any
+        `check` value (e.g. the seed, the data) differs from what the checkpoint was written with,
+        since the run could not continue exactly (`total_steps` may differ after a batch change).
         """
         raw = read_train_state_file(ref.path)
         state = TrainState.from_json(raw)
@@ -494,30 +503,60 @@ class Checkpointer:
         if lacking:  # the saver writes every key: a gap is damage, not another setting
             raise CheckpointError(self.damaged_message(
                 ref.path, f"{ref.path / TRAIN_STATE} is damaged: its topology lacks {lacking}", exclude=ref.path))
-        diffs = [f"{k}: checkpoint {state.topology.get(k)!r} vs now {v!r}"
-                 for k, v in topology.items() if state.topology.get(k) != v]
+        resharded = continuation is not None and continuation.reshards
+        diffs = [] if resharded else [f"{k}: checkpoint {state.topology.get(k)!r} vs now {v!r}"
+                                      for k, v in topology.items() if state.topology.get(k) != v]
         saved_checks = raw.get("extra", {}).get("resume_checks", {})
+        free = ("total_steps",) if continuation is not None and continuation.kind == "batch_change" else ()
         diffs += [f"{k}: checkpoint {saved_checks.get(k)!r} vs now {v!r}"
-                  for k, v in check.items() if k in saved_checks and saved_checks[k] != v]
+                  for k, v in check.items() if k in saved_checks and saved_checks[k] != v and k not in free]
         if diffs:
             raise CheckpointError(
                 f"cannot resume exactly from {ref.path}: " + "; ".join(diffs) +
                 ". Restore those settings, or start a fresh run with another --output_dir or --resume none.")
-        self._load_rank_state(ref.path, raw)
+        if resharded:
+            self._load_structured(ref.path, raw)
+        else:
+            self._load_rank_state(ref.path, raw)
         return state
 
+    def _load_structured(self, path: Path, raw: Mapping) -> None:
+        """Every rank's saved state of `path`, by structured name, written into this rank's program."""
+        from ernie_mtl.checkpoint.reshard import ReshardError, structured_state
+
+        if self._write_state is None:
+            raise RuntimeError("this Checkpointer cannot write a structured state (no write_state given)")
+        verify_files(path, raw)
+        try:
+            state = structured_state(merged_state(path, verify=False), raw.get("name_map") or {}, where=str(path))
+            self._write_state(state, f"checkpoint {path}")
+        except ReshardError as e:
+            raise CheckpointError(f"cannot continue {path} on this topology: {e}") from None
     def is_complete(self, path: os.PathLike) -> bool:
         """Whether checkpoint folder `path` is complete (its train_state.json was written)."""
         return is_complete(path)
 
     def restore_weights(self, path: os.PathLike) -> CheckpointRef:
         """Load this rank's program state from checkpoint `path` (verified first, from the rank file
-        its writer recorded: every rank's own under sharding, rank 0's otherwise), without the resume
-        checks: e.g. the final test with a best checkpoint's weights."""
+        its writer recorded: every rank's own under sharding, rank 0's otherwise; by name from every
+        rank's file when another topology wrote it), without the resume checks: e.g. the final test
+        with a best checkpoint's weights."""
         path = Path(path)
         raw = read_train_state_file(path)
-        self._load_rank_state(path, raw)
+        if self._written_elsewhere(raw):
+            self._load_structured(path, raw)
+        else:
+            self._load_rank_state(path, raw)
         return CheckpointRef(path, int(raw["step"]))
+
+    def _written_elsewhere(self, raw: Mapping) -> bool:
+        """Whether checkpoint `raw` was written by another topology than this run's (its program state
+        is then read by name: ernie_mtl/checkpoint/reshard.py)."""
+        if self.topology is None or self._write_state is None:
+            return False
+        saved = raw.get("topology") or {}
+        return any(saved.get(k) != self.topology.get(k) for k in ("world_size", "dp_degree", "sharding_degree",
+                                                                   "micro_batch_size", "global_batch_size"))
 
     def _load_rank_state(self, path: Path, raw: Mapping) -> None:
         source_rank = self.rank if raw.get("per_rank_state") else 0

@@ -343,6 +343,7 @@ def _absolute_paths(cfg: RunConfig, hooks: ParseHooks, base: Optional[str] = Non
                                                    or _model_dir(cfg.model.model_name_or_path)))
     resume = cfg.train.resume if cfg.train.resume in RESUME_WORDS else absolute(cfg.train.resume)
     train = replace(cfg.train, output_dir=absolute(cfg.train.output_dir), resume=resume,
+                    init_from=absolute(cfg.train.init_from),
                     checkpoint=absolute(cfg.train.checkpoint), eval_file=absolute(cfg.train.eval_file))
     model = cfg.model
     if os.path.isdir(model.model_name_or_path):
@@ -497,4 +498,15 @@ def _train_problems(train: TrainConfig, optim: OptimConfig) -> List[str]:
         problems.append(f"--log_level {train.log_level!r} is not supported; use one of {list(LOG_LEVELS)}")
     if train.device not in DEVICES:
         problems.append(f"--device {train.device!r} is not supported; use one of {list(DEVICES)}")
+    if train.init_from is not None and train.resume not in RESUME_WORDS:
+        problems.append(f"--init_from {train.init_from} starts a new run from its weights, --resume {train.resume} "
+                        "continues a run: pick one (--resume auto, the default, resumes this run's own checkpoint "
+                        "when there is one and warm starts from --init_from otherwise)")
+    if train.init_optimizer and train.init_from is None:
+        problems.append("--init_optimizer loads the optimizer state of --init_from, which is not given; add "
+                        "--init_from CHECKPOINT or drop --init_optimizer")
+    if train.init_from is not None and not os.path.isdir(train.init_from):
+        problems.append(f"--init_from {train.init_from}: no such directory; give a checkpoint folder (model_last, "
+                        "model_<step>, best_<task>) or a PaddleNLP model directory (config.json + "
+                        "model_state.pdparams)")
     return problems

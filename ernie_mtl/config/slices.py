@@ -198,7 +198,20 @@ class TrainConfig:
     overwrite_output_dir: bool = _f(False, "With --resume none: replace the checkpoints already in --output_dir "
                                            "(without it such a run is refused rather than overwrite them).")
     resume: str = _f("auto", '"auto": continue from the newest complete checkpoint in --output_dir if any; '
-                             '"none": start fresh; or the path of a model_last / model_<step> folder.')
+                             '"none": start fresh; or the path of a model_last / model_<step> folder. A checkpoint '
+                             "continues on another number of processes, data-parallel or sharding degree, micro "
+                             "batch or accumulation when the global batch is the same (README: Changing the cluster).")
+    allow_batch_change: bool = _f(False, "Resume a checkpoint with another global batch: the data continues at the "
+                                         "next unread sample (by samples, not steps) and the learning-rate schedule is "
+                                         "re-planned by samples. Without it such a resume is refused (a different "
+                                         "global batch changes the optimization).")
+    init_from: Optional[str] = _f(None, "Warm start a NEW run from a checkpoint folder (model_last, model_<step>, "
+                                        "best_<task>, any topology) or a PaddleNLP model directory: its weights only "
+                                        "(and optimizer state with --init_optimizer), with this run's own step 0, "
+                                        "LR schedule and task schedule. Not a resume: a checkpoint of this run in "
+                                        "--output_dir is resumed instead (the same command continues after a crash).")
+    init_optimizer: bool = _f(False, "With --init_from a checkpoint: also load its optimizer state (Adam moments, beta "
+                                     "powers, AMP master weights and loss scale, EMA), not the step or LR schedule.")
     dry_run: bool = _f(False, "Print the plan (topology, batches, task schedule, strategy, parameters, memory per "
                               "rank, warnings about the data) and exit without training. With --device gpu, also "
                               "the program rank 0 of the GPU job would run (casts, collectives; built, never run), "

@@ -65,12 +65,15 @@ class Trainer:
             self.close()
 
     def resume(self) -> Optional[ResumeState]:
-        state = restore(self.checkpointer, self.session.resume_from, self.topo, self.resume_checks)
+        state = restore(self.checkpointer, self.session.resume_from, self.topo, self.resume_checks,
+                        continuation=self.session.continuation, quotas=self.schedule.quotas)
         if state is None:
             if self.cfg.train.resume == "none" and self.cfg.train.overwrite_output_dir:
                 clear_previous_run(self.cfg.train.output_dir, is_rank0=self.is_rank0, barrier=self.barrier,
                                    writer=self.writer, log=self.print)
             self.print(self.reporter.new_run(self.cfg.train.output_dir))
+            if self.session.warm_start:
+                self.print(self.session.warm_start)
         else:
             self.continue_from(state)
             self.print(self.reporter.resumed(self, state.ref.path))

@@ -13,7 +13,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from ernie_mtl.checkpoint.reshard import Continuation
 from ernie_mtl.checkpoint.store import CheckpointRef, Checkpointer
+from ernie_mtl.config import ConfigError
+from ernie_mtl.engine.elastic import check_init_from, continuation_for, is_checkpoint, warm_start, write_state
 from ernie_mtl.dist.process import ProcessInfo, StoreBarrier, executor_mode, resolve_device, start_process
 from ernie_mtl.dist.topology import Topology
 from ernie_mtl.planning.plan import RunPlan, prepare
@@ -36,6 +39,8 @@ class Session:
     exe: Any  # paddle.static.Executor
     scope: Any  # paddle.static.Scope holding this run's variables
     resume_from: Optional[CheckpointRef] = None  # the checkpoint --resume designates, verified (None: new run)
+    continuation: Optional[Continuation] = None  # how it continues on this topology (ernie_mtl/engine/elastic.py)
+    warm_start: Optional[str] = None  # --init_from of a new run: what was loaded (the line to log)
 
     @property
     def is_rank0(self) -> bool:
@@ -55,7 +60,8 @@ class Session:
             self.cfg.train.output_dir, rank=self.info.rank, world_size=self.info.world_size,
             per_rank_state=self.topo.sharding_degree > 1, keep_last=self.cfg.train.keep_last, barrier=self.barrier,
             log=log, save_program_state=lambda prefix: paddle.static.save(self.programs.main, prefix),
-            load_program_state=lambda prefix: paddle.static.load(self.programs.main, prefix, self.exe))
+            load_program_state=lambda prefix: paddle.static.load(self.programs.main, prefix, self.exe),
+            write_state=lambda state, what: write_state(self, state, what), topology=self.topo.to_dict())
 
     def scope_guard(self):
         """Run the block with this session's scope as paddle's global scope (what `exe.run` and
@@ -77,13 +83,34 @@ def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]]
         log.info(line)
     barrier = StoreBarrier(info)
     resume_from = resolve_resume(cfg, info, log)  # a damaged checkpoint is refused before any data or program work
+    # ... and so is one that cannot continue on this topology (another global batch), with what would be needed
+    continuation = continuation_for(cfg, resume_from, topo, log=log.info if info.rank == 0 else None)
+    init_from = cfg.train.init_from if resume_from is None else None
+    if cfg.train.init_from and resume_from is not None and info.rank == 0:
+        log.info(f"--init_from {cfg.train.init_from} is not used: this run resumes its own checkpoint "
+                 f"{resume_from.path} (a warm start applies to a new run only)")
+    if init_from:
+        check_init_from(init_from, with_optimizer=cfg.train.init_optimizer)
     plan = prepare(cfg, info=info, topo=topo, barrier=barrier, log=log.info)
     programs = build_programs(cfg, topo, plan)
+    if init_from and not is_checkpoint(init_from):
+        programs.weights = init_from  # a PaddleNLP directory: loaded by initialisation (before AMP O2's cast)
     scope = paddle.static.Scope()
     with paddle.static.scope_guard(scope):
-        exe = make_executor(cfg, info, programs, log)
-    return Session(cfg=cfg, info=info, log=log, topo=topo, barrier=barrier, plan=plan, programs=programs, exe=exe,
-                   scope=scope, resume_from=resume_from)
+        try:
+            exe = make_executor(cfg, info, programs, log)
+        except ConfigError as e:
+            if init_from and programs.weights == init_from:
+                raise ConfigError([f"--init_from {init_from}: {p}" for p in e.problems]) from None
+            raise
+    session = Session(cfg=cfg, info=info, log=log, topo=topo, barrier=barrier, plan=plan, programs=programs, exe=exe,
+                      scope=scope, resume_from=resume_from, continuation=continuation)
+    if init_from and is_checkpoint(init_from):
+        session.warm_start = warm_start(session, init_from, with_optimizer=cfg.train.init_optimizer)
+    elif init_from:
+        session.warm_start = (f"warm start from the PaddleNLP weights of {init_from} (task heads other than its "
+                              "pretraining heads start fresh); a new run from step 0")
+    return session
 
 
 def resolve_resume(cfg, info: ProcessInfo, log) -> Optional[CheckpointRef]:

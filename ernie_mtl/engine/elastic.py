@@ -1,0 +1,123 @@
+"""The cluster changes between runs: how a checkpoint continues on this topology, writing a
+checkpoint's state into this rank's program by name, and warm starts (`--init_from`).
+
+Resume (`continuation_for`): the checkpoint `--resume` designates is compared with this run's
+topology before any data or program work (ernie_mtl/checkpoint/reshard.decide): the same topology
+loads its files as written (bitwise, as always); another topology with the same global batch reads
+every rank's state and writes each variable this rank holds (`write_state`); another global batch
+is refused unless `--allow_batch_change`. The decision is logged, and `--dry_run` prints it.
+
+Warm start (`warm_start`): `--init_from` a checkpoint (any topology) or a PaddleNLP directory loads
+the weights (with `--init_optimizer`, the optimizer state too) into a NEW run: step 0, this run's
+LR schedule and task schedule. Names and shapes must match this model; a refusal lists the first
+differences. (ERNIE issues 398 and 514: a warm start that kept a finished LR schedule at 0.)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from ernie_mtl.checkpoint.reshard import (Continuation, ReshardError, assignments, decide, name_map_differences,
+                                          structured_state)
+from ernie_mtl.checkpoint.store import (CheckpointError, CheckpointRef, merged_state, read_train_state_file,
+                                        verified_state)
+
+
+def continuation_for(cfg, ref: Optional[CheckpointRef], topo, *, log=None) -> Optional[Continuation]:
+    """How the run continues checkpoint `ref` on `topo` (None for a new run); CheckpointError when it
+    cannot (the message says what would be needed)."""
+    if ref is None:
+        return None
+    raw = read_train_state_file(ref.path)
+    try:
+        c = decide(raw, topo.to_dict(), flag_mode=cfg.flag_mode, allow_batch_change=cfg.train.allow_batch_change,
+                   where=str(ref.path))
+    except ReshardError as e:
+        raise CheckpointError(str(e)) from None
+    if log is not None and c.kind != "exact":
+        for line in c.summary():
+            log(line)
+    return c
+
+
+def program_variables(program) -> Dict[str, tuple]:
+    """{name: (shape, dtype name)} of the persistable tensors of `program` (this rank's: a sharded rank
+    holds its own parameters' state only)."""
+    from paddle.base import core
+    from paddle.base.data_feeder import convert_dtype
+
+    out = {}
+    for v in program.list_vars():
+        if v.persistable and v.type == core.VarDesc.VarType.LOD_TENSOR:
+            out[v.name] = (tuple(v.shape), convert_dtype(v.dtype))
+    return out
+
+
+def write_state(session, state: Dict[str, np.ndarray], what: str, *, only: Optional[str] = None) -> int:
+    """Write a structured state (ernie_mtl/checkpoint/reshard.py) into this rank's training program:
+    every persistable variable it holds that is not transient (`only` narrows to parameters, or
+    parameters and what they own); ReshardError listing the first differences, nothing written then.
+    Returns how many variables were written."""
+    import paddle
+
+    programs, scope = session.programs, session.scope
+    values = assignments(state, programs.name_map, program_variables(programs.main), what=what, only=only)
+    place = session.exe.place if session.exe is not None else paddle.CPUPlace()
+    for name, array in values.items():
+        var = scope.find_var(name)
+        if var is None:
+            raise ReshardError(f"{name} is in this program but not in its scope (run the startup program first)")
+        var.get_tensor().set(np.ascontiguousarray(array), place)
+    return len(values)
+
+
+def is_checkpoint(path) -> bool:
+    return (Path(path) / "train_state.json").is_file()
+
+
+def check_init_from(path: str, *, with_optimizer: bool) -> None:
+    """--init_from is a checkpoint folder or a PaddleNLP directory (UserError otherwise), and
+    --init_optimizer needs a checkpoint: checked before any data or program work."""
+    from data_tools.cli_utils import UserError
+
+    folder = Path(path)
+    if is_checkpoint(folder):
+        return
+    if not (folder / "model_state.pdparams").is_file():
+        raise UserError(f"--init_from {folder} is neither a checkpoint (train_state.json) nor a PaddleNLP model "
+                        "directory (model_state.pdparams); point it at output_dir/model_last, a model_<step> or "
+                        "best_<task> folder, or a directory save_pretrained() wrote")
+    if with_optimizer:
+        raise UserError(f"--init_optimizer: --init_from {folder} is a PaddleNLP model directory, which holds no "
+                        "optimizer state; drop --init_optimizer or give a checkpoint folder")
+
+
+def warm_start(session, path: str, *, with_optimizer: bool) -> str:
+    """`--init_from` a checkpoint folder, for a new run whose programs are initialised: its weights
+    (any topology; with the optimizer state when `with_optimizer`) written into this rank's program.
+    (A PaddleNLP directory is loaded by the programs' initialisation instead, as --model_name_or_path
+    weights are: `Programs.weights`.) UserError (exit 2) naming the first differences when names or
+    shapes do not match. Returns the line to log."""
+    from data_tools.cli_utils import UserError
+
+    folder = Path(path)
+    try:
+        raw = verified_state(folder, use="warm start from")
+    except CheckpointError as e:
+        raise UserError(f"--init_from {folder}: {e}") from None
+    differences = name_map_differences(raw.get("name_map") or {}, session.programs.name_map)
+    if differences:
+        raise UserError(f"--init_from {folder}: its parameters do not match this model: " + "; ".join(differences)
+                        + ". Warm start from a checkpoint of the same architecture and task heads, or convert its "
+                        "backbone with static_to_dynamic.py and pass that directory")
+    try:
+        state = structured_state(merged_state(folder, verify=False), raw["name_map"], where=str(folder))
+        n = write_state(session, state, f"checkpoint {folder}",
+                        only="parameters+optimizer" if with_optimizer else "parameters")
+    except ReshardError as e:
+        raise UserError(f"--init_from {folder}: {e}") from None
+    what = "weights and optimizer state" if with_optimizer else "weights"
+    return (f"warm start from {folder}: its {what} ({n} variables; it was at step {raw['step']}); a new run from step 0 "
+            "with this run's LR schedule and task schedule")
