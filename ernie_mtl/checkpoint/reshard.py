@@ -225,6 +225,7 @@ class Continuation:
     step: int
     consumed_samples: int
     notes: List[str] = field(default_factory=list)
+    path: str = "the checkpoint"
 
     @property
     def reshards(self) -> bool:
@@ -264,9 +265,9 @@ def decide(raw: Mapping[str, Any], now: Mapping[str, Any], *, flag_mode: bool,
     same_batch = (saved["global_batch_size"] == now["global_batch_size"] if flag_mode
                   else slots_per_step(saved) == slots_per_step(now))
     if all(saved.get(k) == now.get(k) for k in _LAYOUT):
-        return Continuation("exact", saved, now, flag_mode, step, consumed)
+        return Continuation("exact", saved, now, flag_mode, step, consumed, path=where)
     if same_batch:
-        c = Continuation("resharded", saved, now, flag_mode, step, consumed)
+        c = Continuation("resharded", saved, now, flag_mode, step, consumed, path=where)
         if c.same_masks:
             c.notes.append("exact: the same samples in the same optimizer steps, with the same dropout masks; float "
                            "results equal the uninterrupted run's bitwise when a step's micro-batch gradients are "
@@ -280,7 +281,7 @@ def decide(raw: Mapping[str, Any], now: Mapping[str, Any], *, flag_mode: bool,
         return c
     if not allow_batch_change:
         raise ReshardError(batch_change_refusal(saved, now, flag_mode=flag_mode, consumed=consumed, where=where))
-    c = Continuation("batch_change", saved, now, flag_mode, step, consumed)
+    c = Continuation("batch_change", saved, now, flag_mode, step, consumed, path=where)
     c.notes.append(batch_change_meaning(saved, now, flag_mode=flag_mode))
     return c
 

@@ -39,7 +39,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from data_tools.cli_utils import UserError
 from ernie_mtl.checkpoint.io import fsync_dir as _fsync_dir, sha1_of, write_json_atomic as _write_json_atomic
@@ -173,6 +173,20 @@ def state_problems(raw: Mapping, folder_name: str = "") -> List[str]:
             problems.append(f"consumed_samples {consumed} disagrees with the task schedule's {expected} "
                             f"(micro-batches per task {counts} x batch sizes {sizes})")
     return problems
+
+
+def check_differences(raw: Mapping[str, Any], check: Mapping[str, Any], *, free: Sequence[str] = ()) -> List[str]:
+    """What in `check` (this run's resume checks: seed, tasks, data identity, LR horizon) differs from
+    what checkpoint `raw` recorded, as 'key: checkpoint X vs now Y' (keys in `free` may differ)."""
+    saved = (raw.get("extra") or {}).get("resume_checks", {})
+    return [f"{k}: checkpoint {saved.get(k)!r} vs now {v!r}"
+            for k, v in check.items() if k in saved and saved[k] != v and k not in free]
+
+
+def resume_refusal(path: os.PathLike, diffs: Sequence[str]) -> str:
+    """The refusal of a resume whose settings differ from the checkpoint's (`check_differences`)."""
+    return (f"cannot resume exactly from {path}: " + "; ".join(diffs) +
+            ". Restore those settings, or start a fresh run with another --output_dir or --resume none.")
 
 
 def read_train_state(path: Path) -> Optional[TrainState]:
@@ -506,14 +520,10 @@ class Checkpointer:
         resharded = continuation is not None and continuation.reshards
         diffs = [] if resharded else [f"{k}: checkpoint {state.topology.get(k)!r} vs now {v!r}"
                                       for k, v in topology.items() if state.topology.get(k) != v]
-        saved_checks = raw.get("extra", {}).get("resume_checks", {})
         free = ("total_steps",) if continuation is not None and continuation.kind == "batch_change" else ()
-        diffs += [f"{k}: checkpoint {saved_checks.get(k)!r} vs now {v!r}"
-                  for k, v in check.items() if k in saved_checks and saved_checks[k] != v and k not in free]
+        diffs += check_differences(raw, check, free=free)
         if diffs:
-            raise CheckpointError(
-                f"cannot resume exactly from {ref.path}: " + "; ".join(diffs) +
-                ". Restore those settings, or start a fresh run with another --output_dir or --resume none.")
+            raise CheckpointError(resume_refusal(ref.path, diffs))
         if resharded:
             self._load_structured(ref.path, raw)
         else:

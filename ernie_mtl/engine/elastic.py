@@ -121,3 +121,13 @@ def warm_start(session, path: str, *, with_optimizer: bool) -> str:
     what = "weights and optimizer state" if with_optimizer else "weights"
     return (f"warm start from {folder}: its {what} ({n} variables; it was at step {raw['step']}); a new run from step 0 "
             "with this run's LR schedule and task schedule")
+
+
+def batch_ratio(c: Continuation, topo) -> float:
+    """New global batch / the checkpoint's, in the units the schedule counts (flag mode: samples;
+    multi-task: micro-batches of the tasks' own batch sizes)."""
+    from ernie_mtl.checkpoint.reshard import slots_per_step
+
+    if c.flag_mode:
+        return topo.global_batch_size / int(c.saved["global_batch_size"])
+    return topo.slots_per_step / slots_per_step(c.saved)

@@ -24,6 +24,7 @@ import numpy as np
 
 from ernie_mtl.checkpoint.layout import LAST, kept_name
 from ernie_mtl.engine.callbacks import Callback, built_in_callbacks
+from ernie_mtl.engine.elastic import batch_ratio
 from ernie_mtl.engine.feeding import Feeder
 from ernie_mtl.engine.evaluation import Evaluator, final_test
 from ernie_mtl.engine.exporter import Exporter
@@ -66,7 +67,7 @@ class Trainer:
 
     def resume(self) -> Optional[ResumeState]:
         state = restore(self.checkpointer, self.session.resume_from, self.topo, self.resume_checks,
-                        continuation=self.session.continuation, quotas=self.schedule.quotas)
+                        continuation=self.session.continuation, sampler=self.plan.resume_sampler)
         if state is None:
             if self.cfg.train.resume == "none" and self.cfg.train.overwrite_output_dir:
                 clear_previous_run(self.cfg.train.output_dir, is_rank0=self.is_rank0, barrier=self.barrier,
@@ -82,6 +83,8 @@ class Trainer:
     def continue_from(self, state: ResumeState) -> None:
         self.step = state.step
         self.p.lr_scheduler.set_state_dict(state.lr_scheduler)
+        if state.continuation is not None and state.continuation.kind == "batch_change":
+            self.p.lr_scheduler.rebase(self.step, batch_ratio(state.continuation, self.topo))  # re-planned by samples
         self.schedule.load_state_dict(state.sampler)
         self.exporter.exported = dict(state.exported)
         for cb in self.callbacks:

@@ -19,7 +19,7 @@ from ernie_mtl.config import ConfigError
 from ernie_mtl.engine.elastic import check_init_from, continuation_for, is_checkpoint, warm_start, write_state
 from ernie_mtl.dist.process import ProcessInfo, StoreBarrier, executor_mode, resolve_device, start_process
 from ernie_mtl.dist.topology import Topology
-from ernie_mtl.planning.plan import RunPlan, prepare
+from ernie_mtl.planning.plan import RunPlan, prepare, resume_point
 from ernie_mtl.program.builder import Programs, build_run_programs
 from ernie_mtl.dist.compat import is_cpu_build, strip_gpu_sync_ops
 from ernie_mtl.program.cpu_kernels import tune_for_cpu, use_onednn_ops
@@ -91,7 +91,8 @@ def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]]
                  f"{resume_from.path} (a warm start applies to a new run only)")
     if init_from:
         check_init_from(init_from, with_optimizer=cfg.train.init_optimizer)
-    plan = prepare(cfg, info=info, topo=topo, barrier=barrier, log=log.info)
+    plan = prepare(cfg, info=info, topo=topo, barrier=barrier, log=log.info,
+                   resume=resume_point(resume_from, continuation, topo))
     programs = build_programs(cfg, topo, plan)
     if init_from and not is_checkpoint(init_from):
         programs.weights = init_from  # a PaddleNLP directory: loaded by initialisation (before AMP O2's cast)

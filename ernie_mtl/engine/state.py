@@ -23,21 +23,7 @@ from typing import Any, Dict, Optional
 from ernie_mtl.checkpoint.layout import METRICS_FILE, TEST_RESULTS
 from ernie_mtl.checkpoint.reshard import Continuation
 from ernie_mtl.checkpoint.store import CheckpointRef, TrainState, existing_outputs
-from ernie_mtl.data.identity import data_identity
-
-
-def resume_checks(cfg, plan) -> Dict[str, Any]:
-    """What must not change for the run to continue exactly (hashes the data: compute it once)."""
-
-    o = cfg.optim
-    # flag mode: the task's batch_size is --micro_batch_size, which may change with the topology (the
-    # global batch is compared by the checkpoint store); a multi-task run's task batch sizes may not
-    tasks = [{k: v for k, v in t.spec.to_json().items() if not (cfg.flag_mode and k == "batch_size")}
-             for t in plan.tasks]
-    return {"seed": cfg.train.seed, "tasks": tasks,
-            "data": {t.spec.name: data_identity(t.spec.train_file) for t in plan.tasks},
-            "vocab": data_identity(str(cfg.data.vocab_file)),
-            "total_steps": plan.planned.total_steps, "warmup_rate": o.warmup_rate, "decay_steps": o.decay_steps}
+from ernie_mtl.planning.plan import resume_checks  # noqa: F401  (re-exported: the loop's import)
 
 
 def train_state(trainer) -> TrainState:
@@ -48,7 +34,7 @@ def train_state(trainer) -> TrainState:
         sampler=t.schedule.state_dict(), config=s.cfg.to_dict(), topology=s.topo.to_dict(),
         name_map=s.programs.name_map,
         extra={"resume_checks": t.resume_checks, "arch": dict(s.programs.arch), "exported": t.exporter.exported,
-               "flag_mode": s.cfg.flag_mode,
+               "flag_mode": s.cfg.flag_mode, "train_samples": dict(s.plan.train_samples),
                "callbacks": {type(cb).__name__: cb.state_dict() for cb in t.callbacks},
                "tasks": [{"name": task.spec.name, "reader": task.name, "group": t.group_of[task.spec.name],
                           "is_target": task.spec.is_target, "spec": task.spec.to_json(),
@@ -65,45 +51,24 @@ class ResumeState:
     sampler: Dict[str, Any]
     exported: Dict[str, int] = field(default_factory=dict)
     callbacks: Dict[str, Any] = field(default_factory=dict)  # by class name: enabling a callback later still resumes
+    continuation: Optional[Continuation] = None  # how it continues on this topology (None: as written)
 
 
 def restore(checkpointer, ref: Optional[CheckpointRef], topo, checks: Dict[str, Any], *,
-            continuation: Optional[Continuation] = None, quotas=None) -> Optional[ResumeState]:
+            continuation: Optional[Continuation] = None, sampler: Optional[Dict[str, Any]] = None
+            ) -> Optional[ResumeState]:
     """Load the program state of checkpoint `ref` (resolved and verified when the session opened:
     ernie_mtl/engine/session.resolve_resume), compared with this run's topology and `checks` -- or,
     on another topology (`continuation`, ernie_mtl/engine/elastic.py), regathered by name -- and
-    return what the loop continues from; None for a new run. `quotas`: this run's task quotas, for
-    a schedule re-counted in another micro batch (flag mode)."""
+    return what the loop continues from; None for a new run. `sampler`: the task schedule's state
+    re-expressed for this topology (RunPlan.resume_sampler), instead of the checkpoint's own."""
     if ref is None:
         return None
     state = checkpointer.load(ref, topology=topo.to_dict(), check=checks, continuation=continuation)
-    sampler = state.sampler
-    if continuation is not None and continuation.reshards:
-        sampler = regrouped_sampler(sampler, continuation, topo, quotas=quotas, where=ref.path)
-    return ResumeState(ref=ref, step=state.step, lr_scheduler=state.lr_scheduler, sampler=sampler,
-                       exported=dict(state.extra.get("exported", {})), callbacks=state.extra.get("callbacks", {}))
-
-
-def regrouped_sampler(sampler: Dict[str, Any], c: Continuation, topo, *, quotas, where) -> Dict[str, Any]:
-    """The task schedule's state for this topology: unchanged when the slots are (the same global
-    batch in micro-batches of the same size); in flag mode with another micro batch, the one task's
-    slots re-counted in the new size; with another global batch, steps counted from the checkpoint."""
-    from ernie_mtl.checkpoint.store import CheckpointError
-    from ernie_mtl.planning.schedule import regroup_state
-
-    old_micro, new_micro = int(c.saved["micro_batch_size"]), int(topo.micro_batch_size)
-    scale = c.flag_mode and old_micro != new_micro
-    if not scale and int(sampler["slots_per_step"]) == topo.slots_per_step:
-        return sampler
-    try:
-        return regroup_state(sampler, slots_per_step=topo.slots_per_step, slot_scale=old_micro if scale else 1,
-                             divide=new_micro if scale else 1, quotas=quotas if c.flag_mode else None)
-    except ValueError:
-        raise CheckpointError(
-            f"cannot continue {where} with --micro_batch_size {new_micro}: its {c.consumed_samples:,} consumed "
-            f"samples are not a whole number of micro-batches of {new_micro}, so the next sample would fall inside a "
-            f"micro-batch; use a micro batch that divides {c.consumed_samples} (e.g. {old_micro}, the checkpoint's)") \
-            from None
+    return ResumeState(ref=ref, step=state.step, lr_scheduler=state.lr_scheduler,
+                       sampler=sampler if sampler is not None else state.sampler,
+                       exported=dict(state.extra.get("exported", {})), callbacks=state.extra.get("callbacks", {}),
+                       continuation=continuation)
 
 
 def clear_previous_run(output_dir: str, *, is_rank0: bool, barrier, writer, log) -> None:

@@ -469,24 +469,32 @@ def dry_run(cfg) -> str:
     no memory, no program). With `--device gpu` (accepted on a CPU build for a dry run) the program
     rank 0 would run on GPUs is built, never run, and described (`format_gpu_program`). Warnings
     about the plan (ernie_mtl/planning/plan.py `plan_warnings`) come last."""
-    from ernie_mtl.planning.plan import corpus_warnings, plan_warnings, prepare
+    from ernie_mtl.planning.plan import corpus_warnings, flag_mode_schedule, flag_mode_steps, plan_warnings, prepare
 
     world_size = ProcessInfo.from_env().world_size
     resolved = cfg.model.resolve()
     arch = dict(resolved.arch)
     topo = Topology.from_config(cfg.parallel, world_size)
+    resume_lines, point, continuation, raw = resume_plan(cfg, topo)
     if cfg.flag_mode:
         parts = estimate(arch, cfg.parallel, cfg.amp, world_size=world_size, seq_len=cfg.data.max_seq_len,
                          masked_tokens_per_seq=cfg.data.max_predictions_per_seq, pretraining_heads=True)
-        corpus = _corpus_plan(cfg, topo)
+        run_samples = (point.train_samples.get(cfg.setup.tasks[0].name) if point is not None else None) or \
+            cfg.optim.max_steps * topo.global_batch_size
+        corpus = _corpus_plan(cfg, topo, train_samples=run_samples)
         sections = [format_plan(**parts), "== data ==", *corpus.lines()]
         warnings = corpus_warnings(corpus.epoch_counts("train"), what="--input_dir",
                                    global_batch=topo.global_batch_size, flag_mode=True, max_steps=cfg.optim.max_steps)
-        tasks, total_steps = None, cfg.optim.max_steps
+        _, _, unresumed = flag_mode_schedule(cfg, topo, run_samples, point)
+        tasks, total_steps = None, flag_mode_steps(run_samples, topo, point)
+        if continuation is not None:
+            resume_lines += _checks_lines(cfg, raw, continuation, _flag_mode_tasks(cfg), unresumed=unresumed)
     else:
         info = ProcessInfo(rank=0, world_size=world_size, local_rank=0)
         run_plan = prepare(cfg, info=info, topo=topo, barrier=lambda *a, **k: None, log=lambda m: None,
-                           is_builder=True, load_dev=False)
+                           is_builder=True, load_dev=False, resume=point)
+        if continuation is not None:
+            resume_lines += _checks_lines(cfg, raw, continuation, run_plan.tasks, unresumed=run_plan.unresumed_steps)
         heads = head_parameter_counts(cfg.model.model_type, arch, run_plan.tasks,
                                       use_task_id=cfg.setup.mtl.use_task_id)
         longest = max(t.spec.max_seq_len for t in run_plan.tasks)
@@ -497,6 +505,9 @@ def dry_run(cfg) -> str:
         sections = [format_plan(**parts, schedule_summary=summary)]
         warnings = plan_warnings(run_plan, topo, flag_mode=False)
         tasks, total_steps = run_plan.tasks, run_plan.planned.total_steps
+    if continuation is not None:
+        resume_lines.append(f"the run continues to step {total_steps}")
+    sections = ["== resume ==", *resume_lines, *sections]
     if resolve_device(cfg.train.device) == "gpu":
         if tasks is None:  # flag mode: the one pretrain task, its corpus not loaded (the program needs none)
             tasks = _flag_mode_tasks(cfg)
@@ -509,6 +520,58 @@ def dry_run(cfg) -> str:
     return "\n".join(sections)
 
 
+def resume_plan(cfg, topo: Topology):
+    """(lines, ResumePoint, Continuation, train_state.json) of the checkpoint this command would resume
+    (None for each without one):
+    found and verified as the run finds it (a damaged checkpoint, or --resume none over checkpoints,
+    is refused with the run's own message), then how it continues on `topo`
+    (ernie_mtl/checkpoint/reshard.decide): the same topology, resharded, another global batch, or
+    refused with what would be needed (CheckpointError, exit status 2, as the run would)."""
+    from ernie_mtl.checkpoint.reshard import ReshardError, decide
+    from ernie_mtl.checkpoint.store import CheckpointError, Checkpointer, read_train_state_file
+    from ernie_mtl.planning.plan import resume_point
+
+    def unused(prefix: str) -> None:
+        raise AssertionError("the dry run reads no program state")
+
+    t = cfg.train
+    finder = Checkpointer(t.output_dir, rank=0, world_size=topo.world_size, per_rank_state=False,
+                          save_program_state=unused, load_program_state=unused, keep_last=t.keep_last,
+                          log=lambda message: None)
+    ref = finder.resolve(t.resume, overwrite=t.overwrite_output_dir)
+    if ref is None:
+        why = ("--resume none" if t.resume == "none" else f"no checkpoint in {t.output_dir}")
+        start = (f"; warm start from --init_from {t.init_from} (its weights"
+                 f"{' and optimizer state' if t.init_optimizer else ''}, a new step 0, LR schedule and task schedule)"
+                 if t.init_from else "")
+        return [f"a new run ({why}){start}"], None, None, None
+    raw = read_train_state_file(ref.path)
+    try:
+        c = decide(raw, topo.to_dict(), flag_mode=cfg.flag_mode, allow_batch_change=t.allow_batch_change,
+                   where=str(ref.path))
+    except ReshardError as e:
+        raise CheckpointError(str(e)) from None
+    lines = [f"checkpoint {ref.path}", *c.summary()]
+    if t.init_from:
+        lines.append(f"--init_from {t.init_from} is not used: the run resumes its own checkpoint")
+    return lines, resume_point(ref, c, topo), c, raw
+
+
+def _checks_lines(cfg, raw, c, tasks, *, unresumed: int) -> List[str]:
+    """The resume checks the run makes when it loads the checkpoint (seed, tasks, data identity, LR
+    settings): a difference the run would refuse is refused here, with the run's message."""
+    from types import SimpleNamespace
+
+    from ernie_mtl.checkpoint.store import CheckpointError, check_differences, resume_refusal
+    from ernie_mtl.planning.plan import resume_checks
+
+    checks = resume_checks(cfg, SimpleNamespace(tasks=tasks, unresumed_steps=unresumed))
+    diffs = check_differences(raw, checks, free=("total_steps",) if c.kind == "batch_change" else ())
+    if diffs:
+        raise CheckpointError(resume_refusal(c.path, diffs))
+    return ["seed, tasks, data and learning-rate settings: as the checkpoint recorded them"]
+
+
 def _flag_mode_tasks(cfg) -> List[Any]:
     """The task objects of a flag-mode run (the one `pretrain` task), without loading their data."""
 
@@ -517,16 +580,17 @@ def _flag_mode_tasks(cfg) -> List[Any]:
     return [get_task_type(spec.reader)(spec, ctx) for spec in cfg.setup.tasks]
 
 
-def _corpus_plan(cfg, topo: Topology):
+def _corpus_plan(cfg, topo: Topology, *, train_samples: Optional[int] = None):
     """The MixturePlan of `--input_dir` for the run: per corpus its weight, documents, samples planned
     and (`lines()`, `epoch_counts()`) epochs (arithmetic and one pass of the compiled helper; no index
-    is built)."""
+    is built). `train_samples`: the run's (default --max_steps global batches; a resumed run's are
+    its checkpoint's)."""
     from ernie_mtl.planning.plan import TEST_ITERS_PER_EVAL_ITER
 
     d = cfg.data
     gb = topo.global_batch_size
     eval_samples = cfg.train.eval_iters * gb
-    counts = [cfg.optim.max_steps * gb, eval_samples, TEST_ITERS_PER_EVAL_ITER * eval_samples]
+    counts = [train_samples or cfg.optim.max_steps * gb, eval_samples, TEST_ITERS_PER_EVAL_ITER * eval_samples]
     sample_cfg = PretrainSampleConfig(max_seq_len=d.max_seq_len, short_seq_prob=d.short_seq_prob,
                                       binary_head=cfg.model.binary_head, masked_lm_prob=d.masked_lm_prob,
                                       max_predictions_per_seq=d.max_predictions_per_seq, max_ngrams=d.max_ngrams,

@@ -14,12 +14,14 @@ evaluation, ten times that for the final test split.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ernie_mtl.checkpoint.reshard import Continuation
+from ernie_mtl.checkpoint.store import CheckpointError, CheckpointRef, read_train_state_file
 from ernie_mtl.config import ConfigError
-from ernie_mtl.planning.schedule import (Plan, TaskSchedule, TaskStream, sampling_probabilities, steps_per_epoch,
-                                target_quotas)
+from ernie_mtl.planning.schedule import (Plan, TaskSchedule, TaskStream, regroup_state, sampling_probabilities,
+                                         steps_per_epoch, target_quotas)
 from ernie_mtl.tasks.base import TaskContext, get_task_type
 
 TEST_ITERS_PER_EVAL_ITER = 10  # the final test split takes 10 x eval_iters global batches (PaddleNLP)
@@ -45,16 +47,32 @@ class RunPlan:
     probabilities: Sequence[float]
     quotas: Sequence[Optional[int]]
     eval_batches: int  # batches of a non-full-dev task's evaluation (eval_iters global batches)
+    train_samples: Dict[str, int] = field(default_factory=dict)  # generated tasks: samples built (checkpointed)
+    resume_sampler: Optional[Dict[str, Any]] = None  # the schedule state a resumed run continues (this topology's)
+    unresumed_steps: int = 0  # optimizer steps of this configuration's plan from step 0 (what a resume compares)
 
     def task(self, name: str):
         return next(t for t in self.tasks if t.spec.name == name)
 
 
+@dataclass
+class ResumePoint:
+    """Where a resumed run's plan starts: the checkpoint's task schedule state, already re-expressed
+    for this topology (ernie_mtl/engine/elastic.py), and the samples its generated tasks were built
+    with (kept, so that a continued run reads the same sample sequence even when its plan differs:
+    another global batch)."""
+
+    sampler: Dict[str, Any]
+    train_samples: Dict[str, int] = field(default_factory=dict)
+
+
 def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder: Optional[bool] = None,
-            load_dev: bool = True) -> RunPlan:
+            load_dev: bool = True, resume: Optional[ResumePoint] = None) -> RunPlan:
     """Task objects, their train/dev data, the schedule and its plan (every rank calls it: index
     caches are built by `is_builder` -- global rank 0, or each node's local rank 0 without a shared
-    filesystem -- and the others wait at `barrier`)."""
+    filesystem -- and the others wait at `barrier`). `resume`: plan from a checkpoint's schedule
+    state (the plan of a resumed run is the rest of the uninterrupted one; after a change of global
+    batch it is planned from there in the new steps)."""
     from data_tools.index_cache import is_index_builder
 
     setup = cfg.setup
@@ -68,7 +86,8 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
     slots = topo.slots_per_step  # micro-batches of all ranks per optimizer step (schedule.py: slots)
     eval_batches = cfg.train.eval_iters * slots
     sized = {t.spec.name for t in tasks if t.sized_by_run}
-    train = {}
+    kept = dict(resume.train_samples) if resume is not None else {}
+    train, train_samples = {}, {}
     for t in tasks:
         if t.spec.name not in sized:  # generated corpora are loaded once their size is planned
             log(f"reading task {t.spec.name} ({t.name}): train {t.spec.train_file}")
@@ -77,7 +96,8 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
         if t.spec.name in sized and not setup.flag_mode:
             train[t.spec.name] = t.load("train")
         elif t.spec.name in sized:  # flag mode: the size is the plan's (--max_steps global batches)
-            ctx.extra["num_samples"] = {"train": cfg.optim.max_steps * topo.global_batch_size}
+            train_samples[t.spec.name] = kept.get(t.spec.name, cfg.optim.max_steps * topo.global_batch_size)
+            ctx.extra["num_samples"] = {"train": train_samples[t.spec.name]}
             train[t.spec.name] = t.load("train")
             sized.discard(t.spec.name)
     empty = [f"task {t.spec.name}: train file {t.spec.train_file} has no examples; give a file with rows after the "
@@ -87,20 +107,29 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
     sizes = [t.num_train_examples(train[t.spec.name]) for t in tasks]
     probabilities = sampling_probabilities(m.sampling, mix_ratio=[t.spec.mix_ratio for t in tasks], num_examples=sizes,
                                            temperature=m.temperature, examples_cap=m.examples_cap)
-    if setup.flag_mode:  # the one target's quota: exactly --max_steps optimizer steps
-        quotas: List[Optional[int]] = [cfg.optim.max_steps * slots]
+    max_steps = cfg.optim.max_steps
+    if setup.flag_mode:  # the one target's quota: exactly --max_steps optimizer steps (its samples, after a batch change)
+        max_steps = flag_mode_steps(train_samples[tasks[0].spec.name], topo, resume)
+        quotas: List[Optional[int]] = [flag_mode_quota(max_steps, topo, resume)]
     else:
         quotas = target_quotas(num_examples=sizes, batch_sizes=[t.spec.batch_size for t in tasks],
                                is_target=[t.spec.is_target for t in tasks], num_epochs=m.num_epochs,
                                task_num_epochs=[t.spec.num_epochs for t in tasks],
                                mix_ratio=[t.spec.mix_ratio for t in tasks] if m.sampling == "palm" else None)
     schedule = TaskSchedule(probabilities, quotas, [t.spec.is_target for t in tasks], cfg.train.seed,
-                            slots_per_step=slots, max_steps=cfg.optim.max_steps, names=[t.spec.name for t in tasks],
+                            slots_per_step=slots, max_steps=max_steps, names=[t.spec.name for t in tasks],
                             steps_per_epoch=[steps_per_epoch(n, t.spec.batch_size) for n, t in zip(sizes, tasks)])
+    unresumed_steps = schedule.plan().total_steps
+    resume_sampler = None
+    if resume is not None:  # flag mode's quota is derived from the run's length, not configured
+        resume_sampler = dict(resume.sampler, quotas=quotas) if setup.flag_mode else dict(resume.sampler)
+        if list(resume_sampler.get("base", [0, 0])) != [0, 0]:  # the global batch changed: plan from there
+            schedule.load_state_dict(resume_sampler)
     planned = schedule.plan()
     for i, t in enumerate(tasks):  # generated samples: exactly as many as the run reads (no repeated masks)
         if t.spec.name in sized:
-            ctx.extra["num_samples"] = {"train": planned.micro_batches[i] * t.spec.batch_size}
+            train_samples[t.spec.name] = kept.get(t.spec.name, planned.micro_batches[i] * t.spec.batch_size)
+            ctx.extra["num_samples"] = {"train": train_samples[t.spec.name]}
             train[t.spec.name] = t.load("train")
     ctx.extra.pop("num_samples", None)
 
@@ -115,8 +144,87 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
                             name_key=not setup.flag_mode)
     return RunPlan(tasks=tasks, train=train, dev=dev, test=test, streams=[stream(t) for t in tasks],
                    schedule=schedule, planned=planned, probabilities=probabilities, quotas=quotas,
-                   eval_batches=eval_batches)
+                   eval_batches=eval_batches, train_samples=train_samples, resume_sampler=resume_sampler,
+                   unresumed_steps=unresumed_steps)
 
+
+def flag_mode_steps(run_samples: int, topo, resume: Optional[ResumePoint]) -> int:
+    """Flag mode's last optimizer step: --max_steps, or after a change of global batch the step at
+    which the run's samples (`run_samples`, kept from its first global batch) are consumed: the steps
+    before the change plus ceil(remaining samples / global batch)."""
+    base_position, base_step = (resume.sampler.get("base", [0, 0]) if resume is not None else [0, 0])
+    done = int(base_position) * topo.micro_batch_size  # samples consumed when this global batch began
+    return int(base_step) + -(-(int(run_samples) - done) // topo.global_batch_size)
+
+
+def flag_mode_schedule(cfg, topo, run_samples: int, resume: Optional[ResumePoint]) -> Tuple[int, int, int]:
+    """(last optimizer step, the one task's quota, the optimizer steps of its plan from step 0) of a
+    flag-mode run whose generated task has `run_samples` training samples: what `prepare` plans."""
+    max_steps = flag_mode_steps(run_samples, topo, resume)
+    quota = flag_mode_quota(max_steps, topo, resume)
+    fresh = TaskSchedule([1.0], [quota], [True], cfg.train.seed, slots_per_step=topo.slots_per_step,
+                         max_steps=max_steps)
+    return max_steps, quota, fresh.plan().total_steps
+
+
+def flag_mode_quota(max_steps: int, topo, resume: Optional[ResumePoint]) -> int:
+    """The one task's quota in micro-batches: every micro-batch up to `max_steps`."""
+    base_position, base_step = (resume.sampler.get("base", [0, 0]) if resume is not None else [0, 0])
+    return int(base_position) + (max_steps - int(base_step)) * topo.slots_per_step
+
+
+def resume_point(ref: Optional[CheckpointRef], c: Optional[Continuation], topo):
+    """Where the plan of a resumed run starts (`ResumePoint`): checkpoint `ref`'s
+    task schedule state for this topology (`regrouped_sampler`) and the samples its generated tasks
+    were built with; None for a new run."""
+    if ref is None:
+        return None
+    raw = read_train_state_file(ref.path)
+    sampler = raw["sampler"] if c is None else regrouped_sampler(raw["sampler"], c, topo, where=ref.path)
+    kept = dict((raw.get("extra") or {}).get("train_samples") or {})
+    if not kept and c is not None and c.flag_mode:  # written before they were recorded: its --max_steps global batches
+        steps = ((raw.get("config") or {}).get("optim") or {}).get("max_steps")
+        tasks = (raw.get("extra") or {}).get("tasks") or []
+        if isinstance(steps, int) and tasks and isinstance(tasks[0], dict) and "name" in tasks[0]:
+            kept = {tasks[0]["name"]: steps * int(c.saved["global_batch_size"])}
+    return ResumePoint(sampler=sampler, train_samples=kept)
+
+
+def regrouped_sampler(sampler: Dict[str, Any], c: Continuation, topo, *, where) -> Dict[str, Any]:
+    """The task schedule's state for this topology: unchanged when the slots are (the same global
+    batch in micro-batches of the same size); in flag mode with another micro batch, the one task's
+    slots re-counted in the new size; with another global batch, steps counted from the checkpoint
+    (`regroup_state`)."""
+    old_micro, new_micro = int(c.saved["micro_batch_size"]), int(topo.micro_batch_size)
+    scale = c.flag_mode and old_micro != new_micro
+    if not scale and int(sampler["slots_per_step"]) == topo.slots_per_step:
+        return sampler
+    try:
+        return regroup_state(sampler, slots_per_step=topo.slots_per_step, slot_scale=old_micro if scale else 1,
+                             divide=new_micro if scale else 1)
+    except ValueError:
+        raise CheckpointError(
+            f"cannot continue {where} with --micro_batch_size {new_micro}: its {c.consumed_samples:,} consumed "
+            f"samples are not a whole number of micro-batches of {new_micro}, so the next sample would fall inside a "
+            f"micro-batch; use a micro batch that divides {c.consumed_samples} (e.g. {old_micro}, the checkpoint's)") \
+            from None
+
+
+def resume_checks(cfg, plan) -> Dict[str, Any]:
+    """What must not change for a run to continue a checkpoint exactly, besides the global batch (the
+    checkpoint store compares those at load time; the dry run too). Hashes the data: compute it once.
+    `plan`: a RunPlan (or anything with `tasks` and `unresumed_steps`)."""
+    from ernie_mtl.data.identity import data_identity
+
+    o = cfg.optim
+    # flag mode: the task's batch_size is --micro_batch_size, which may change with the topology (the
+    # global batch is compared by the checkpoint store); a multi-task run's task batch sizes may not
+    tasks = [{k: v for k, v in t.spec.to_json().items() if not (cfg.flag_mode and k == "batch_size")}
+             for t in plan.tasks]
+    return {"seed": cfg.train.seed, "tasks": tasks,
+            "data": {t.spec.name: data_identity(t.spec.train_file) for t in plan.tasks},
+            "vocab": data_identity(str(cfg.data.vocab_file)),
+            "total_steps": plan.unresumed_steps, "warmup_rate": o.warmup_rate, "decay_steps": o.decay_steps}
 
 def _eval_splits(tasks, split: str, eval_batches: int, *, name_key: bool) -> Dict[str, Any]:
     """{task: data} of the `split` ("dev" or "test") of `tasks`; one ConfigError naming each task's

@@ -398,8 +398,10 @@ def regroup_state(state: Dict[str, Any], *, slots_per_step: int, slot_scale: int
 
     step = state_step(state)
     position = rescale(state["position"], "position")
+    # boundaries every slots_per_step slots from 0 (the same global batch) need no base
+    base = [0, 0] if position == step * int(slots_per_step) else [position, step]
     out = dict(state, position=position, counts=[rescale(c, "count") for c in state["counts"]],
-               slots_per_step=int(slots_per_step), base=[position, step])
+               slots_per_step=int(slots_per_step), base=base)
     if quotas is not None:
         out["quotas"] = list(quotas)
     return out

@@ -1,7 +1,7 @@
 """AdamW with weight decay by parameter role, idle-parameter freezing, global-norm clipping, and the LR schedule."""
 from __future__ import annotations
 
-from typing import Dict, Iterable, Mapping, Optional, Set
+from typing import Dict, Iterable, List, Mapping, Optional, Set
 
 import paddle
 from paddle.optimizer.lr import LRScheduler
@@ -42,6 +42,12 @@ class WarmupLinearDecay(LRScheduler):
     early), the decay is re-aimed at the new end: from the update after step s, the rate falls
     linearly from lr_at(s) (the rate of update s) to min_lr at the new horizon D', and stays there;
     updates up to s are unchanged. Several re-plans chain (each starts from the current rate).
+
+    Another global batch (`rebase`, --allow_batch_change): the schedule is kept in the units of the
+    run's first global batch ("data units": samples, or micro-batches in multi-task runs, divided by
+    that batch). From the step s where the batch changed, step n is at x(n) = x(s) + (n - s) * ratio
+    data units, ratio = new batch / first batch, and its rate is the original schedule's at x(n):
+    warm-up and decay keep their positions in the data, not in steps. Chained changes compose.
     """
 
     def __init__(self, cfg: OptimConfig, last_epoch: int = -1):
@@ -49,14 +55,22 @@ class WarmupLinearDecay(LRScheduler):
         self.min_lr = cfg.min_lr
         self.warmup_steps = cfg.warmup_steps
         self.decay_steps = cfg.resolved_decay_steps
-        self.replan_step: Optional[int] = None  # last step computed with the previous plan
+        self.replan_step: Optional[float] = None  # last step computed with the previous plan (data units)
         self.replan_lr: Optional[float] = None
+        self.clock: Optional[List[float]] = None  # [step s, x(s), ratio] after a change of global batch
         super().__init__(learning_rate=cfg.max_lr, last_epoch=last_epoch)
 
     def state_keys(self) -> None:
-        self.keys = ["last_epoch", "last_lr", "decay_steps", "replan_step", "replan_lr"]
+        self.keys = ["last_epoch", "last_lr", "decay_steps", "replan_step", "replan_lr", "warmup_steps", "clock"]
 
-    def _planned(self, step: int) -> float:
+    def at(self, step: int) -> float:
+        """Step `step` in data units (module docstring of `rebase`): the step itself without a batch change."""
+        if self.clock is None:
+            return step
+        base, x, ratio = self.clock
+        return x + (step - base) * ratio
+
+    def _planned(self, step: float) -> float:
         if self.replan_step is None or step <= self.replan_step:
             return lr_at(step, max_lr=self.max_lr, min_lr=self.min_lr, warmup_steps=self.warmup_steps,
                          decay_steps=self.decay_steps)
@@ -65,19 +79,29 @@ class WarmupLinearDecay(LRScheduler):
         return self.replan_lr + (self.min_lr - self.replan_lr) * progress
 
     def get_lr(self) -> float:
-        return self._planned(self.last_epoch)
+        return self._planned(self.at(self.last_epoch))
 
     def replan(self, new_total_steps: int) -> None:
         """Aim the decay at `new_total_steps` optimizer steps, from the next update on (see the class
         docstring). The current rate (already fed for the coming update) is kept."""
-        if new_total_steps == self.decay_steps:
+        horizon = self.at(new_total_steps)
+        if horizon == self.decay_steps:
             return
         self.replan_lr = float(self.last_lr)
-        self.replan_step = int(self.last_epoch)
-        self.decay_steps = int(new_total_steps)
+        self.replan_step = self.at(self.last_epoch)
+        self.decay_steps = horizon
+
+    def rebase(self, step: int, ratio: float) -> None:
+        """The global batch becomes `ratio` times what it was at step `step` (the current step count of
+        a restored state): from here a step advances the schedule by that many of the previous steps."""
+        x = self.at(step)
+        previous = 1.0 if self.clock is None else float(self.clock[2])
+        self.clock = [int(step), float(x), previous * float(ratio)]
+        self.last_lr = self.get_lr()
 
     def set_state_dict(self, state_dict) -> None:
-        state = {"decay_steps": self.decay_steps, "replan_step": None, "replan_lr": None, **dict(state_dict)}
+        state = {"decay_steps": self.decay_steps, "replan_step": None, "replan_lr": None,
+                 "warmup_steps": self.warmup_steps, "clock": None, **dict(state_dict)}
         super().set_state_dict(state)
 
 

@@ -4,7 +4,8 @@ this lives in the production loop).
 - `kill_at_step`: SIGKILLs the process right after the `model_last` checkpoint of step
   $ERNIE_MTL_TEST_KILL_AT_STEP is written, like a crashed node (exact-resume tests).
 - `dump_state`: every rank saves its final program state to $ERNIE_MTL_TEST_DUMP_DIR/rank_<r>
-  (without sharding checkpoints hold rank 0's state only; this shows the other ranks' copies).
+  (without sharding checkpoints hold rank 0's state only; this shows the other ranks' copies); with
+  ERNIE_MTL_TEST_DUMP_WHEN=begin the state training starts from instead (after resume or warm start).
 - `eval_at_start`: evaluates every task with a dev file before the first step and writes what
   each rank got to <output_dir>/eval_at_start_rank<r>.json (distributed-evaluation tests).
 - `record_slots`: every micro-batch this rank computes, as a JSON line in
@@ -30,7 +31,15 @@ class KillAtStep(Callback):
 
 @register_callback("dump_state")
 class DumpState(Callback):
+    def on_train_begin(self, trainer):
+        if os.environ.get("ERNIE_MTL_TEST_DUMP_WHEN") == "begin":  # the state training starts from (warm starts)
+            self.dump(trainer)
+
     def on_train_end(self, trainer):
+        if os.environ.get("ERNIE_MTL_TEST_DUMP_WHEN") != "begin":
+            self.dump(trainer)
+
+    def dump(self, trainer):
         folder = os.environ.get("ERNIE_MTL_TEST_DUMP_DIR")
         if folder:
             import paddle

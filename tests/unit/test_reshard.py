@@ -189,3 +189,48 @@ def test_another_global_batch_is_refused_with_what_would_be_needed_unless_allowe
         "--allow_batch_change")
     c = decide(raw(topo(16, 16, 1, 16, 512)), topo(8, 8, 1, 16, 256), flag_mode=True, allow_batch_change=True)
     assert c.kind == "batch_change" and "512 -> 256 samples per step" in c.notes[0]
+
+
+# -- another global batch: the learning rate and the run's length by samples ---------------------------------
+def test_the_lr_schedule_is_replanned_by_samples_after_a_batch_change():
+    """Global batch 4 -> 8 at step 3 of a 12-step run (warm-up 4, decay to step 12): step n >= 3 is at
+    3 + 2 (n - 3) steps of the first batch, and gets the original schedule's rate there; a later
+    resume restores the clock from the state; a second change composes."""
+    from ernie_mtl.config import OptimConfig
+    from ernie_mtl.program.optim import WarmupLinearDecay, lr_at
+
+    cfg = OptimConfig(max_lr=1e-3, min_lr=1e-5, warmup_rate=1 / 3, max_steps=12)
+    original = [lr_at(n, max_lr=1e-3, min_lr=1e-5, warmup_steps=4, decay_steps=12) for n in range(12)]
+    a = WarmupLinearDecay(cfg)
+    for _ in range(3):
+        a.step()
+    saved = a.state_dict()
+    b = WarmupLinearDecay(OptimConfig(max_lr=1e-3, min_lr=1e-5, warmup_rate=1 / 3, max_steps=7))  # the new plan
+    b.set_state_dict(saved)
+    b.rebase(3, 2.0)
+    assert b.warmup_steps == 4 and b.decay_steps == 12  # the checkpoint's, in steps of the first batch
+    rates = [b.last_lr]
+    for _ in range(3):
+        b.step()
+        rates.append(b.last_lr)
+    assert rates == pytest.approx([original[3], original[5], original[7], original[9]])
+    c = WarmupLinearDecay(cfg)
+    c.set_state_dict(b.state_dict())  # a later resume on the new batch
+    assert c.clock == [3, 3.0, 2.0] and c.get_lr() == pytest.approx(original[9])
+    c.rebase(6, 0.5)  # 8 -> 4 again: one step of the first batch per step
+    c.step()
+    assert c.last_lr == pytest.approx(original[10])
+
+
+def test_flag_mode_runs_for_its_samples_after_a_batch_change():
+    """A flag-mode run of 6 x 4 = 24 samples, changed to global batch 8 at step 3 (12 consumed): 2
+    more steps (ceil(12 / 8)); unchanged, exactly --max_steps."""
+    from ernie_mtl.dist.topology import Topology
+    from ernie_mtl.planning.plan import ResumePoint, flag_mode_quota, flag_mode_steps
+
+    four = Topology.create(1, micro_batch_size=2, global_batch_size=4)
+    eight = Topology.create(1, micro_batch_size=2, global_batch_size=8)
+    assert flag_mode_steps(24, four, None) == 6 and flag_mode_quota(6, four, None) == 12
+    changed = ResumePoint(sampler={"base": [6, 3]})  # 6 micro-batches of 2 = 12 samples at step 3
+    assert flag_mode_steps(24, eight, changed) == 5 and flag_mode_quota(5, eight, changed) == 6 + 2 * 4
+    assert flag_mode_steps(26, eight, changed) == 5 and flag_mode_steps(29, eight, changed) == 6

@@ -274,6 +274,8 @@ def test_regrouped_state_in_other_slot_sizes_must_come_out_whole():
     s = TaskSchedule([1.0], [40], [True], seed=0, slots_per_step=4, max_steps=10)
     [s.next_task() for _ in range(12)]  # 3 steps of 4 slots of (say) 8 samples = 96 samples
     state = regroup_state(s.state_dict(), slots_per_step=2, slot_scale=8, divide=16, quotas=[20])
-    assert state["position"] == 6 and state["counts"] == [6] and state["base"] == [6, 3] and state["quotas"] == [20]
+    assert state["position"] == 6 and state["counts"] == [6] and state["base"] == [0, 0] and state["quotas"] == [20]
+    state = regroup_state(s.state_dict(), slots_per_step=3, slot_scale=8, divide=16)  # another global batch too
+    assert state["position"] == 6 and state["base"] == [6, 3]
     with pytest.raises(ValueError, match="not a whole number of slots"):
         regroup_state(s.state_dict(), slots_per_step=1, slot_scale=8, divide=40)
