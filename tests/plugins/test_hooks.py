@@ -2,7 +2,8 @@
 this lives in the production loop).
 
 - `kill_at_step`: SIGKILLs the process right after the `model_last` checkpoint of step
-  $ERNIE_MTL_TEST_KILL_AT_STEP is written, like a crashed node (exact-resume tests).
+  $ERNIE_MTL_TEST_KILL_AT_STEP is written (after `model_<step>` when one is kept at that step), like a
+  crashed node (exact-resume tests).
 - `dump_state`: every rank saves its final program state to $ERNIE_MTL_TEST_DUMP_DIR/rank_<r>
   (without sharding checkpoints hold rank 0's state only; this shows the other ranks' copies); with
   ERNIE_MTL_TEST_DUMP_WHEN=begin the state training starts from instead (after resume or warm start).
@@ -25,7 +26,8 @@ from ernie_mtl.engine.callbacks import Callback, register_callback
 class KillAtStep(Callback):
     def on_save(self, trainer, path):
         step = int(os.environ.get("ERNIE_MTL_TEST_KILL_AT_STEP", "0") or 0)
-        if step and trainer.step == step and os.path.basename(path) == "model_last":
+        last = f"model_{step}" if step and step % trainer.cfg.train.save_steps == 0 else "model_last"  # the step's last save
+        if step and trainer.step == step and os.path.basename(path) == last:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
