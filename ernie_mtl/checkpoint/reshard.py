@@ -124,6 +124,20 @@ def structured_state(merged: Mapping[str, np.ndarray], name_map: Mapping[str, st
     return out
 
 
+def static_state(state: Mapping[str, np.ndarray], name_map: Mapping[str, str]) -> Dict[str, np.ndarray]:
+    """A structured state back under the static names of `name_map`'s program (the inverse of
+    `structured_state`, transient variables aside): what readers of Paddle-format states expect."""
+    static = {}
+    for structured, name in name_map.items():
+        static.setdefault(structured, name)
+    params = set(static)
+    out: Dict[str, np.ndarray] = {}
+    for key, array in state.items():
+        split = split_name(key, params)
+        out[key if split is None else static[split[0]] + split[1]] = array
+    return out
+
+
 def parameter_keys(name_map: Mapping[str, str]) -> Dict[str, List[str]]:
     """static parameter -> structured names (for lookups by any alias)."""
     return aliases(name_map)
@@ -254,6 +268,8 @@ def decide(raw: Mapping[str, Any], now: Mapping[str, Any], *, flag_mode: bool,
     """Whether and how checkpoint `raw` continues on topology `now` (Topology.to_dict()); a
     CheckpointError-compatible UserError (ReshardError) names what differs and what would be needed
     when it cannot (a changed global batch without `allow_batch_change`)."""
+    if raw.get("weights_only"):
+        raise ReshardError(weights_only_refusal(where, raw))
     saved = dict(raw.get("topology") or {})
     lacking = [k for k in _LAYOUT if k not in saved]
     if lacking:
@@ -284,6 +300,13 @@ def decide(raw: Mapping[str, Any], now: Mapping[str, Any], *, flag_mode: bool,
     c = Continuation("batch_change", saved, now, flag_mode, step, consumed, path=where)
     c.notes.append(batch_change_meaning(saved, now, flag_mode=flag_mode))
     return c
+
+
+def weights_only_refusal(where, raw: Mapping[str, Any]) -> str:
+    """The refusal of resuming a weights-only checkpoint (an average: ernie-mtl-reshard --average)."""
+    origin = ", ".join(raw.get("averaged_from") or []) or "no optimizer state"
+    return (f"{where} holds weights only (the average of {origin}): it cannot be resumed; start a new run from it "
+            f"with --init_from {where}")
 
 
 def batch_change_refusal(saved: Mapping[str, Any], now: Mapping[str, Any], *, flag_mode: bool, consumed: int,

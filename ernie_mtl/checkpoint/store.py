@@ -208,6 +208,10 @@ def verify_files(path: os.PathLike, raw: Optional[Mapping] = None, *, ranks: Opt
         raise CheckpointError(f"{path / TRAIN_STATE} is damaged: no file list")
     world = int(raw.get("world_size", 1))
     wanted = ranks if ranks is not None else (list(range(world)) if raw.get("per_rank_state") else [0])
+    if is_portable(raw):
+        wanted = []  # files named by tensor, not by rank: `files` and the ranks' records cover them
+        if isinstance(files, dict):
+            _check_portable_records(path, files)
     for r in wanted:
         for ext in (".pdparams", ".pdopt"):
             rel = f"{STATE_DIR}/rank_{r}{ext}"
@@ -228,6 +232,29 @@ def verify_files(path: os.PathLike, raw: Optional[Mapping] = None, *, ranks: Opt
                                   "(truncated or replaced)")
         if sha1_of(file) != entry.get("sha1"):
             raise CheckpointError(f"{file} is damaged: its SHA-1 differs from the one recorded when it was saved")
+
+
+def _check_portable_records(path: Path, files: Mapping[str, Any]) -> None:
+    """A portable checkpoint's ranks each recorded the tensor files they wrote (state/rank_<r>.sha1):
+    together the records must be `files`, entry for entry, and there must be tensor files."""
+    from ernie_mtl.checkpoint.portable import TENSORS
+
+    recorded: Dict[str, Any] = {}
+    for sums in sorted((path / STATE_DIR).glob(f"rank_*{SUMS}")):
+        try:
+            mine = json.loads(sums.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise CheckpointError(f"{sums} is damaged (not valid JSON: {e})") from None
+        if not isinstance(mine, dict):
+            raise CheckpointError(f"{sums} is damaged (not a JSON object)")
+        recorded.update(mine)
+    if recorded != dict(files):
+        differ = sorted(rel for rel in set(recorded) | set(files) if recorded.get(rel) != files.get(rel))
+        raise CheckpointError(f"the ranks' records in {path / STATE_DIR} disagree with {path / TRAIN_STATE} about "
+                              f"{', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''} (size or SHA-1, or a record "
+                              "is missing): the checkpoint is damaged")
+    if not any(rel.startswith(f"{TENSORS}/") for rel in files):
+        raise CheckpointError(f"{path / TRAIN_STATE} lists no tensor file: the checkpoint is damaged")
 
 
 def _check_rank_records(path: Path, files: Mapping[str, Any]) -> None:
@@ -337,7 +364,9 @@ class Checkpointer:
     `save_program_state(prefix)` / `load_program_state(prefix)` are the only calls that touch the
     framework (paddle.static.save/load of this rank's program); `write_state(state, what)` writes a
     structured state (ernie_mtl/checkpoint/reshard.py) into this rank's program, for a checkpoint
-    written by another topology; `barrier` synchronises ranks.
+    written by another topology or in the portable format; `portable_state(choose)` returns this
+    rank's tensors by structured name for the groups `choose(all groups)` picks (state_format
+    "portable": ernie_mtl/checkpoint/portable.py); `barrier` synchronises ranks.
     """
 
     def __init__(self, output_dir: os.PathLike, *, rank: int, world_size: int, per_rank_state: bool,
@@ -345,7 +374,8 @@ class Checkpointer:
                  barrier: Optional[Callable[..., None]] = None, keep_last: int = 3,
                  log: Callable[[str], None] = print,
                  write_state: Optional[Callable[[Dict[str, Any], str], None]] = None,
-                 topology: Optional[Mapping[str, Any]] = None):
+                 topology: Optional[Mapping[str, Any]] = None, state_format: str = "paddle",
+                 portable_state: Optional[Callable[[Callable[[List[str]], List[str]]], Dict[str, Any]]] = None):
         if keep_last < 1:
             raise ValueError(f"--keep_last {keep_last} must be >= 1 (permanent checkpoints to keep)")
         self.root = Path(output_dir)
@@ -358,6 +388,12 @@ class Checkpointer:
         self.keep_last = keep_last
         self.log = log
         self._write_state = write_state
+        if state_format not in STATE_FORMATS:
+            raise ValueError(f"state_format {state_format!r} is not one of {STATE_FORMATS}")
+        if state_format == "portable" and portable_state is None:
+            raise ValueError("the portable format needs portable_state (this rank's tensors by structured name)")
+        self.state_format = state_format
+        self._portable_state = portable_state
         self.topology = dict(topology) if topology is not None else None  # this run's (Topology.to_dict())
 
     # -- writing -------------------------------------------------------------------------
@@ -368,6 +404,7 @@ class Checkpointer:
         final = self.root / name
         tmp = self.root / f".{name}.tmp"
         error = None
+        began = time.perf_counter()
         if self.rank == 0:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
@@ -376,7 +413,12 @@ class Checkpointer:
             except OSError as e:
                 error = e
         error = self._agree("checkpoint folder", error)
-        if error is None and (self.rank == 0 or self.per_rank_state):
+        if error is None and self.state_format == "portable":
+            try:
+                self._save_portable(tmp)
+            except Exception as e:  # noqa: BLE001  (an OSError for a full disk, or the format's own error)
+                error = e
+        elif error is None and (self.rank == 0 or self.per_rank_state):
             try:
                 prefix = tmp / STATE_DIR / f"rank_{self.rank}"
                 self._save_state(str(prefix))
@@ -392,8 +434,9 @@ class Checkpointer:
                 files = {}
                 for sums in sorted((tmp / STATE_DIR).glob(f"rank_*{SUMS}")):
                     files.update(json.loads(sums.read_text(encoding="utf-8")))
+                extra = {"state_format": "portable"} if self.state_format == "portable" else {}
                 _write_json_atomic(tmp / TRAIN_STATE, {**state.to_json(), "per_rank_state": self.per_rank_state,
-                                                       "world_size": self.world_size, "files": files})
+                                                       "world_size": self.world_size, "files": files, **extra})
                 _fsync_dir(tmp)
                 self._swap_into_place(tmp, final)
                 if _KEPT.match(name):
@@ -408,8 +451,24 @@ class Checkpointer:
                                   "unchanged (free disk space or fix the permissions of --output_dir, then run the "
                                   "same command again to resume)")
         if self.rank == 0:
-            self.log(f"saved checkpoint {final} (step {state.step})")
+            self.log(f"saved checkpoint {final} (step {state.step}) in {time.perf_counter() - began:.2f} s"
+                     f"{' (portable format)' if self.state_format == 'portable' else ''}")
         return final
+
+    def _save_portable(self, tmp: Path) -> None:
+        """This rank's part of a portable checkpoint (ernie_mtl/checkpoint/portable.py): under sharding
+        the groups its program holds, otherwise its share of them (every rank writes in parallel);
+        the run-level group on rank 0. Its files' sizes and SHA-1s go to state/rank_<r>.sha1."""
+        from ernie_mtl.checkpoint.portable import RUN_GROUP, share, write_groups
+
+        def choose(groups: List[str]) -> List[str]:
+            if self.per_rank_state:  # sharded: the program holds this rank's own parameters only
+                return [g for g in groups if g != RUN_GROUP or self.rank == 0]
+            return share(groups, self.rank, self.world_size)
+
+        groups = self._portable_state(choose)
+        sums = write_groups(tmp, groups)
+        _write_json_atomic(tmp / STATE_DIR / f"rank_{self.rank}{SUMS}", sums)
 
     def _agree(self, what: str, error: Union[BaseException, str, None]) -> Optional[str]:
         """Meet the other ranks; every rank returns the first failure of any rank (as text), or None.
@@ -512,6 +571,10 @@ class Checkpointer:
         since the run could not continue exactly (`total_steps` may differ after a batch change).
         """
         raw = read_train_state_file(ref.path)
+        if raw.get("weights_only"):
+            from ernie_mtl.checkpoint.reshard import weights_only_refusal
+
+            raise CheckpointError(weights_only_refusal(ref.path, raw))
         state = TrainState.from_json(raw)
         lacking = [k for k in topology if k not in state.topology]
         if lacking:  # the saver writes every key: a gap is damage, not another setting
@@ -524,7 +587,7 @@ class Checkpointer:
         diffs += check_differences(raw, check, free=free)
         if diffs:
             raise CheckpointError(resume_refusal(ref.path, diffs))
-        if resharded:
+        if resharded or is_portable(raw):
             self._load_structured(ref.path, raw)
         else:
             self._load_rank_state(ref.path, raw)
@@ -532,14 +595,13 @@ class Checkpointer:
 
     def _load_structured(self, path: Path, raw: Mapping) -> None:
         """Every rank's saved state of `path`, by structured name, written into this rank's program."""
-        from ernie_mtl.checkpoint.reshard import ReshardError, structured_state
+        from ernie_mtl.checkpoint.reshard import ReshardError
 
         if self._write_state is None:
             raise RuntimeError("this Checkpointer cannot write a structured state (no write_state given)")
         verify_files(path, raw)
         try:
-            state = structured_state(merged_state(path, verify=False), raw.get("name_map") or {}, where=str(path))
-            self._write_state(state, f"checkpoint {path}")
+            self._write_state(structured_state_of(path, raw), f"checkpoint {path}")
         except ReshardError as e:
             raise CheckpointError(f"cannot continue {path} on this topology: {e}") from None
     def is_complete(self, path: os.PathLike) -> bool:
@@ -553,7 +615,7 @@ class Checkpointer:
         with a best checkpoint's weights."""
         path = Path(path)
         raw = read_train_state_file(path)
-        if self._written_elsewhere(raw):
+        if self._written_elsewhere(raw) or is_portable(raw):
             self._load_structured(path, raw)
         else:
             self._load_rank_state(path, raw)
@@ -598,10 +660,37 @@ def merged_state(path: os.PathLike, *, verify: bool = True) -> Dict[str, Any]:
     folder = path / STATE_DIR if (path / STATE_DIR).is_dir() else path
     if verify:
         verify_files(path)
+    if (path / TRAIN_STATE).is_file():
+        raw = read_train_state_file(path)
+        if is_portable(raw):  # tensors by structured name: back to this checkpoint's static names
+            from ernie_mtl.checkpoint.portable import read_tensors
+            from ernie_mtl.checkpoint.reshard import static_state
+
+            return static_state(read_tensors(path), raw.get("name_map") or {})
     merged: Dict[str, Any] = {}
     for file in sorted(folder.glob("rank_*.pdparams")) + sorted(folder.glob("rank_*.pdopt")):
         merged.update(paddle.load(str(file), return_numpy=True))
     return merged
+
+
+STATE_FORMATS = ("paddle", "portable")
+
+
+def is_portable(raw: Mapping[str, Any]) -> bool:
+    """Whether train state `raw` belongs to a portable checkpoint (tensors by structured name)."""
+    return raw.get("state_format") == "portable"
+
+
+def structured_state_of(path: os.PathLike, raw: Mapping[str, Any]) -> Dict[str, Any]:
+    """Checkpoint `path`'s program state by structured name (ernie_mtl/checkpoint/reshard.py), from
+    either format (verify first: `verify_files`)."""
+    from ernie_mtl.checkpoint.reshard import structured_state
+
+    if is_portable(raw):
+        from ernie_mtl.checkpoint.portable import read_tensors
+
+        return read_tensors(path)
+    return structured_state(merged_state(path, verify=False), raw.get("name_map") or {}, where=str(path))
 
 
 def unreadable_state_file(prefix: os.PathLike) -> Optional[Tuple[Path, str]]:

@@ -498,6 +498,8 @@ def _train_problems(train: TrainConfig, optim: OptimConfig) -> List[str]:
         problems.append(f"--log_level {train.log_level!r} is not supported; use one of {list(LOG_LEVELS)}")
     if train.device not in DEVICES:
         problems.append(f"--device {train.device!r} is not supported; use one of {list(DEVICES)}")
+    if train.checkpoint_format not in ("paddle", "portable"):
+        problems.append(f"--checkpoint_format {train.checkpoint_format!r} is not supported; use paddle or portable")
     if train.init_from is not None and train.resume not in RESUME_WORDS:
         problems.append(f"--init_from {train.init_from} starts a new run from its weights, --resume {train.resume} "
                         "continues a run: pick one (--resume auto, the default, resumes this run's own checkpoint "

@@ -185,6 +185,10 @@ class TrainConfig:
     save_steps: int = _f(10000, "Every this many steps keep a checkpoint output_dir/model_<step>.")
     checkpoint_steps: int = _f(1000, "Every this many steps overwrite the rolling checkpoint output_dir/model_last.")
     keep_last: int = _f(3, "How many model_<step> checkpoints to keep (older ones are removed).")
+    checkpoint_format: str = _f("paddle", '"paddle": each rank\'s program state as paddle.static.save writes it '
+                                          '(state/rank_<r>.pdparams/.pdopt); "portable": every tensor by structured name '
+                                          "in safetensors files, one set of files whatever the topology, readable with "
+                                          "NumPy (docs/launch.md, Changing the cluster). Either resumes on any topology.")
     logging_freq: int = _f(20, "Log (console, VisualDL) every this many steps.")
     eval_freq: int = _f(1000, "Evaluate on the valid split every this many steps (and after the last step).")
     eval_iters: int = _f(10, "Global batches per evaluation; the final test split uses 10x as many.")

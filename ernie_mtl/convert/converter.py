@@ -117,7 +117,8 @@ def read_source(path: os.PathLike, *, vocab_file: Optional[os.PathLike] = None,
 
 
 def read_checkpoint(path: Path, *, with_optimizer: bool = False) -> Source:
-    """A checkpoint folder; a sharded run's per-rank files are merged (union, duplicates must agree)."""
+    """A checkpoint folder; a sharded run's per-rank files are merged (union, duplicates must agree); a
+    portable checkpoint's tensors are read by structured name."""
 
     try:  # train_state.json field by field, every file's size and SHA-1: as resume checks them
         raw = verified_state(path, use="convert")
@@ -130,6 +131,17 @@ def read_checkpoint(path: Path, *, with_optimizer: bool = False) -> Source:
     config = raw.get("config", {})
     arch = dict(raw.get("extra", {}).get("arch") or _arch_from_config(config, path))
     model_type = arch.pop("model_type", config.get("model", {}).get("model_type", "ernie"))
+    if raw.get("state_format") == "portable":  # tensors by structured name (ernie_mtl/checkpoint/portable.py)
+        from ernie_mtl.checkpoint import merged_state
+
+        merged = {k: np.asarray(v) for k, v in merged_state(path, verify=False).items()}
+        weights = _by_structured(name_map, merged, path)
+        arch = _with_task_embedding(arch, weights, model_type)
+        key = _accumulator_names(name_map, list(expected_shapes(model_type, arch)))
+        optimizer = {key(k): v for k, v in merged.items() if key(k) is not None} if with_optimizer else {}
+        return Source(path=path, kind="checkpoint", model_type=model_type, arch=arch, weights=weights,
+                      static_names=dict(name_map), tasks=list(raw.get("extra", {}).get("tasks", [])),
+                      vocab_file=_vocab_from_config(config), optimizer=optimizer, step=raw.get("step"))
     ranks = range(int(raw.get("world_size", 1))) if raw.get("per_rank_state") else [0]
     files = [path / STATE_DIR / f"rank_{r}.pdparams" for r in ranks]
     absent = [str(f) for f in files if not f.is_file()]

@@ -55,6 +55,28 @@ def program_variables(program) -> Dict[str, tuple]:
     return out
 
 
+def portable_state(session, choose) -> Dict[str, Dict[str, np.ndarray]]:
+    """This rank's persistable tensors by structured name, grouped by file
+    (ernie_mtl/checkpoint/portable.py), for the groups `choose(all group names)` returns: only those
+    are copied from the device. Transient variables (gradient merge, the fed learning rate) are left out."""
+    from ernie_mtl.checkpoint.portable import group_of
+    from ernie_mtl.checkpoint.reshard import aliases, is_transient, split_name
+
+    p, scope = session.programs, session.scope
+    names = aliases(p.name_map)
+    parameters = {structured[0] for structured in names.values()}
+    members: Dict[str, Dict[str, str]] = {}
+    for name in program_variables(p.main):
+        if is_transient(name, names):
+            continue
+        split = split_name(name, names)
+        key = name if split is None else names[split[0]][0] + split[1]
+        members.setdefault(group_of(key, parameters), {})[key] = name
+    chosen = set(choose(sorted(members)))
+    return {group: {key: np.array(scope.find_var(static).get_tensor()) for key, static in keys.items()}
+            for group, keys in members.items() if group in chosen}
+
+
 def write_state(session, state: Dict[str, np.ndarray], what: str, *, only: Optional[str] = None) -> int:
     """Write a structured state (ernie_mtl/checkpoint/reshard.py) into this rank's training program:
     every persistable variable it holds that is not transient (`only` narrows to parameters, or
@@ -69,7 +91,7 @@ def write_state(session, state: Dict[str, np.ndarray], what: str, *, only: Optio
         var = scope.find_var(name)
         if var is None:
             raise ReshardError(f"{name} is in this program but not in its scope (run the startup program first)")
-        var.get_tensor().set(np.ascontiguousarray(array), place)
+        var.get_tensor().set(np.array(array, order="C", copy=False), place)
     return len(values)
 
 

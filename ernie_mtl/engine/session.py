@@ -16,7 +16,8 @@ from typing import Any, Callable, Optional, Sequence
 from ernie_mtl.checkpoint.reshard import Continuation
 from ernie_mtl.checkpoint.store import CheckpointRef, Checkpointer
 from ernie_mtl.config import ConfigError
-from ernie_mtl.engine.elastic import check_init_from, continuation_for, is_checkpoint, warm_start, write_state
+from ernie_mtl.engine.elastic import (check_init_from, continuation_for, is_checkpoint, portable_state, warm_start,
+                                      write_state)
 from ernie_mtl.dist.process import ProcessInfo, StoreBarrier, executor_mode, resolve_device, start_process
 from ernie_mtl.dist.topology import Topology
 from ernie_mtl.planning.plan import RunPlan, prepare, resume_point
@@ -61,7 +62,8 @@ class Session:
             per_rank_state=self.topo.sharding_degree > 1, keep_last=self.cfg.train.keep_last, barrier=self.barrier,
             log=log, save_program_state=lambda prefix: paddle.static.save(self.programs.main, prefix),
             load_program_state=lambda prefix: paddle.static.load(self.programs.main, prefix, self.exe),
-            write_state=lambda state, what: write_state(self, state, what), topology=self.topo.to_dict())
+            write_state=lambda state, what: write_state(self, state, what), topology=self.topo.to_dict(),
+            state_format=self.cfg.train.checkpoint_format, portable_state=lambda choose: portable_state(self, choose))
 
     def scope_guard(self):
         """Run the block with this session's scope as paddle's global scope (what `exe.run` and

@@ -26,13 +26,16 @@ same command again resumes the warm-started run instead of starting it over).
 import zlib  # noqa: F401  (before paddle)
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import global_yaml, jsonl, launch_logs, metrics, run_cli, state, tiny_args
+from helpers import ROOT, global_yaml, jsonl, launch_logs, metrics, run_cli, state, tiny_args
 
 EXCLUSIVE = True  # every test here launches several processes: run alone (tests/conftest.py)
 
@@ -43,6 +46,7 @@ MTL = dict(num_epochs=1, max_steps=6, eval_freq=1000, checkpoint_steps=2, save_s
            print_every_n_steps=1, batch_size=4, micro_batch_size=8, learning_rate="5e-3",
            hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
 SHARDED = ["--use_sharding", "true", "--sharding_degree", "2"]
+PORTABLE = ["--checkpoint_format", "portable"]  # tensors by structured name (ernie_mtl/checkpoint/portable.py)
 # Bounds of the float32 chains. Measured (tiny ERNIE, lr 5e-3, 6-8 steps, this machine): losses equal to
 # the last bit, parameters and optimizer state within 1.2e-6 (Adam moments of near-zero gradients).
 LOSS_RTOL = 1e-5
@@ -131,7 +135,7 @@ def flag_chain(demo, tmp_path_factory):
     segment(tiny_args(demo, tmp / "straight", micro_batch_size=2, global_batch_size=4, **FLAG), tmp, procs=0)
     argv = tiny_args(demo, tmp / "chain", micro_batch_size=2, global_batch_size=4, **FLAG)
     logs = [segment(argv, tmp, procs=0, kill_at=2),  # 1 process, accumulation 2
-            segment(argv, tmp, procs=2, kill_at=4),  # 2 processes, accumulation 1
+            segment(argv + PORTABLE, tmp, procs=2, kill_at=4),  # 2 processes, accumulation 1, portable format
             segment(argv, tmp, procs=0)]  # 1 process again
     return tmp, logs
 
@@ -144,7 +148,8 @@ def test_flag_mode_continues_bitwise_on_2_processes_and_back_on_1(flag_chain):
     compare(tmp / "straight", tmp / "chain", bitwise=True, label="flag: 1 process x 2 -> dp 2 -> 1 process x 2")
     final = saved(tmp / "chain")
     assert final["step"] == 6 and final["topology"]["world_size"] == 1 and final["consumed_samples"] == 24
-    assert saved(tmp / "chain", "model_4")["topology"]["world_size"] == 2
+    four = saved(tmp / "chain", "model_4")
+    assert four["topology"]["world_size"] == 2 and four["state_format"] == "portable"
 
 
 @pytest.mark.slow
@@ -156,9 +161,12 @@ def test_flag_mode_continues_on_four_topologies_within_float32(demo, tmp_path):
     argv = tiny_args(demo, tmp_path / "chain", micro_batch_size=2, global_batch_size=8, **flags)
     segment(argv, tmp_path, procs=2, kill_at=2)
     segment(argv, tmp_path, procs=0, kill_at=4)  # 2 -> 1
-    logs = segment(argv + SHARDED, tmp_path, procs=2, kill_at=6)  # 1 -> sharding 2
+    logs = segment(argv + SHARDED + PORTABLE, tmp_path, procs=2, kill_at=6)  # 1 -> sharding 2, each rank its shard
     assert "float results equal the uninterrupted run's bitwise when" in logs
-    assert saved(tmp_path / "chain", "model_6")["per_rank_state"] is True
+    six = saved(tmp_path / "chain", "model_6")
+    assert six["per_rank_state"] is True and six["state_format"] == "portable"
+    records = [json.loads((tmp_path / f"chain/model_6/state/rank_{r}.sha1").read_text()) for r in (0, 1)]
+    assert records[0] and records[1] and not set(records[0]) & set(records[1])  # both ranks wrote tensor files
     segment(argv, tmp_path, procs=2)  # sharding 2 -> dp 2
     compare(tmp_path / "straight", tmp_path / "chain", bitwise=False,
             label="flag: dp 2 x 2 -> 1 process x 4 -> sharding 2 x 2 -> dp 2 x 2")
@@ -262,7 +270,7 @@ def mtl_chain(data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mtl")
     segment(mtl_config(data, "straight", tmp / "straight", global_batch_size=16), tmp, procs=0)
     argv = mtl_config(data, "chain", tmp / "chain", global_batch_size=16)
-    logs = [segment(argv, tmp, procs=0, kill_at=2), segment(argv, tmp, procs=2, kill_at=4),
+    logs = [segment(argv, tmp, procs=0, kill_at=2), segment(argv + PORTABLE, tmp, procs=2, kill_at=4),
             segment(argv, tmp, procs=0)]
     return tmp, logs
 
@@ -311,3 +319,35 @@ def test_multitask_another_global_batch_continues_the_slot_sequence(mtl_chain, d
     assert (lr[3], lr[4]) == (lr_before[3], lr_before[5])
     final = saved(out)
     assert final["sampler"]["base"] == [4, 2] and final["sampler"]["slots_per_step"] == 4
+
+
+@pytest.mark.slow
+def test_offline_conversion_to_the_portable_format_keeps_every_tensor(flag_chain, tmp_path):
+    """ernie-mtl-reshard: a Paddle-format checkpoint as the portable format (every tensor by structured
+    name, bitwise), listed by --inspect; the converter to PaddleNLP reads both alike; averaging two."""
+    from ernie_mtl.checkpoint import portable
+    from ernie_mtl.convert import read_source
+
+    def reshard(*args):  # the ernie-mtl-reshard command
+        return subprocess.run([sys.executable, "-m", "ernie_mtl.convert.reshard_cli", *map(str, args)], cwd=tmp_path,
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    tmp, _ = flag_chain
+    source = tmp / "straight" / "model_4"
+    proc = reshard(source, "--output", tmp_path / "model_4")
+    assert proc.returncode == 0, proc.stderr
+    paddle_state, converted = final_state(tmp / "straight", "model_4"), final_state(tmp_path, "model_4")
+    assert carried(paddle_state) == set(converted)
+    assert all(np.array_equal(paddle_state[k], converted[k]) for k in converted)
+    a, b = read_source(source), read_source(tmp_path / "model_4")
+    assert sorted(a.weights) == sorted(b.weights) and all(np.array_equal(a.weights[k], b.weights[k]) for k in a.weights)
+    listing = reshard(tmp_path / "model_4", "--inspect").stdout
+    assert "portable format" in listing and "ernie.embeddings.word_embeddings.weight_moment1_0  F32" in listing
+    avg = reshard(source, tmp / "straight" / "model_6", "--average", "--output", tmp_path / "avg")
+    assert avg.returncode == 0, avg.stderr
+    mean = portable.read_tensors(tmp_path / "avg")
+    word = "ernie.embeddings.word_embeddings.weight"
+    six = final_state(tmp / "straight", "model_6")
+    name = saved(tmp / "straight", "model_6")["name_map"][word]
+    expected = ((paddle_state[name].astype(np.float64) + six[name].astype(np.float64)) / 2).astype(np.float32)
+    assert np.array_equal(mean[word], expected) and not any(k.endswith("_moment1_0") for k in mean)

@@ -205,6 +205,18 @@ def corpora_folder(ws, *copies):
     return flag("--input_dir", "corp")
 
 
+RESHARD = [sys.executable, "-m", "ernie_mtl.convert.reshard_cli"]
+
+
+def paddlenlp_dir(ws):
+    """A PaddleNLP model directory whose weights hold one of the model's parameters only."""
+    import pickle
+
+    write(ws / "pnlp" / "config.json", json.dumps({"model_type": "ernie"}))
+    with open(ws / "pnlp" / "model_state.pdparams", "wb") as f:
+        pickle.dump({"ernie.pooler.dense.bias": np.zeros(32, "float32")}, f, protocol=2)
+
+
 EVAL = RUN + ["--do_eval", "--task", "topic", "--eval_file", "cls.tsv", "--output_dir", "mtl"]
 EVAL_CKPT = EVAL + ["--checkpoint", "mtl/best_topic"]
 
@@ -488,6 +500,55 @@ CASES = [
     ("s2d_rank_sha1_missing", lambda ws: ((ws / "out/model_last/state/rank_0.sha1").unlink(),
                                           S2D + ["--input", "out/model_last", "--output_dir", "conv"])[1],
      ["rank_0.sha1 is missing", "convert an intact checkpoint", "model_3 (step 3)"]),
+    # issue 22: another global batch, warm starts, the topology-free format
+    ("ckpt_another_global_batch", lambda ws: flag("--global_batch_size", "8"),
+     ["cannot continue", "with another global batch: global batch 4 samples per step vs 8 now",
+      "keep --global_batch_size 4 (micro batch x 1 data-parallel ranks x accumulation: e.g. --micro_batch_size 4 "
+      "gives accumulation 1)", "from the checkpoint's 24 consumed samples", "add --allow_batch_change"]),
+    ("dry_run_another_global_batch", lambda ws: flag("--global_batch_size", "8", "--dry_run"),
+     ["cannot continue", "with another global batch", "add --allow_batch_change"]),
+    ("ckpt_batch_change_micro_not_dividing", lambda ws: flag("--resume", "out/model_3", "--global_batch_size", "8",
+                                                             "--micro_batch_size", "8", "--allow_batch_change",
+                                                             *run_data(ws)),
+     ["cannot continue", "model_3 with --micro_batch_size 8: its 12 consumed samples are not a whole number of "
+                         "micro-batches of 8", "e.g. 4, the checkpoint's"]),
+    ("init_from_with_resume_path", lambda ws: flag("--init_from", "out/model_3", "--resume", "out/model_3"),
+     ["--init_from", "starts a new run from its weights, --resume", "pick one"]),
+    ("init_from_missing", lambda ws: flag("--init_from", "nowhere", "--output_dir", "o", drop=("--output_dir",)),
+     ["--init_from", "nowhere: no such directory", "PaddleNLP model directory"]),
+    ("init_optimizer_without_init_from", lambda ws: flag("--init_optimizer", "--output_dir", "o",
+                                                         drop=("--output_dir",)),
+     ["--init_optimizer loads the optimizer state of --init_from, which is not given"]),
+    ("init_from_another_model", lambda ws: flag("--init_from", "mtl/best_topic", "--output_dir", "o",
+                                                drop=("--output_dir",)),
+     ["--init_from", "best_topic: its parameters do not match this model",
+      "of the checkpoint are not in this model: heads.topic.", "of this model are not in the checkpoint: "
+                                                              "heads.pretrain."]),
+    ("init_from_other_shapes", lambda ws: flag("--init_from", "out/model_3", "--output_dir", "o", "--vocab_size",
+                                               str(len(SPECIALS) + len(CHARS) + 8),
+                                               drop=("--output_dir", "--vocab_size")),
+     ["--init_from", "model_3: ", "differ in shape or type: ernie.embeddings.word_embeddings.weight: shape "
+                                  f"[{len(SPECIALS) + len(CHARS)}, "]),
+    ("init_optimizer_from_paddlenlp", lambda ws: (paddlenlp_dir(ws), flag(
+        "--init_from", "pnlp", "--init_optimizer", "--output_dir", "o", drop=("--output_dir",)))[1],
+     ["--init_optimizer: --init_from", "pnlp is a PaddleNLP model directory, which holds no optimizer state"]),
+    ("init_from_paddlenlp_lacking", lambda ws: (paddlenlp_dir(ws), flag("--init_from", "pnlp", "--output_dir", "o",
+                                                                        drop=("--output_dir",)))[1],
+     ["--init_from", "pnlp: ", "model_state.pdparams lacks", "of the model's parameters"]),
+    ("ckpt_resume_an_average", lambda ws: (sh(RESHARD + ["out/model_3", "out/model_6", "--average", "--output",
+                                                         "avg"], ws), flag("--resume", "avg"))[1],
+     ["avg holds weights only", "out/model_6 (step 6)", "with --init_from", "avg"]),
+    ("reshard_average_of_one", lambda ws: RESHARD + ["out/model_3", "--average", "--output", "conv"],
+     ["ernie-mtl-reshard: error: --average needs at least two checkpoints"]),
+    ("reshard_average_of_two_models", lambda ws: RESHARD + ["out/model_3", "mtl/best_topic", "--average", "--output",
+                                                             "conv"],
+     ["best_topic does not hold the weights of out/model_3", "average checkpoints of one model"]),
+    ("reshard_output_exists", lambda ws: (write(ws / "conv" / "keep", "me"), RESHARD + ["out/model_3", "--output",
+                                                                                       "conv"])[1],
+     ["conv exists; choose another --output or pass --overwrite"]),
+    ("reshard_damaged_input", lambda ws: (truncate(ws / "out/model_3/state/rank_0.pdparams"),
+                                          RESHARD + ["out/model_3", "--output", "conv"])[1],
+     ["model_3/state/rank_0.pdparams is damaged"]),
     # launch scripts
     ("launch_master_malformed", lambda ws: ["bash", ROOT / "scripts" / "run.sh"], ["MASTER"]),
     # issue 17: a PORT_RANGE the user set is checked before the launcher takes it as it is
@@ -518,13 +579,14 @@ ENV = {"launch_master_malformed": {"MASTER": "host-without-port", "NNODES": "2",
                                      ("ips_mode", "61000-65535", {"IPS": "10.0.0.1"})]}}
 LIMIT = {"ckpt_disk_full_on_save": 40_000}
 # fragments the message must NOT contain (a wrong cause, a spurious follow-on problem)
-ABSENT = {"vocab_with_bom": ["lacks", "problems"], "tool_vocab_with_bom": ["lacks"], "mixture_folder_orphan_bin": ["problems"],
+ABSENT = {"ckpt_another_global_batch": ["cannot resume exactly"], "init_from_another_model": ["problems"],
+          "vocab_with_bom": ["lacks", "problems"], "tool_vocab_with_bom": ["lacks"], "mixture_folder_orphan_bin": ["problems"],
           "config_syntax_error_alone": ["is required", "problems"], "config_empty": ["is required"],
           "config_duplicate_key": ["problems"], "ckpt_opt_written_damaged": ["another configuration"],
           "eval_ckpt_written_damaged": ["Traceback"]}
 # folders of the workspace whose files are listed before and after: a refused command adds none
 # (no VisualDL record, no metrics file, no checkpoint)
-WATCHED = ("out", "mtl", "mtl2", "conv", "o")
+WATCHED = ("out", "mtl", "mtl2", "conv", "o", "pnlp")
 
 
 def test_there_are_at_least_110_cases():

@@ -1,0 +1,300 @@
+"""The topology-free checkpoint format: every tensor by structured name, in safetensors files, one
+set of files whatever topology wrote them, readable with NumPy alone (or the `safetensors` package).
+
+    model_<step>/
+      tensors/<structured parameter name>.safetensors   the parameter and everything it owns, by key:
+                                                        "<name>", "<name>_moment1_0", "<name>_moment2_0",
+                                                        "<name>_beta1_pow_acc_0", "<name>@EMA",
+                                                        "<name>_fp32_master_0", ... (reshard.py names)
+      tensors/@run.safetensors                          run-level state: loss_scaling_0, num_good_steps_0, ...
+      state/rank_<r>.sha1                               the files rank r wrote, with their sizes and SHA-1s
+      train_state.json                                  written last ("state_format": "portable"; `files` lists
+                                                        every tensor file with its size and SHA-1)
+
+A safetensors file is an 8-byte little-endian header length, a JSON header ({key: {"dtype", "shape",
+"data_offsets"}}, "__metadata__"), then the raw little-endian bytes of each tensor, C order. Dtypes
+are NumPy's (F32, F16, F64, I64, I32, I16, I8, U8, U16, BOOL; Paddle's bfloat16 is stored as its
+uint16 bits, U16, as Paddle hands it to NumPy).
+
+The same guarantees as the Paddle format: everything is written inside the checkpoint's hidden
+temporary folder, which is renamed into place only when complete; each file's SHA-1 is computed
+while it is written (no second read) and recorded by its writer in `state/rank_<r>.sha1`, then in
+train_state.json, which is written last; readers verify sizes and SHA-1s first.
+
+Writing in parallel: the tensors are grouped by parameter; under sharding each rank writes the
+groups its program holds (its own shard), otherwise (every rank holds the same state) the groups
+are dealt out round-robin so that every rank writes a part (`share`); rank 0 writes `@run`.
+
+Reading: `read_tensors` (memory-mapped, verified by the store first), `describe` (what `--inspect`
+prints). `ernie-mtl-reshard` (ernie_mtl/convert/reshard_cli.py) converts a Paddle-format checkpoint
+of any topology into this format, inspects one and averages several.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import struct
+from pathlib import Path
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+FORMAT = "portable"
+TENSORS = "tensors"
+RUN_GROUP = "@run"  # run-level variables (AMP loss scaling)
+SUFFIX = ".safetensors"
+_DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int64": "I64", "int32": "I32", "int16": "I16",
+           "int8": "I8", "uint8": "U8", "uint16": "U16", "bool": "BOOL"}
+_NUMPY = {v: k for k, v in _DTYPES.items()}
+
+
+class PortableError(ValueError):
+    """A file of the portable format is not what it should be (the message names it)."""
+
+
+def group_of(key: str, parameters: Iterable[str]) -> str:
+    """The file group of structured key `key`: its parameter's structured name, or RUN_GROUP."""
+    params = parameters if isinstance(parameters, (set, frozenset, dict)) else set(parameters)
+    if key in params:
+        return key
+    for cut in range(len(key) - 1, 0, -1):
+        if key[cut] in "_@" and key[:cut] in params:
+            return key[:cut]
+    return RUN_GROUP
+
+
+def file_name(group: str) -> str:
+    """`tensors/<group>.safetensors` (structured names are dotted identifiers: safe as file names)."""
+    if "/" in group or group in ("", ".", ".."):
+        raise PortableError(f"{group!r} cannot name a file")
+    return f"{TENSORS}/{group}{SUFFIX}"
+
+
+def share(groups: Sequence[str], rank: int, world_size: int) -> List[str]:
+    """The groups rank `rank` writes when every rank holds the same state: every world_size-th of
+    them in sorted order (so all ranks write about as much, in parallel); RUN_GROUP goes to rank 0."""
+    ordered = sorted(g for g in groups if g != RUN_GROUP)
+    mine = ordered[rank::world_size]
+    return ([RUN_GROUP] if rank == 0 and RUN_GROUP in groups else []) + mine
+
+
+def write_file(path: os.PathLike, tensors: Mapping[str, np.ndarray], *, metadata: Optional[Mapping[str, str]] = None
+               ) -> Dict[str, object]:
+    """Write one safetensors file; returns {"size", "sha1"} computed while writing."""
+    header: Dict[str, object] = {}
+    offset = 0
+    arrays = []
+    for key in sorted(tensors):
+        array = np.asarray(tensors[key])
+        if not array.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
+            array = array.copy(order="C")
+        dtype = str(array.dtype)
+        if dtype not in _DTYPES:
+            raise PortableError(f"{key}: dtype {dtype} has no safetensors code")
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        header[key] = {"dtype": _DTYPES[dtype], "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+        arrays.append(array)
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    digest = hashlib.sha1()
+    path = Path(path)
+    with open(path, "wb") as f:
+        for block in (struct.pack("<Q", len(raw)), raw):
+            f.write(block)
+            digest.update(block)
+        for array in arrays:
+            view = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
+            f.write(view)
+            digest.update(view)
+        f.flush()
+        if os.environ.get("ERNIE_MTL_BENCH_NOFSYNC") != "1":
+            os.fsync(f.fileno())
+    return {"size": path.stat().st_size, "sha1": digest.hexdigest()}
+
+
+def read_header(path: os.PathLike) -> Tuple[Dict[str, dict], int]:
+    """(header without __metadata__, offset of the data) of a safetensors file; PortableError if damaged."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise PortableError(f"{path}: shorter than a safetensors header")
+            (n,) = struct.unpack("<Q", head)
+            size = path.stat().st_size
+            if n > size - 8:
+                raise PortableError(f"{path}: header length {n} beyond the file's {size} bytes")
+            header = json.loads(f.read(n).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        if isinstance(e, PortableError):
+            raise
+        raise PortableError(f"{path}: damaged safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise PortableError(f"{path}: its header is not a JSON object")
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+def read_file(path: os.PathLike, keys: Optional[Iterable[str]] = None) -> Dict[str, np.ndarray]:
+    """Arrays of one safetensors file (all, or `keys`), memory-mapped read-only views copied out."""
+    header, start = read_header(path)
+    wanted = set(header) if keys is None else set(keys) & set(header)
+    out: Dict[str, np.ndarray] = {}
+    if not wanted:
+        return out
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        try:
+            for key in sorted(wanted):
+                entry = header[key]
+                begin, end = entry["data_offsets"]
+                dtype = np.dtype(_NUMPY.get(entry.get("dtype"), "")) if entry.get("dtype") in _NUMPY else None
+                if dtype is None:
+                    raise PortableError(f"{path}: {key} has an unknown dtype {entry.get('dtype')!r}")
+                shape = tuple(entry["shape"])
+                if start + end > size or end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+                    raise PortableError(f"{path}: {key}'s bytes {begin}..{end} do not fit its shape {list(shape)} "
+                                        "or the file (truncated?)")
+                out[key] = np.frombuffer(data, dtype=dtype.newbyteorder("<"), count=(end - begin) // dtype.itemsize,
+                                         offset=start + begin).reshape(shape).astype(dtype, copy=True)
+        finally:
+            if size:
+                data.close()
+    return out
+
+
+def tensor_files(checkpoint: os.PathLike) -> List[Path]:
+    return sorted((Path(checkpoint) / TENSORS).glob(f"*{SUFFIX}"))
+
+
+def read_tensors(checkpoint: os.PathLike, keys: Optional[Iterable[str]] = None) -> Dict[str, np.ndarray]:
+    """Every tensor of a portable checkpoint by structured key (or the `keys` among them). Verify the
+    checkpoint first (the store's `verify_files`)."""
+    wanted = None if keys is None else set(keys)
+    out: Dict[str, np.ndarray] = {}
+    for file in tensor_files(checkpoint):
+        out.update(read_file(file, wanted))
+    return out
+
+
+def describe(checkpoint: os.PathLike) -> List[str]:
+    """One line per tensor: key, dtype, shape, file (what `ernie-mtl-reshard --inspect` prints)."""
+    lines = []
+    total = 0
+    for file in tensor_files(checkpoint):
+        header, _ = read_header(file)
+        for key in sorted(header):
+            e = header[key]
+            total += e["data_offsets"][1] - e["data_offsets"][0]
+            lines.append(f"{key}  {e['dtype']}  {e['shape']}  {file.relative_to(Path(checkpoint))}")
+    lines.append(f"{len(lines)} tensors, {total / 2**20:.1f} MiB in {len(tensor_files(checkpoint))} files")
+    return lines
+
+
+def write_groups(folder: os.PathLike, groups: Mapping[str, Mapping[str, np.ndarray]]) -> Dict[str, Dict[str, object]]:
+    """Write `groups` ({group: {key: array}}) under `folder`/tensors; returns their `files` entries
+    ({relative path: {size, sha1}})."""
+    folder = Path(folder)
+    (folder / TENSORS).mkdir(parents=True, exist_ok=True)
+    return {file_name(g): write_file(folder / file_name(g), tensors) for g, tensors in sorted(groups.items())}
+
+
+def grouped(state: Mapping[str, np.ndarray], parameters: Iterable[str]) -> Dict[str, Dict[str, np.ndarray]]:
+    """A structured state ({key: array}) grouped by file: {group: {key: array}}."""
+    params = set(parameters)
+    out: Dict[str, Dict[str, np.ndarray]] = {}
+    for key, array in state.items():
+        out.setdefault(group_of(key, params), {})[key] = array
+    return out
+
+
+# -- offline: converting, inspecting, averaging (ernie-mtl-reshard) ---------------------------------------------
+def _write_checkpoint(out: os.PathLike, raw: Mapping, state: Mapping[str, np.ndarray], *, overwrite: bool,
+                      **fields) -> Path:
+    """A complete portable checkpoint folder `out` from train state `raw` and structured `state`:
+    written in a hidden temporary folder (tensor files, the writer's record, train_state.json last)
+    and renamed into place; an existing `out` is refused unless `overwrite`."""
+    import shutil
+
+    from ernie_mtl.checkpoint.io import fsync_dir, replace_dir, write_json_atomic
+    from ernie_mtl.checkpoint.layout import KEPT, STATE_DIR, SUMS, TRAIN_STATE
+    from ernie_mtl.checkpoint.reshard import aliases
+    from ernie_mtl.checkpoint.store import CheckpointError
+
+    out = Path(out)
+    kept = KEPT.match(out.name)
+    if kept and int(kept.group(1)) != int(raw["step"]):
+        raise CheckpointError(f"{out}: a folder named model_<step> must hold that step; this checkpoint is at step "
+                              f"{raw['step']} (name it model_{raw['step']}, or anything not model_<number>)")
+    if out.exists() and not overwrite:
+        raise CheckpointError(f"{out} exists; choose another --output or pass --overwrite to replace it")
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        parameters = {names[0] for names in aliases(raw.get("name_map") or {}).values()}
+        files = write_groups(tmp, grouped(state, parameters))
+        write_json_atomic(tmp / STATE_DIR / f"rank_0{SUMS}", files)
+        write_json_atomic(tmp / TRAIN_STATE, {**{k: v for k, v in raw.items() if k != "files"}, **fields,
+                                              "state_format": FORMAT, "files": files})
+        fsync_dir(tmp)
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def convert_checkpoint(source: os.PathLike, out: os.PathLike, *, overwrite: bool = False) -> Tuple[Path, int]:
+    """Checkpoint `source` (either format, written by any topology; verified) as a portable checkpoint
+    `out` that resumes, warm starts and converts like the source. Returns (out, tensors)."""
+    from ernie_mtl.checkpoint.store import read_train_state_file, structured_state_of, verify_files
+
+    raw = read_train_state_file(source)
+    verify_files(source, raw)
+    state = structured_state_of(source, raw)
+    return _write_checkpoint(out, raw, state, overwrite=overwrite), len(state)
+
+
+def average_checkpoints(sources: Sequence[os.PathLike], out: os.PathLike, *, overwrite: bool = False
+                        ) -> Tuple[Path, int]:
+    """The mean of the weights (parameters and AMP master weights) of several checkpoints of one model
+    (the same structured names and shapes), as a weights-only portable checkpoint `out`: warm start
+    from it (--init_from) or convert it; resuming it is refused (it has no optimizer state). The train
+    state is the last source's. Returns (out, parameters averaged)."""
+    from ernie_mtl.checkpoint.reshard import _MASTER, aliases, split_name
+    from ernie_mtl.checkpoint.store import CheckpointError, read_train_state_file, structured_state_of, verify_files
+
+    if len(sources) < 2:
+        raise CheckpointError("--average needs at least two checkpoints")
+    weights: List[Dict[str, np.ndarray]] = []
+    raws = []
+    for source in sources:
+        raw = read_train_state_file(source)
+        verify_files(source, raw)
+        params = {names[0] for names in aliases(raw.get("name_map") or {}).values()}
+        state = structured_state_of(source, raw)
+        keep = {}
+        for key, array in state.items():
+            split = split_name(key, params)
+            if split is not None and (split[1] == "" or _MASTER.match(split[1])):
+                keep[key] = array
+        weights.append(keep)
+        raws.append(raw)
+    first = weights[0]
+    for source, other in zip(sources[1:], weights[1:]):
+        if set(other) != set(first) or any(other[k].shape != first[k].shape for k in first):
+            differ = sorted(k for k in set(first) | set(other)
+                            if k not in first or k not in other or other[k].shape != first[k].shape)
+            raise CheckpointError(f"{source} does not hold the weights of {sources[0]} (names or shapes differ: "
+                                  f"{', '.join(differ[:8])}{' ...' if len(differ) > 8 else ''}); average checkpoints "
+                                  "of one model")
+    mean = {k: (sum(w[k].astype(np.float64) for w in weights) / len(weights)).astype(first[k].dtype) for k in first}
+    note = {"weights_only": True, "averaged_from": [f"{Path(s)} (step {r['step']})" for s, r in zip(sources, raws)]}
+    return _write_checkpoint(out, raws[-1], mean, overwrite=overwrite, **note), len(mean)
