@@ -51,6 +51,9 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from data_tools import demo_corpus as dc  # noqa: E402  (task files, trivial baselines, scoring by hand)
+
 RUN, CONVERT = ROOT / "run_multitask_static.py", ROOT / "static_to_dynamic.py"
 TASKS = ("sentiment", "wordseg")
 MAIN_METRIC = {"sentiment": "acc", "wordseg": "f1"}
@@ -111,31 +114,13 @@ def mark_done(folder: Path, spec: dict, **extra) -> None:
 
 # --- data ---------------------------------------------------------------------------------------------------
 
-_SENTENCE_END = re.compile(r"[。！？][。！？”’』」）》]*")  # data_tools.demo_corpus's sentence cut
-
-
-def _pieces(paragraph: str) -> List[str]:
-    out, start = [], 0
-    for m in _SENTENCE_END.finditer(paragraph):
-        out.append(paragraph[start:m.end()])
-        start = m.end()
-    out.append(paragraph[start:])
-    return out
-
-
-def read_tsv(path: Path) -> List[List[str]]:
-    with open(path, encoding="utf-8") as f:
-        next(f)  # header
-        return [line.rstrip("\n").split("\t") for line in f]
-
-
 def held_out_clean_corpus(demo: Path, out: Path) -> dict:
     """The demo corpus without any dev/test text of the two tasks: reviews of the sentiment dev/test
     files are dropped as documents; sentences of the word-segmentation dev/test files are cut out of
     the People's Daily paragraphs (same sentence cut as the task, so every one is found)."""
     held_sentences = {row[0].replace("\x02", "") for s in ("dev", "test")
-                      for row in read_tsv(demo / "tasks" / "wordseg" / f"{s}.tsv")}
-    held_reviews = {row[1] for s in ("dev", "test") for row in read_tsv(demo / "tasks" / "sentiment" / f"{s}.tsv")}
+                      for row in dc.read_task_rows(demo / "tasks" / "wordseg" / f"{s}.tsv")}
+    held_reviews = {row[1] for s in ("dev", "test") for row in dc.read_task_rows(demo / "tasks" / "sentiment" / f"{s}.tsv")}
     found: set = set()
     stats = {"documents_in": 0, "documents_out": 0, "reviews_dropped": 0, "characters_out": 0}
     tmp = out.with_suffix(".tmp")
@@ -148,7 +133,7 @@ def held_out_clean_corpus(demo: Path, out: Path) -> dict:
                 continue
             paragraphs = []
             for paragraph in text.split("\n"):
-                pieces = _pieces(paragraph)
+                pieces = dc.sentence_pieces(paragraph)
                 found.update(p for p in pieces if p in held_sentences)
                 kept = "".join(p for p in pieces if p not in held_sentences)
                 if kept:
@@ -204,7 +189,7 @@ def build_data(args, run: Runner) -> dict:
         (dst / "dev.tsv").write_text("".join(lines), encoding="utf-8")
         if (src / "label_map.json").exists():
             shutil.copyfile(src / "label_map.json", dst / "label_map.json")
-        info[task] = {split: len(read_tsv(dst / f"{split}.tsv")) for split in ("train", "dev", "test")}
+        info[task] = {split: len(dc.read_task_rows(dst / f"{split}.tsv")) for split in ("train", "dev", "test")}
     info_file.write_text(json.dumps(info, indent=1), encoding="utf-8")
     mark_done(data, spec)
     return info
@@ -344,31 +329,6 @@ def _metrics(doc: dict) -> dict:
 
 # --- metrics, recomputed independently ----------------------------------------------------------------------
 
-def prf(tp: int, n_pred: int, n_gold: int) -> Tuple[float, float, float]:
-    p = tp / n_pred if n_pred else 0.0
-    r = tp / n_gold if n_gold else 0.0
-    return p, r, (2 * p * r / (p + r) if p + r else 0.0)
-
-
-def bmes_words(tags: Sequence[str]) -> set:
-    """Word spans of a B/M/E/S sequence, strictly: S alone, or B M* E; an ill-formed piece is no word
-    (the same reading as seqeval's strict IOBES mode, written out by hand)."""
-    spans, start = set(), None
-    for i, tag in enumerate(tags):
-        if tag == "S":
-            spans.add((i, i))
-            start = None
-        elif tag == "B":
-            start = i
-        elif tag == "E":
-            if start is not None:
-                spans.add((start, i))
-            start = None
-        elif tag != "M":
-            start = None
-    return spans
-
-
 def consistent(p: float, r: float, f1: float) -> bool:
     """F1 lies between P and R and equals their harmonic mean (PALM printed F1 0.99999995 with P 0.709)."""
     harmonic = 2 * p * r / (p + r) if p + r else 0.0
@@ -378,7 +338,7 @@ def consistent(p: float, r: float, f1: float) -> bool:
 def independent_check(task: str, test_file: Path, pred_file: Path, reported: dict) -> dict:
     """Metrics of the exported model's predictions, by hand and with scikit-learn/seqeval, against the
     metrics the training run reported for the same weights."""
-    gold_rows = read_tsv(test_file)
+    gold_rows = dc.read_task_rows(test_file)
     preds = json.loads(pred_file.read_text(encoding="utf-8"))
     if len(preds) != len(gold_rows):
         return {"ok": False, "problems": [f"{len(preds)} predictions for {len(gold_rows)} test rows"]}
@@ -388,12 +348,9 @@ def independent_check(task: str, test_file: Path, pred_file: Path, reported: dic
 
         gold = [int(r[0]) for r in gold_rows]
         pred = [int(p["label"]) for p in preds]
-        tp = sum(g == 1 and q == 1 for g, q in zip(gold, pred))
-        acc = sum(g == q for g, q in zip(gold, pred)) / len(gold)
-        p, r, f1 = prf(tp, sum(pred), sum(gold))
         sk_p, sk_r, sk_f1, _ = precision_recall_fscore_support(gold, pred, pos_label=1, average="binary",
                                                                zero_division=0)
-        mine = {"acc": acc, "precision": p, "recall": r, "f1": f1}
+        mine = dc.binary_prf(gold, pred)
         library = {"acc": float(accuracy_score(gold, pred)), "precision": float(sk_p), "recall": float(sk_r),
                    "f1": float(sk_f1)}
         compared = ("acc", "f1")
@@ -407,14 +364,7 @@ def independent_check(task: str, test_file: Path, pred_file: Path, reported: dic
             if len(g) != len(q) or row["tokens"] != gold_rows[i][0].split("\x02"):
                 problems.append(f"row {i}: prediction does not align with the test file")
                 break
-        tp = n_pred = n_gold = correct = total = 0
-        for g, q in zip(gold, pred):
-            gs, qs = bmes_words(g), bmes_words(q)
-            tp, n_pred, n_gold = tp + len(gs & qs), n_pred + len(qs), n_gold + len(gs)
-            correct += sum(a == b for a, b in zip(g, q))
-            total += len(g)
-        p, r, f1 = prf(tp, n_pred, n_gold)
-        mine = {"precision": p, "recall": r, "f1": f1, "accuracy": correct / total}
+        mine = dc.word_prf(gold, pred)
         to_iobes = lambda seq: [{"M": "I"}.get(t, t) + "-W" for t in seq]  # noqa: E731
         y_true, y_pred = [to_iobes(s) for s in gold], [to_iobes(s) for s in pred]
         kw = dict(mode="strict", scheme=IOBES, zero_division=0)
@@ -432,22 +382,6 @@ def independent_check(task: str, test_file: Path, pred_file: Path, reported: dic
             problems.append(f"{label}: F1 {m['f1']:.6f} inconsistent with P {m['precision']:.6f}, R {m['recall']:.6f}")
     return {"ok": not problems, "problems": problems, "by_hand": mine, "library": library,
             "max_abs_diff": max(abs(mine[k] - reported[k]) for k in compared)}
-
-
-def baselines(work: Path) -> dict:
-    """Trivial predictors on the test sets: the training majority class; every character a word (all-S)."""
-    train = [int(r[0]) for r in read_tsv(work / "data" / "tasks" / "sentiment" / "train.tsv")]
-    test = [int(r[0]) for r in read_tsv(work / "data" / "tasks" / "sentiment" / "test.tsv")]
-    majority = max((0, 1), key=train.count)
-    tp = sum(g == 1 for g in test) if majority == 1 else 0
-    _, _, f1 = prf(tp, len(test) if majority == 1 else 0, sum(test))
-    seg = [r[1].split("\x02") for r in read_tsv(work / "data" / "tasks" / "wordseg" / "test.tsv")]
-    n_gold = sum(len(bmes_words(g)) for g in seg)
-    tp = sum(len(bmes_words(g) & {(i, i) for i in range(len(g))}) for g in seg)
-    n_pred = sum(len(g) for g in seg)
-    p, r, f1_s = prf(tp, n_pred, n_gold)
-    return {"sentiment": {"acc": sum(g == majority for g in test) / len(test), "f1": f1, "majority_label": majority},
-            "wordseg": {"precision": p, "recall": r, "f1": f1_s}}
 
 
 # --- statistics and tables ----------------------------------------------------------------------------------
@@ -587,7 +521,7 @@ def main(argv=None) -> int:
           f"load average {open('/proc/loadavg').read().split()[:3]}", flush=True)
     info = build_data(args, run)
     results = {"seeds": seeds, "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-               "data": info, "baselines": baselines(args.work), "cells": {a: {} for a in args.arm_list},
+               "data": info, "baselines": dc.trivial_baselines(args.work / "data" / "tasks"), "cells": {a: {} for a in args.arm_list},
                "pretraining": {}}
     needs_pretrained = any(a.endswith("/pretrained") for a in args.arm_list)
     pretrained_shared = None
