@@ -20,12 +20,13 @@ $(STAMP): pyproject.toml setup.py constraints.txt data_tools/helpers.cpp
 install: $(STAMP)
 
 # The multi-task demo (scripts/demo/multitask.yaml: its task files point into demo_data/), then a
-# prediction with one exported target through Paddle Inference.
+# prediction with one exported target through Paddle Inference, then what the figures mean (baselines).
 demo: $(STAMP)
 	$(PY) -m data_tools.prepare_demo_data --output_dir demo_data
 	$(PY) run_multitask_static.py --config scripts/demo/multitask.yaml --resume none --overwrite_output_dir
 	$(PY) run_multitask_static.py --do_predict --task sentiment --output_dir output/demo_multitask \
 	    --pred_file demo_data/tasks/sentiment/test.tsv
+	$(PY) scripts/demo/report.py --run_dir output/demo_multitask --tasks_dir demo_data/tasks
 	@echo "demo done: checkpoints output/demo_multitask/model_last (best_<task>), inference models" \
 	    "output/demo_multitask/<task>/infer_model, predictions output/demo_multitask/sentiment/predictions.json;" \
 	    "VisualDL: $(VENV)/bin/visualdl --logdir output/demo_multitask/visualdl"
