@@ -305,7 +305,7 @@ def finetune(args, run: Runner, info: dict, arm: str, task: Optional[str], seed:
                 _, tname, metric = key.split("/", 2)
                 in_run.setdefault(tname, {})[metric] = value
     out = {"seconds": json.loads((folder / "bench_spec.json").read_text())["seconds"],
-           "steps": int(m[1]) if m else None}
+           "steps": int(m[1]) if m else None, "run": name}
     for target in targets:
         test = _metrics(json.loads((out_dir / target / "test_eval.json").read_text(encoding="utf-8")))
         dev = _metrics(json.loads((out_dir / target / "dev_eval.json").read_text(encoding="utf-8")))
@@ -451,7 +451,13 @@ def tables(results: dict, seeds: Sequence[int]) -> str:
               f"acc {b['sentiment']['acc']:.4f} (F1 {b['sentiment']['f1']:.4f}); word segmentation all-S "
               f"(every character a word) F1 {b['wordseg']['f1']:.4f} (P {b['wordseg']['precision']:.3f}, "
               f"R {b['wordseg']['recall']:.3f})."]
+    runs = {r["run"]: r["seconds"] for by_task in cells.values() for by_seed in by_task.values()
+            for r in by_seed.values() if "run" in r}
     pre = results.get("pretraining", {})
+    total = sum(runs.values()) + sum(r["seconds"] for r in pre.values())
+    lines += ["", f"Compute: {len(runs)} fine-tuning runs {sum(runs.values()) / 60:.1f} min (with their --do_eval and "
+              f"--do_predict), {len(pre)} pretraining run(s) {sum(r['seconds'] for r in pre.values()) / 60:.1f} min; "
+              f"{total / 60:.1f} min in all (each run's own wall time, also when reused from an earlier invocation)."]
     if pre:
         lines += ["", "Pretraining runs (corpus test split, final weights):"]
         for s, r in sorted(pre.items(), key=lambda kv: int(kv[0])):
@@ -478,10 +484,10 @@ def parse_args(argv=None):
                    help="max_seq_len per task (wordseg: 128 leaves 1.7%% of sentences cut; at 64 it is 19%%)")
     p.add_argument("--mlm_mix", type=float, default=0.5, help="mix_ratio of the masked-LM task in multi-task arms "
                                                               "(the targets have 1.0 each)")
-    p.add_argument("--pretrain_steps", type=int, default=1500, help="flag-mode pretraining steps (--max_steps)")
-    p.add_argument("--pretrain_batch", type=int, default=32, help="pretraining global batch (sequences)")
+    p.add_argument("--pretrain_steps", type=int, default=2000, help="flag-mode pretraining steps (--max_steps)")
+    p.add_argument("--pretrain_batch", type=int, default=64, help="pretraining global batch (sequences)")
     p.add_argument("--pretrain_seq_len", type=int, default=64)
-    p.add_argument("--pretrain_lr", type=float, default=2e-3, help="pretraining peak LR (decays to a tenth)")
+    p.add_argument("--pretrain_lr", type=float, default=1e-3, help="pretraining peak LR (decays to a tenth)")
     p.add_argument("--pretrain_per_seed", action="store_true",
                    help="pretrain once per seed (seed s's model for seed s's fine-tuning); default: one "
                         "pretraining run (seed 1) shared by every seed, so the spread is fine-tuning's only")
@@ -538,8 +544,8 @@ def main(argv=None) -> int:
             for (task,) in jobs:
                 out = finetune(args, run, info, arm, task, seed, weights)
                 for target in TASKS if task is None else (task,):
-                    results["cells"][arm].setdefault(target, {})[str(seed)] = {**out[target], "steps": out["steps"],
-                                                                               "seconds": out["seconds"]}
+                    results["cells"][arm].setdefault(target, {})[str(seed)] = {
+                        **out[target], "steps": out["steps"], "seconds": out["seconds"], "run": out["run"]}
         results["wall_seconds"] = time.perf_counter() - t0
         results_file.write_text(json.dumps(results, indent=1), encoding="utf-8")
     print()
