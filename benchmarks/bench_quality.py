@@ -107,6 +107,30 @@ def reusable(folder: Path, spec: dict, needed: Iterable[str]) -> bool:
     return json.loads(marker.read_text(encoding="utf-8")).get("hash") == spec_hash(spec)
 
 
+class claimed:
+    """Hold `folder` while this invocation builds it, so that two invocations on one --work_dir (say
+    `--reverse` beside a forward one, to use both cores) never build the same run: the other one waits
+    for the holder to finish and then reuses its result. A lock left by a killed invocation is a
+    `<name>.lock` file beside the folder: delete it."""
+
+    def __init__(self, folder: Path):
+        self.lock = folder.with_name(folder.name + ".lock")
+
+    def __enter__(self):
+        self.lock.parent.mkdir(parents=True, exist_ok=True)
+        waited = False
+        while True:
+            try:
+                os.close(os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                return waited
+            except FileExistsError:
+                waited = True
+                time.sleep(5)
+
+    def __exit__(self, *exc):
+        self.lock.unlink(missing_ok=True)
+
+
 def mark_done(folder: Path, spec: dict, **extra) -> None:
     (folder / "bench_spec.json").write_text(json.dumps({"hash": spec_hash(spec), "spec": spec, **extra}, indent=1),
                                             encoding="utf-8")
@@ -212,19 +236,24 @@ def pretrain(args, run: Runner, info: dict, seed: int) -> Tuple[Path, dict]:
     argv = [x for k, v in flags.items() for x in (f"--{k}", str(v))]
     spec = {"argv": argv, "corpus": info["corpus"]}
     converted = folder / "paddlenlp"
-    if not reusable(folder, spec, ["paddlenlp/model_state.pdparams", "run/test_results.json"]):
-        shutil.rmtree(folder, ignore_errors=True)
-        t = run([RUN, *argv, "--prebuild_index"], folder / "prebuild_index.log",
-                f"seed {seed}: sample index (--prebuild_index)")
-        t += run([RUN, *argv], folder / "pretrain.log", f"seed {seed}: pretraining")
-        t += run([CONVERT, "--input", folder / "run" / "model_last", "--output_dir", converted,
-                  "--verify"], folder / "convert.log", f"seed {seed}: static_to_dynamic --verify")
-        mark_done(folder, spec, seconds=t)
+    with claimed(folder):
+        if not reusable(folder, spec, ["paddlenlp/model_state.pdparams", "run/test_results.json"]):
+            _pretrain(run, folder, argv, converted, spec, seed)
     result = json.loads((folder / "run" / "test_results.json").read_text(encoding="utf-8"))
     test = result.get("pretrain", result)
     metrics = (test.get("last") or test.get("best") or {}).get("metrics", {})
     return converted, {"seconds": json.loads((folder / "bench_spec.json").read_text())["seconds"],
                        "test": metrics}
+
+
+def _pretrain(run: Runner, folder: Path, argv: List[str], converted: Path, spec: dict, seed: int) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    t = run([RUN, *argv, "--prebuild_index"], folder / "prebuild_index.log",
+            f"seed {seed}: sample index (--prebuild_index)")
+    t += run([RUN, *argv], folder / "pretrain.log", f"seed {seed}: pretraining")
+    t += run([CONVERT, "--input", folder / "run" / "model_last", "--output_dir", converted, "--verify"],
+             folder / "convert.log", f"seed {seed}: static_to_dynamic --verify")
+    mark_done(folder, spec, seconds=t)
 
 
 # --- fine-tuning --------------------------------------------------------------------------------------------
@@ -275,25 +304,26 @@ def finetune(args, run: Runner, info: dict, arm: str, task: Optional[str], seed:
             if pretrained else None}
     out_dir = folder / "out"
     needed = [f"out/{t}/{f}" for t in targets for f in ("test_eval.json", "dev_eval.json", "predictions.json")]
-    if not reusable(folder, spec, needed):
-        shutil.rmtree(folder, ignore_errors=True)
-        (folder / "tasks").mkdir(parents=True)
-        for fname, text in files.items():
-            (folder / "tasks" / fname).write_text(text, encoding="utf-8")
-        (folder / "global.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in glob.items()),
-                                            encoding="utf-8")
-        t = run([RUN, "--config", folder / "global.yaml", "--resume", "none"],
-                folder / "train.log", f"seed {seed}: {arm} {task or '+'.join(names)}")
-        for target in targets:
-            files_of = args.work / "data" / "tasks" / target
-            for split in ("test", "dev"):
-                t += run([RUN, "--do_eval", "--task", target, "--output_dir", out_dir, "--eval_file",
-                          files_of / f"{split}.tsv", "--eval_output", out_dir / target / f"{split}_eval.json"],
-                         folder / f"eval_{split}_{target}.log", f"seed {seed}: {arm} {target} --do_eval {split}")
-            t += run([RUN, "--do_predict", "--task", target, "--output_dir", out_dir,
-                      "--pred_file", files_of / "test.tsv"],
-                     folder / f"predict_{target}.log", f"seed {seed}: {arm} {target} --do_predict test")
-        mark_done(folder, spec, seconds=t)
+    with claimed(folder):
+        if not reusable(folder, spec, needed):
+            shutil.rmtree(folder, ignore_errors=True)
+            (folder / "tasks").mkdir(parents=True)
+            for fname, text in files.items():
+                (folder / "tasks" / fname).write_text(text, encoding="utf-8")
+            (folder / "global.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in glob.items()),
+                                                encoding="utf-8")
+            t = run([RUN, "--config", folder / "global.yaml", "--resume", "none"],
+                    folder / "train.log", f"seed {seed}: {arm} {task or '+'.join(names)}")
+            for target in targets:
+                files_of = args.work / "data" / "tasks" / target
+                for split in ("test", "dev"):
+                    t += run([RUN, "--do_eval", "--task", target, "--output_dir", out_dir, "--eval_file",
+                              files_of / f"{split}.tsv", "--eval_output", out_dir / target / f"{split}_eval.json"],
+                             folder / f"eval_{split}_{target}.log", f"seed {seed}: {arm} {target} --do_eval {split}")
+                t += run([RUN, "--do_predict", "--task", target, "--output_dir", out_dir,
+                          "--pred_file", files_of / "test.tsv"],
+                         folder / f"predict_{target}.log", f"seed {seed}: {arm} {target} --do_predict test")
+            mark_done(folder, spec, seconds=t)
     log = (folder / "train.log").read_text(encoding="utf-8", errors="replace")
     m = re.search(r"training finished at step (\d+): micro-batches per task (\{[^}]*\})", log)
     updates = json.loads(m[2].replace("'", '"')) if m else {}
@@ -494,6 +524,9 @@ def parse_args(argv=None):
     p.add_argument("--dev_rows", type=int, default=200,
                    help="rows of each dev file (dev only triggers the one evaluation that saves a target's weights "
                         "at the end of its quota; the figures are on the full test sets)")
+    p.add_argument("--reverse", action="store_true",
+                   help="seeds in reverse order: run a second invocation with it on the same --work_dir to use "
+                        "a second process (runs are claimed, never built twice)")
     p.add_argument("--report_only", action="store_true", help="print the tables of the runs already in --work_dir")
     p.add_argument("--quiet", action="store_true", help="do not print each subprocess's time")
     args = p.parse_args(argv)
@@ -531,7 +564,7 @@ def main(argv=None) -> int:
                "pretraining": {}}
     needs_pretrained = any(a.endswith("/pretrained") for a in args.arm_list)
     pretrained_shared = None
-    for seed in seeds:
+    for seed in (seeds[::-1] if args.reverse else seeds):
         if needs_pretrained and (args.pretrain_per_seed or pretrained_shared is None):
             pretrained, figures = pretrain(args, run, info, seed)
             results["pretraining"][str(seed)] = figures
