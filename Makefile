@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 # pip's own chatter about unreachable extra indexes is noise, not progress
 PIP_FLAGS ?= --disable-pip-version-check
 
-.PHONY: install demo demo-pretrain test bench clean
+.PHONY: install demo demo-pretrain test bench bench-quality clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt data_tools/helpers.cpp
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_merge.py --repeats 3
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_multitask.py
+
+# What the pipeline's models are worth: pretraining and multi-task gains over paired seeds
+# (docs/quality.md; long: not part of `make bench`)
+bench-quality: $(STAMP)
+	$(PY) benchmarks/bench_quality.py
 
 clean:
 	rm -rf build *.egg-info data_tools/_helpers*.so demo_data output/demo_pretrain output/demo_multitask
