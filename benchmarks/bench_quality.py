@@ -566,8 +566,9 @@ def main(argv=None) -> int:
     pretrained_shared = None
     for seed in (seeds[::-1] if args.reverse else seeds):
         if needs_pretrained and (args.pretrain_per_seed or pretrained_shared is None):
-            pretrained, figures = pretrain(args, run, info, seed)
-            results["pretraining"][str(seed)] = figures
+            source = seed if args.pretrain_per_seed else seeds[0]  # the shared run is seed 1's, whatever the order
+            pretrained, figures = pretrain(args, run, info, source)
+            results["pretraining"][str(source)] = figures
             pretrained_shared = pretrained
         pretrained = pretrained_shared
         for arm in args.arm_list:
