@@ -216,6 +216,9 @@ class TrainConfig:
                                          "instead of the exported model.")
     eval_output: Optional[str] = _f(None, "Where --do_eval writes its metrics JSON; default: "
                                           "output_dir/<task>/eval_results.json.")
+    preempt_signals: str = _f("TERM,USR1", "Signals that make a run save model_last at the next step boundary (every "
+                                           "rank at the same step) and exit with status 76, so a scheduler's "
+                                           "warning before a kill loses nothing; none: do not handle them.")
     log_level: str = _f("info", '"info": our log lines only; "debug": also Paddle\'s own console output (glog '
                                 "lines, fleet's messages and prints, its OMP warning) and our debug lines "
                                 "(ERNIE_MTL_DEBUG=1 does the same and adds tracebacks to user errors).")

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from ernie_mtl.checkpoint.layout import LAST, kept_name
+from ernie_mtl.dist import preemption
 from ernie_mtl.engine.callbacks import Callback, built_in_callbacks
 from ernie_mtl.engine.feeding import Feeder
 from ernie_mtl.engine.evaluation import Evaluator, final_test
@@ -34,7 +35,7 @@ from ernie_mtl.engine.state import ResumeState, clear_previous_run, restore, res
 class Trainer:
     """The loop over optimizer steps of a `Session` (ernie_mtl/engine/session.py)."""
 
-    def __init__(self, session, *, callbacks: Sequence[Callback] = ()):
+    def __init__(self, session, *, callbacks: Sequence[Callback] = (), preempt_signals: Sequence[str] = ()):
         s = self.session = session
         self.cfg, self.info, self.topo, self.plan = s.cfg, s.info, s.topo, s.plan
         self.p, self.exe, self.barrier, self.log, self.scope = s.programs, s.exe, s.barrier, s.log, s.scope
@@ -52,6 +53,8 @@ class Trainer:
         self.callbacks: List[Callback] = built_in_callbacks(self.setup.mtl, self.writer) + list(callbacks)
         self.checkpointer = s.checkpointer(log=self.print)
         self.resume_checks = resume_checks(s.cfg, s.plan)
+        self.signals, self.previous_handlers = tuple(preempt_signals), {}
+        self.stop = preemption.StopAgreement(s.info.rank, s.info.world_size, s.barrier.store) if self.signals else None
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self) -> Dict:
@@ -101,6 +104,8 @@ class Trainer:
                 self.save_checkpoint(LAST)
             if self.step % t.save_steps == 0:
                 self.save_checkpoint(kept_name(self.step))
+            if self.stop is not None and not self.schedule.done and self.stop.at_boundary(self.step):
+                self.preempt(saved=self.step % t.checkpoint_steps == 0)
         self.emit("on_train_end")
         if self.step % t.eval_freq:
             self.evaluate()
@@ -112,6 +117,7 @@ class Trainer:
         """The start-up lines, hyperparameters and progress bar (rank 0), then on_train_begin."""
         if self.is_rank0:
             self.bar = self.reporter.start(self)
+        self.previous_handlers = preemption.install(self.signals)
         self.emit("on_train_begin")
         self.window.reset()
 
@@ -167,6 +173,17 @@ class Trainer:
             self.print(f"{note}: {path}")
         self.emit("on_save", str(path))
 
+    def preempt(self, *, saved: bool) -> None:
+        """A preemption signal (ernie_mtl/dist/preemption.py): save model_last at this step on every rank
+        (unless it was just saved), then stop the run with `Preempted`."""
+        if not saved:
+            self.save_checkpoint(LAST)
+        path = str(self.checkpointer.root / LAST)
+        signal_name = preemption.requested() or "TERM (on another rank)"
+        self.print(f"preempted (SIG{signal_name}): stopped at step {self.step} with {path} saved; run the same "
+                   "command again to resume")
+        raise preemption.Preempted(self.step, signal_name, path)
+
     def finish_task(self, name: str, reason: str) -> None:
         """End a target early (early stopping): it leaves the sampler, is no longer evaluated and is
         exported (its best weights). The run is then shorter than planned: unless --decay_steps was
@@ -205,6 +222,7 @@ class Trainer:
             getattr(cb, hook)(self, *args)
 
     def close(self) -> None:
+        preemption.restore(self.previous_handlers)
         if self.bar is not None:
             self.bar.close()
         self.writer.close()

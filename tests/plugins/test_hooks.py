@@ -5,6 +5,12 @@ this lives in the production loop).
   $ERNIE_MTL_TEST_KILL_AT_STEP is written, like a crashed node (exact-resume tests).
 - `dump_state`: every rank saves its final program state to $ERNIE_MTL_TEST_DUMP_DIR/rank_<r>
   (without sharding checkpoints hold rank 0's state only; this shows the other ranks' copies).
+- `signal_at_step`: after step $ERNIE_MTL_TEST_SIGNAL_AT_STEP, the rank(s) in
+  $ERNIE_MTL_TEST_SIGNAL_RANKS (default all) send themselves $ERNIE_MTL_TEST_SIGNAL (default TERM),
+  $ERNIE_MTL_TEST_SIGNAL_TIMES times (preemption tests).
+- `kill_once`: SIGKILLs rank $ERNIE_MTL_TEST_KILL_ONCE_RANK (default 0) after step
+  $ERNIE_MTL_TEST_KILL_ONCE_AT_STEP, once: a marker file $ERNIE_MTL_TEST_KILL_ONCE_MARKER remembers
+  it across restarts (supervisor tests).
 - `eval_at_start`: evaluates every task with a dev file before the first step and writes what
   each rank got to <output_dir>/eval_at_start_rank<r>.json (distributed-evaluation tests).
 """
@@ -42,3 +48,25 @@ class EvalAtStart(Callback):
         path = os.path.join(trainer.cfg.train.output_dir, f"eval_at_start_rank{trainer.info.rank}.json")
         with open(path, "w") as f:
             json.dump(results, f, sort_keys=True)
+
+
+@register_callback("signal_at_step")
+class SignalAtStep(Callback):
+    def on_step_end(self, trainer, step, tasks):
+        at = int(os.environ.get("ERNIE_MTL_TEST_SIGNAL_AT_STEP", "0") or 0)
+        ranks = os.environ.get("ERNIE_MTL_TEST_SIGNAL_RANKS", "")
+        if step == at and (not ranks or str(trainer.info.rank) in ranks.split(",")):
+            signum = getattr(signal, "SIG" + os.environ.get("ERNIE_MTL_TEST_SIGNAL", "TERM"))
+            for _ in range(int(os.environ.get("ERNIE_MTL_TEST_SIGNAL_TIMES", "1"))):
+                os.kill(os.getpid(), signum)
+
+
+@register_callback("kill_once")
+class KillOnce(Callback):
+    def on_step_end(self, trainer, step, tasks):
+        marker = os.environ.get("ERNIE_MTL_TEST_KILL_ONCE_MARKER")
+        at = int(os.environ.get("ERNIE_MTL_TEST_KILL_ONCE_AT_STEP", "0") or 0)
+        if marker and step == at and trainer.info.rank == int(os.environ.get("ERNIE_MTL_TEST_KILL_ONCE_RANK", "0")) \
+                and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)

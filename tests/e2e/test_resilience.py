@@ -1,0 +1,135 @@
+"""A cluster's bad days, with real processes: a preemption signal saves a checkpoint at the next step
+boundary on every rank (the same step) and the resumed run ends bitwise where an uninterrupted one
+ends; a second signal during the save changes nothing; the supervisor restarts a crashed 2-process
+job, which then completes with the uninterrupted run's final state, and never retries a user error."""
+import zlib  # noqa: F401  (before paddle)
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from helpers import ROOT, ENTRY, metrics, ok, state, tiny_args, train, with_hooks
+
+EXCLUSIVE = {"two_processes", "supervisor"}  # these launch several processes: run alone (tests/conftest.py)
+
+COMMON = dict(micro_batch_size=2, global_batch_size=4, max_steps=8, max_lr=5e-3, min_lr=1e-4, warmup_rate=0.25,
+              logging_freq=1, eval_freq=100, eval_iters=1, checkpoint_steps=2, save_steps=100)
+EXIT_PREEMPTED = 76
+
+
+def assert_same_run(a, b):
+    for tag in ("train/loss", "train/lr"):
+        assert metrics(a, tag) == metrics(b, tag), tag  # bitwise
+    sa, sb = state(a / "model_last/state/rank_0"), state(b / "model_last/state/rank_0")
+    assert sorted(sa) == sorted(sb) and any("moment1" in k for k in sa)
+    for name in sa:
+        assert np.array_equal(sa[name], sb[name]), name
+
+
+@pytest.mark.slow
+def test_a_signal_saves_at_the_step_boundary_and_the_resume_is_bitwise(demo, tmp_path):
+    ok(train(tiny_args(demo, tmp_path / "straight", **COMMON), cwd=tmp_path))
+    # SIGTERM twice after step 3 (not a checkpoint step): the second arrives while the first is handled
+    hit = train(tiny_args(demo, tmp_path / "run", **COMMON), cwd=tmp_path,
+                env={"ERNIE_MTL_TEST_SIGNAL_AT_STEP": "3", "ERNIE_MTL_TEST_SIGNAL_TIMES": "2"})
+    assert hit.returncode == EXIT_PREEMPTED, hit.stdout[-2000:] + hit.stderr[-2000:]
+    assert "preempted (SIGTERM): stopped at step 3" in hit.stdout
+    assert json.loads((tmp_path / "run/model_last/train_state.json").read_text())["step"] == 3
+    resumed = ok(train(tiny_args(demo, tmp_path / "run", **COMMON), cwd=tmp_path))
+    assert "at step 3" in resumed.stdout
+    assert_same_run(tmp_path / "straight", tmp_path / "run")
+    # USR1 works the same; with --preempt_signals none the signal's default action ends the process
+    usr1 = train(tiny_args(demo, tmp_path / "usr1", **COMMON), cwd=tmp_path,
+                 env={"ERNIE_MTL_TEST_SIGNAL_AT_STEP": "1", "ERNIE_MTL_TEST_SIGNAL": "USR1"})
+    assert usr1.returncode == EXIT_PREEMPTED and "preempted (SIGUSR1): stopped at step 1" in usr1.stdout
+    off = train(tiny_args(demo, tmp_path / "off", preempt_signals="none", **COMMON), cwd=tmp_path,
+                env={"ERNIE_MTL_TEST_SIGNAL_AT_STEP": "1"})
+    assert off.returncode == -signal.SIGTERM
+
+
+def launch(argv, *, cwd, log_dir, env=None):
+    """paddle.distributed.launch of the entry point, 2 processes, as a Popen (the caller signals it)."""
+    argv = with_hooks([str(a) for a in argv], env)
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(log_dir),
+           ENTRY, *argv]
+    return subprocess.Popen(cmd, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def straight2(demo, tmp_path_factory):
+    """The uninterrupted 2-process run both tests below must end at."""
+    root = tmp_path_factory.mktemp("straight2")
+    ok(train(tiny_args(demo, root / "out", **COMMON), cwd=root, launch_procs=2, log_dir=root / "logs"))
+    return root / "out"
+
+
+@pytest.mark.slow
+def test_two_processes_sigterm_to_the_launcher_saves_one_step_everywhere(demo, straight2, tmp_path):
+    """The real path: the scheduler signals `paddle.distributed.launch`, which signals both ranks; they
+    agree on one step through the job's store, save it, exit 76; the same command resumes exactly."""
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    proc = launch(tiny_args(demo, out, **COMMON), cwd=tmp_path, log_dir=logs)
+    deadline = time.monotonic() + 600
+    while not (out / "train_metrics.jsonl").is_file() or len((out / "train_metrics.jsonl").read_text().splitlines()) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=300)
+    text = [(logs / f"workerlog.{r}").read_text(errors="replace") for r in (0, 1)]
+    stopped = re.findall(r"stopped at step (\d+)", text[0])
+    assert len(stopped) == 1, text[0][-3000:]
+    step = int(stopped[0])
+    assert 3 <= step < 8 and json.loads((out / "model_last/train_state.json").read_text())["step"] == step
+    assert "Traceback" not in text[0] + text[1]
+    resumed = ok(train(tiny_args(demo, out, **COMMON), cwd=tmp_path, launch_procs=2, log_dir=tmp_path / "logs2"))
+    assert resumed.returncode == 0
+    assert_same_run(straight2, out)
+
+
+@pytest.mark.slow
+def test_the_supervisor_restarts_a_crashed_job_which_completes_exactly(demo, straight2, tmp_path):
+    """Rank 1 is SIGKILLed once after step 5 (the newest checkpoint is step 4); the watchdog stops the
+    job, the supervisor logs the cause and runs the command again, which resumes and completes."""
+    out = tmp_path / "out"
+    argv = with_hooks([str(a) for a in tiny_args(demo, out, **COMMON)],
+                      {"ERNIE_MTL_TEST_KILL_ONCE_MARKER": str(tmp_path / "killed")})
+    cmd = [sys.executable, "-m", "ernie_mtl.dist.supervisor", "--max_restarts", "2", "--backoff", "1", "--",
+           sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
+           str(tmp_path / "logs"), ENTRY, *argv]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ERNIE_MTL_TEST_KILL_ONCE_MARKER": str(tmp_path / "killed"),
+           "ERNIE_MTL_TEST_KILL_ONCE_AT_STEP": "5", "ERNIE_MTL_TEST_KILL_ONCE_RANK": "1",
+           "ERNIE_MTL_PEER_TIMEOUT": "20"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "killed").is_file()
+    assert "restart 1 of 2" in proc.stderr and "the job completed after 1 restart(s)" in proc.stderr
+    assert_same_run(straight2, out)
+
+
+def test_the_supervisor_never_retries_a_user_error_and_keeps_its_budget(tmp_path):
+    from ernie_mtl.dist.supervisor import Supervisor
+
+    logged, slept = [], []
+    user = Supervisor([sys.executable, "-c", "import sys; sys.exit(2)"], max_restarts=3, backoff=1, max_backoff=4,
+                      log=logged.append, sleep=slept.append)
+    assert user.run() == 2 and user.restarts == 0 and slept == [] and "user error" in logged[-1]
+    logged.clear()
+    crash = Supervisor([sys.executable, "-c", "import sys; print('RuntimeError: boom'); sys.exit(3)"],
+                       max_restarts=3, backoff=1, max_backoff=3, log=logged.append, sleep=slept.append)
+    assert crash.run() == 3 and crash.restarts == 3
+    assert slept == [1, 2, 3]  # doubling, capped
+    assert "exit status 3; last error line: RuntimeError: boom" in logged[0] and "budget (3) is spent" in logged[-1]
+    done = Supervisor([sys.executable, "-c", "pass"], max_restarts=1, backoff=1, max_backoff=1, log=logged.append,
+                      sleep=slept.append)
+    assert done.run() == 0
+    bad = subprocess.run([sys.executable, "-m", "ernie_mtl.dist.supervisor", "--max_restarts", "-1", "--", "true"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert bad.returncode == 2 and "--max_restarts -1 must be >= 0" in bad.stderr
