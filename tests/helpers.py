@@ -168,7 +168,8 @@ def with_hooks(argv, env):
     names = [n for n, var in (("kill_at_step", "ERNIE_MTL_TEST_KILL_AT_STEP"), ("dump_state", "ERNIE_MTL_TEST_DUMP_DIR"),
                               ("eval_at_start", "ERNIE_MTL_TEST_EVAL_AT_START"),
                               ("signal_at_step", "ERNIE_MTL_TEST_SIGNAL_AT_STEP"),
-                              ("kill_once", "ERNIE_MTL_TEST_KILL_ONCE_MARKER"))
+                              ("kill_once", "ERNIE_MTL_TEST_KILL_ONCE_MARKER"),
+                              ("sleep_on_rank", "ERNIE_MTL_TEST_SLEEP_RANK"))
              if (env or {}).get(var)]
     return list(argv) + (["--plugins", HOOKS, "--callbacks", ",".join(names)] if names else [])
 

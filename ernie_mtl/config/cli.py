@@ -499,6 +499,10 @@ def _train_problems(train: TrainConfig, optim: OptimConfig) -> List[str]:
     if bad:
         problems.append(f"--preempt_signals {train.preempt_signals!r}: {bad} not among {list(PREEMPT_SIGNALS)}; "
                         "give a comma-separated list (e.g. TERM,USR1) or none")
+    if train.slow_rank_factor < 0:
+        problems.append(f"--slow_rank_factor {train.slow_rank_factor} must be >= 0 (0 turns the warning off)")
+    if train.slow_rank_windows < 1:
+        problems.append(f"--slow_rank_windows {train.slow_rank_windows} must be >= 1")
     if train.log_level not in LOG_LEVELS:
         problems.append(f"--log_level {train.log_level!r} is not supported; use one of {list(LOG_LEVELS)}")
     if train.device not in DEVICES:

@@ -219,6 +219,10 @@ class TrainConfig:
     preempt_signals: str = _f("TERM,USR1", "Signals that make a run save model_last at the next step boundary (every "
                                            "rank at the same step) and exit with status 76, so a scheduler's "
                                            "warning before a kill loses nothing; none: do not handle them.")
+    slow_rank_factor: float = _f(0.2, "Warn when a rank's own work (outside the program) exceeds the median rank's by "
+                                      "more than this fraction of a step, several windows running (0: off); every "
+                                      "logging window records min/median/max step and host times (perf/*).")
+    slow_rank_windows: int = _f(3, "Logging windows a rank must be slow for in a row before the warning.")
     log_level: str = _f("info", '"info": our log lines only; "debug": also Paddle\'s own console output (glog '
                                 "lines, fleet's messages and prints, its OMP warning) and our debug lines "
                                 "(ERNIE_MTL_DEBUG=1 does the same and adds tracebacks to user errors).")

@@ -17,18 +17,21 @@ and `print`.
 """
 from __future__ import annotations
 
+import time
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ernie_mtl.checkpoint.layout import LAST, kept_name
 from ernie_mtl.dist import preemption
+from ernie_mtl.dist.watchdog import job_endpoints
 from ernie_mtl.engine.callbacks import Callback, built_in_callbacks
 from ernie_mtl.engine.feeding import Feeder
 from ernie_mtl.engine.evaluation import Evaluator, final_test
 from ernie_mtl.engine.exporter import Exporter
 from ernie_mtl.engine.metrics import MetricWriter, Window
 from ernie_mtl.engine.reporting import reporter_for
+from ernie_mtl.engine.stragglers import StragglerWatch
 from ernie_mtl.engine.state import ResumeState, clear_previous_run, restore, resume_checks, train_state
 
 
@@ -54,6 +57,9 @@ class Trainer:
         self.checkpointer = s.checkpointer(log=self.print)
         self.resume_checks = resume_checks(s.cfg, s.plan)
         self.signals, self.previous_handlers = tuple(preempt_signals), {}
+        t = s.cfg.train
+        self.stragglers = StragglerWatch(s.barrier, s.info.rank, s.info.world_size, factor=t.slow_rank_factor,
+                                         windows=t.slow_rank_windows, endpoints=job_endpoints())
         self.stop = preemption.StopAgreement(s.info.rank, s.info.world_size, s.barrier.store) if self.signals else None
 
     # -- the run -----------------------------------------------------------------------------------
@@ -97,13 +103,14 @@ class Trainer:
                 self.bar.update(1)
             if self.step % t.logging_freq == 0 or self.schedule.done:
                 self.log_window()
-            if self.step % t.eval_freq == 0:
-                self.evaluate()
-            self.exporter.export_due()
-            if self.step % t.checkpoint_steps == 0 or self.schedule.done:
-                self.save_checkpoint(LAST)
-            if self.step % t.save_steps == 0:
-                self.save_checkpoint(kept_name(self.step))
+            with self.window.shared():  # every rank together: not a rank's own work (engine/stragglers.py)
+                if self.step % t.eval_freq == 0:
+                    self.evaluate()
+                self.exporter.export_due()
+                if self.step % t.checkpoint_steps == 0 or self.schedule.done:
+                    self.save_checkpoint(LAST)
+                if self.step % t.save_steps == 0:
+                    self.save_checkpoint(kept_name(self.step))
             if self.stop is not None and not self.schedule.done and self.stop.at_boundary(self.step):
                 self.preempt(saved=self.step % t.checkpoint_steps == 0)
         self.emit("on_train_end")
@@ -129,8 +136,10 @@ class Trainer:
         extra = [self.p.lr] + ([self.p.loss_scaling] if self.p.loss_scaling is not None else [])
         for micro in self.feeder.step(self.step, drawn, read):
             scalars = self.p.fwd.task_scalars[micro.task]
+            started = time.perf_counter()
             values = self.exe.run(self.p.main, feed=micro.feed,
                                   fetch_list=[self.p.fwd.task_losses[micro.task], *scalars.values(), *extra])
+            self.window.run_s += time.perf_counter() - started
             values = [float(np.asarray(v).reshape(-1)[0]) for v in values]
             self.window.add_micro(micro.task, values[0], dict(zip(scalars, values[1:1 + len(scalars)])),
                                   tokens=micro.tokens)
@@ -145,6 +154,12 @@ class Trainer:
 
     def log_window(self) -> None:
         lines, logs = self.reporter.window(self, self.window)
+        if self.stragglers.enabled:  # every rank, at the same steps
+            w = self.window  # step times without the shared work (a checkpoint is not a slow step)
+            scalars, warning = self.stragglers.window(w.steps, w.elapsed - w.shared_s, w.own_s)
+            logs.update(scalars)
+            if warning and self.is_rank0:
+                self.log.warning(warning)
         for i, task in enumerate(self.tasks):  # e.g. samples read per corpus of a mixture
             logs.update(task.data_scalars(self.schedule.counts[i] * task.spec.batch_size * self.topo.data_world_size))
         for line in lines:

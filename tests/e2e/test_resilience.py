@@ -15,9 +15,9 @@ import time
 import numpy as np
 import pytest
 
-from helpers import ROOT, ENTRY, metrics, ok, state, tiny_args, train, with_hooks
+from helpers import ROOT, ENTRY, jsonl, metrics, ok, state, tiny_args, train, with_hooks
 
-EXCLUSIVE = {"two_processes", "supervisor"}  # these launch several processes: run alone (tests/conftest.py)
+EXCLUSIVE = {"two_processes", "supervisor_restarts"}  # these launch several processes: run alone (tests/conftest.py)
 
 COMMON = dict(micro_batch_size=2, global_batch_size=4, max_steps=8, max_lr=5e-3, min_lr=1e-4, warmup_rate=0.25,
               logging_freq=1, eval_freq=100, eval_iters=1, checkpoint_steps=2, save_steps=100)
@@ -65,10 +65,24 @@ def launch(argv, *, cwd, log_dir, env=None):
 
 @pytest.fixture(scope="module")
 def straight2(demo, tmp_path_factory):
-    """The uninterrupted 2-process run both tests below must end at."""
+    """The uninterrupted 2-process run both tests below must end at. Rank 1 is a straggler on purpose
+    (it sleeps 0.4 s after every step: its own work, outside the program), which the slow-rank watch
+    must name (checked below) and which does not change the numbers."""
     root = tmp_path_factory.mktemp("straight2")
-    ok(train(tiny_args(demo, root / "out", **COMMON), cwd=root, launch_procs=2, log_dir=root / "logs"))
+    ok(train(tiny_args(demo, root / "out", slow_rank_windows=2, **COMMON), cwd=root, launch_procs=2,
+             log_dir=root / "logs", env={"ERNIE_MTL_TEST_SLEEP_RANK": "1", "ERNIE_MTL_TEST_SLEEP_S": "0.4"}))
     return root / "out"
+
+
+@pytest.mark.slow
+def test_two_processes_a_slow_rank_is_named(straight2):
+    log = (straight2.parent / "logs" / "workerlog.0").read_text(errors="replace")
+    warnings = [line for line in log.splitlines() if "slow rank: rank 1" in line]
+    assert len(warnings) >= 4 and "2 windows running" in warnings[0], log[-3000:]
+    assert "rank 0" not in " ".join(w.split("slow rank:")[1] for w in warnings)
+    rows = [r for r in jsonl(straight2 / "train_metrics.jsonl") if "perf/slowest_rank" in r]
+    assert len(rows) == 8 and all(r["perf/slowest_rank"] == 1 for r in rows)
+    assert all(r["perf/host_s_max"] >= 0.4 > r["perf/host_s_min"] for r in rows)
 
 
 @pytest.mark.slow
@@ -133,3 +147,26 @@ def test_the_supervisor_never_retries_a_user_error_and_keeps_its_budget(tmp_path
     bad = subprocess.run([sys.executable, "-m", "ernie_mtl.dist.supervisor", "--max_restarts", "-1", "--", "true"],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert bad.returncode == 2 and "--max_restarts -1 must be >= 0" in bad.stderr
+
+
+def test_the_straggler_watch_names_a_rank_only_after_several_windows():
+    from ernie_mtl.engine.stragglers import StragglerWatch
+
+    class Gather:  # what every rank would hand in: (step seconds, own seconds per step)
+        def __init__(self, rounds):
+            self.rounds = iter(rounds)
+
+        def gather(self, what, mine):
+            return next(self.rounds)
+
+    even, slow = [(1.0, 0.01), (1.0, 0.01), (1.0, 0.01)], [(1.0, 0.01), (1.0, 0.5), (1.0, 0.01)]
+    watch = StragglerWatch(Gather([slow, slow, even, slow, slow, slow]), 0, 3, factor=0.2, windows=3,
+                           endpoints=["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"])
+    said = [watch.window(10, 10.0, 1.0)[1] for _ in range(6)]
+    assert said[:5] == [None] * 5  # two slow windows, a normal one resets the count, two more
+    assert said[5].startswith("slow rank: rank 1 (node 10.0.0.2): 500 ms of its own work per step against 10 ms "
+                              "on the other ranks, 3 windows running")
+    scalars, _ = StragglerWatch(Gather([slow]), 0, 3, factor=0.2, windows=1).window(10, 10.0, 1.0)
+    assert scalars["perf/slowest_rank"] == 1 and scalars["perf/host_s_max"] == 0.5
+    assert not StragglerWatch(None, 0, 1, factor=0.2, windows=1).enabled
+    assert not StragglerWatch(None, 0, 2, factor=0, windows=1).enabled

@@ -11,6 +11,8 @@ this lives in the production loop).
 - `kill_once`: SIGKILLs rank $ERNIE_MTL_TEST_KILL_ONCE_RANK (default 0) after step
   $ERNIE_MTL_TEST_KILL_ONCE_AT_STEP, once: a marker file $ERNIE_MTL_TEST_KILL_ONCE_MARKER remembers
   it across restarts (supervisor tests).
+- `sleep_on_rank`: rank $ERNIE_MTL_TEST_SLEEP_RANK sleeps $ERNIE_MTL_TEST_SLEEP_S seconds after each
+  step (a straggler on purpose).
 - `eval_at_start`: evaluates every task with a dev file before the first step and writes what
   each rank got to <output_dir>/eval_at_start_rank<r>.json (distributed-evaluation tests).
 """
@@ -70,3 +72,12 @@ class KillOnce(Callback):
                 and not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+@register_callback("sleep_on_rank")
+class SleepOnRank(Callback):
+    def on_step_end(self, trainer, step, tasks):
+        if str(trainer.info.rank) == os.environ.get("ERNIE_MTL_TEST_SLEEP_RANK"):
+            import time
+
+            time.sleep(float(os.environ.get("ERNIE_MTL_TEST_SLEEP_S", "0.2")))
