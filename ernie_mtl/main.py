@@ -49,6 +49,7 @@ def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
 
     from ernie_mtl.dist import preemption, watchdog
     from ernie_mtl.engine import run
+    from ernie_mtl.engine.anomaly import EXIT_ANOMALY, AnomalyStop
     from ernie_mtl.engine.validate import parse
 
     cfg = parse(argv)
@@ -69,6 +70,10 @@ def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
         except preemption.Preempted:
             watchdog.finish()  # a planned stop: the peers stop watching this rank
             return preemption.EXIT_PREEMPTED
+        except AnomalyStop as e:
+            watchdog.finish()
+            print(f"run_multitask_static.py: {e}", file=sys.stderr)
+            return EXIT_ANOMALY
         watchdog.finish()  # this rank completed: its peers stop watching it
     return 0
 

@@ -25,6 +25,7 @@ import numpy as np
 from ernie_mtl.checkpoint.layout import LAST, kept_name
 from ernie_mtl.dist import preemption
 from ernie_mtl.dist.watchdog import job_endpoints
+from ernie_mtl.engine.anomaly import AnomalyPolicy
 from ernie_mtl.engine.callbacks import Callback, built_in_callbacks
 from ernie_mtl.engine.feeding import Feeder
 from ernie_mtl.engine.evaluation import Evaluator, final_test
@@ -57,6 +58,7 @@ class Trainer:
         self.checkpointer = s.checkpointer(log=self.print)
         self.resume_checks = resume_checks(s.cfg, s.plan)
         self.signals, self.previous_handlers = tuple(preempt_signals), {}
+        self.anomaly = AnomalyPolicy(self)
         t = s.cfg.train
         self.stragglers = StragglerWatch(s.barrier, s.info.rank, s.info.world_size, factor=t.slow_rank_factor,
                                          windows=t.slow_rank_windows, endpoints=job_endpoints())
@@ -111,20 +113,23 @@ class Trainer:
                     self.save_checkpoint(LAST)
                 if self.step % t.save_steps == 0:
                     self.save_checkpoint(kept_name(self.step))
+            self.anomaly.stop_now(saved=self.step % t.checkpoint_steps == 0 or self.schedule.done)
             if self.stop is not None and not self.schedule.done and self.stop.at_boundary(self.step):
                 self.preempt(saved=self.step % t.checkpoint_steps == 0)
         self.emit("on_train_end")
         if self.step % t.eval_freq:
             self.evaluate()
         self.exporter.export_due(final=True)
-        for line in self.reporter.finished_lines(self):
-            self.print(line)
+        for line in self.reporter.finished_lines(self) + [self.anomaly.summary()]:
+            if line:
+                self.print(line)
 
     def start(self) -> None:
         """The start-up lines, hyperparameters and progress bar (rank 0), then on_train_begin."""
         if self.is_rank0:
             self.bar = self.reporter.start(self)
         self.previous_handlers = preemption.install(self.signals)
+        self.anomaly.start()
         self.emit("on_train_begin")
         self.window.reset()
 
@@ -133,17 +138,11 @@ class Trainer:
         """One optimizer step: the schedule's next `accumulate_steps` micro-batches."""
         read = list(self.schedule.counts)  # per task: micro-batches read before this step
         drawn = [self.schedule.next_task() for _ in range(self.topo.accumulate_steps)]
-        extra = [self.p.lr] + ([self.p.loss_scaling] if self.p.loss_scaling is not None else [])
-        for micro in self.feeder.step(self.step, drawn, read):
-            scalars = self.p.fwd.task_scalars[micro.task]
-            started = time.perf_counter()
-            values = self.exe.run(self.p.main, feed=micro.feed,
-                                  fetch_list=[self.p.fwd.task_losses[micro.task], *scalars.values(), *extra])
-            self.window.run_s += time.perf_counter() - started
-            values = [float(np.asarray(v).reshape(-1)[0]) for v in values]
-            self.window.add_micro(micro.task, values[0], dict(zip(scalars, values[1:1 + len(scalars)])),
-                                  tokens=micro.tokens)
-            lr_and_scale = values[1 + len(scalars):]
+        records = self.run_micro_batches(drawn, read)
+        if self.anomaly.every_step:  # --on_anomaly stop / replay (engine/anomaly.py)
+            records = self.anomaly.after_step(drawn, read, lambda: self.run_micro_batches(drawn, read)) or records
+        for task, loss, scalars, tokens, lr_and_scale in records:
+            self.window.add_micro(task, loss, scalars, tokens=tokens)
         self.p.lr_scheduler.step()
         if self.ema is not None:
             self.ema.update(self.exe, self.step)  # update number = steps completed before this one
@@ -152,8 +151,24 @@ class Trainer:
                              lr=lr_and_scale[0], loss_scale=lr_and_scale[1] if len(lr_and_scale) > 1 else None)
         return [self.tasks[i].spec.name for i in drawn]
 
+    def run_micro_batches(self, drawn: List[int], read: List[int]) -> List:
+        """Run the step's micro-batches; [(task, loss, scalars, tokens, [lr, loss scale])] of each."""
+        extra = [self.p.lr] + ([self.p.loss_scaling] if self.p.loss_scaling is not None else [])
+        records = []
+        for micro in self.feeder.step(self.step, drawn, read):
+            scalars = self.p.fwd.task_scalars[micro.task]
+            started = time.perf_counter()
+            values = self.exe.run(self.p.main, feed=micro.feed,
+                                  fetch_list=[self.p.fwd.task_losses[micro.task], *scalars.values(), *extra])
+            self.window.run_s += time.perf_counter() - started
+            values = [float(np.asarray(v).reshape(-1)[0]) for v in values]
+            records.append((micro.task, values[0], dict(zip(scalars, values[1:1 + len(scalars)])), micro.tokens,
+                            values[1 + len(scalars):]))
+        return records
+
     def log_window(self) -> None:
         lines, logs = self.reporter.window(self, self.window)
+        logs.update(self.anomaly.window({task: self.window.mean_loss(task) for task in self.window.count}))
         if self.stragglers.enabled:  # every rank, at the same steps
             w = self.window  # step times without the shared work (a checkpoint is not a slow step)
             scalars, warning = self.stragglers.window(w.steps, w.elapsed - w.shared_s, w.own_s)

@@ -54,6 +54,40 @@ def test_a_signal_saves_at_the_step_boundary_and_the_resume_is_bitwise(demo, tmp
     assert off.returncode == -signal.SIGTERM
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("policy,fault", [("skip", "always"), ("stop", "always"), ("replay", "once"),
+                                          ("replay", "always")])
+def test_a_non_finite_step_is_skipped_stopped_or_replayed(demo, tmp_path, policy, fault):
+    """A fault injected into step 3 (an infinity in the word embedding while the step runs: every time
+    it runs, or only the first time)."""
+    out = tmp_path / "out"
+    proc = train(tiny_args(demo, out, on_anomaly=policy, **COMMON), cwd=tmp_path,
+                 env={"ERNIE_MTL_TEST_POISON_STEP": "3", "ERNIE_MTL_TEST_POISON": fault})
+    text = proc.stdout + proc.stderr
+    state_now = json.loads((out / "model_last/train_state.json").read_text())
+    params = state(out / "model_last/state/rank_0")
+    assert all(np.isfinite(v).all() for v in params.values() if v.dtype.kind == "f")
+    if policy == "stop":
+        assert proc.returncode == 77 and "step 3 is not finite" in text and "the last good state is saved" in text
+        assert state_now["step"] == 3 and params["anomaly_skipped_steps"][0] == 1
+        return
+    ok(proc)
+    counted = [r["train/skipped_steps"] for r in jsonl(out / "train_metrics.jsonl") if "train/skipped_steps" in r]
+    if policy == "skip":
+        assert counted[:3] == [0.0, 0.0, 1.0] and counted[-1] == 1.0
+        assert "skipped 1 non-finite step(s) in this window (1 in all" in text
+        assert "anomaly guard (skip): 1 non-finite step(s) skipped" in text
+    elif fault == "once":
+        assert "a transient fault (hardware?); the replayed update is kept" in text
+        assert "replayed 1: 1 transient, 0 reproducible" in text
+    else:
+        assert "the data or the numerics are at fault" in text and "replayed 1: 0 transient, 1 reproducible" in text
+        dumped = json.loads((out / "anomalies/step_3_rank0.json").read_text())
+        assert dumped["step"] == 3 and len(dumped["micro_batches"]) == 2  # accumulation 2
+        assert dumped["micro_batches"][0] == {"task": "pretrain", "samples": [[8, 0], [9, 0]]}  # samples 8, 9: step 3
+        assert "micro0.input_ids" in np.load(out / "anomalies/step_3_rank0.npz").files
+
+
 def launch(argv, *, cwd, log_dir, env=None):
     """paddle.distributed.launch of the entry point, 2 processes, as a Popen (the caller signals it)."""
     argv = with_hooks([str(a) for a in argv], env)

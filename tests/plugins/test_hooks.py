@@ -13,6 +13,9 @@ this lives in the production loop).
   it across restarts (supervisor tests).
 - `sleep_on_rank`: rank $ERNIE_MTL_TEST_SLEEP_RANK sleeps $ERNIE_MTL_TEST_SLEEP_S seconds after each
   step (a straggler on purpose).
+- `poison_step`: a fault injected into step $ERNIE_MTL_TEST_POISON_STEP: the word embedding holds an
+  infinity while the step's micro-batches run ($ERNIE_MTL_TEST_POISON=always: every time the step is
+  run, as bad data would; once: only the first time, as a transient hardware fault would).
 - `eval_at_start`: evaluates every task with a dev file before the first step and writes what
   each rank got to <output_dir>/eval_at_start_rank<r>.json (distributed-evaluation tests).
 """
@@ -81,3 +84,31 @@ class SleepOnRank(Callback):
             import time
 
             time.sleep(float(os.environ.get("ERNIE_MTL_TEST_SLEEP_S", "0.2")))
+
+
+@register_callback("poison_step")
+class PoisonStep(Callback):
+    def on_train_begin(self, trainer):
+        import numpy as np
+        import paddle
+
+        at = int(os.environ.get("ERNIE_MTL_TEST_POISON_STEP", "0") or 0)
+        always = os.environ.get("ERNIE_MTL_TEST_POISON", "always") == "always"
+        run, state = trainer.exe.run, {"done": False}
+        table = trainer.p.name_map["ernie.embeddings.word_embeddings.weight"]
+
+        def poisoned_run(program, *args, **kwargs):
+            if program is not trainer.p.main or trainer.step + 1 != at or (state["done"] and not always):
+                return run(program, *args, **kwargs)
+            tensor = trainer.scope.find_var(table).get_tensor()
+            clean = np.array(tensor)
+            bad = clean.copy()
+            bad[:, 0] = np.inf
+            tensor.set(bad, paddle.CPUPlace())
+            try:
+                return run(program, *args, **kwargs)
+            finally:
+                tensor.set(clean, paddle.CPUPlace())
+                state["done"] = True
+
+        trainer.exe.run = poisoned_run
