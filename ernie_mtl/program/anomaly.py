@@ -73,23 +73,29 @@ def add_anomaly_guard(main, startup) -> Optional[AnomalyGuard]:
            ("elementwise_add", {"X": [counter], "Y": [one]}, {"Out": [counter]}, {"axis": -1})]
     for k, (kind, inputs, outputs, extra) in enumerate(ops):
         block._insert_op(index + 1 + k, type=kind, inputs=inputs, outputs=outputs, attrs={**attrs, **extra})
+    # every update's SkipUpdate becomes (its flag OR bad): each OR right before the first update that
+    # reads it (its flag may be computed just before that update: AMP's found_inf OR an idle-head flag)
     ored: Dict[str, str] = {}
-    for i in reversed(range(len(block.ops))):
+    i = index + 1 + len(ops)
+    while i < len(block.ops):
         op = block.ops[i]
-        if op.type not in ("adamw", "adam"):
+        skip = op.input("SkipUpdate") if op.type in ("adamw", "adam") and "SkipUpdate" in op.input_names else None
+        if skip is None:
+            i += 1
             continue
-        skip = op.input("SkipUpdate") if "SkipUpdate" in op.input_names else []
         if not skip:
             op.desc.set_input("SkipUpdate", [bad.name])
-            continue
-        if skip[0] not in ored:
-            out = block.create_var(name=unique_name.generate("skip_or_anomaly"), shape=[1], dtype="bool",
-                                   stop_gradient=True)
-            block._insert_op(i, type="logical_or", inputs={"X": [skip[0]], "Y": [bad]}, outputs={"Out": [out]},
-                             attrs=dict(attrs))
-            ored[skip[0]] = out.name
-            op = block.ops[i + 1]  # the adamw op moved one down
-        op.desc.set_input("SkipUpdate", [ored[skip[0]]])
+        else:
+            if skip[0] not in ored:
+                out = block.create_var(name=unique_name.generate("skip_or_anomaly"), shape=[1], dtype="bool",
+                                       stop_gradient=True)
+                block._insert_op(i, type="logical_or", inputs={"X": [skip[0]], "Y": [bad]}, outputs={"Out": [out]},
+                                 attrs=dict(attrs))
+                ored[skip[0]] = out.name
+                i += 1
+                op = block.ops[i]
+            op.desc.set_input("SkipUpdate", [ored[skip[0]]])
+        i += 1
     block._sync_with_cpp()
     del paddle  # imported for its op registry (isfinite_v2, logical ops)
     return AnomalyGuard(counter=COUNTER, flag=bad.name)
