@@ -104,6 +104,11 @@ class StoreBarrier:
 
             self._store = core.create_or_get_global_tcp_store()
 
+    @property
+    def store(self):
+        """The job's TCP store (None with one process)."""
+        return self._store
+
     def __call__(self, what: str = "barrier") -> None:
         if self._store is None:
             return
