@@ -1,7 +1,7 @@
 """Helpers shared by the tests (one module; no test module imports another).
 
 - `pretraining_programs(...)`: the programs of flag-mode pretraining (the one task `pretrain` on a
-  tiny ERNIE) through the one builder, with `feed(batch, step=, micro=)` turning an unprefixed
+  tiny ERNIE) through the one builder, with `feed(batch, step=, slot=)` turning an unprefixed
   pretraining batch into the program's feed (task-prefixed labels + dropout seeds).
 - `make_batch`, `scope_and_exe`, `params`: feeding and inspecting such programs.
 - CLI runners (`train`, `ok`), checkpoint readers (`state`, `metrics`, `jsonl`) for end-to-end tests.

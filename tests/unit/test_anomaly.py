@@ -36,7 +36,7 @@ def test_a_nan_step_is_skipped_bitwise_and_counted(build_programs, accumulate):
 
     def step():
         for micro in range(accumulate):
-            exe.run(p.main, feed=p.feed(make_batch(seed=micro), micro=micro), fetch_list=[p.loss], scope=scope)
+            exe.run(p.main, feed=p.feed(make_batch(seed=micro), slot=micro), fetch_list=[p.loss], scope=scope)
 
     # a fault in one value (a flipped bit, a bad kernel): the word embedding holds an infinity for one step
     table = scope.find_var(p.name_map["ernie.embeddings.word_embeddings.weight"]).get_tensor()
