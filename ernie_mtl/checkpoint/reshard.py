@@ -36,6 +36,7 @@ Pure NumPy: no program, no Paddle (the store reads the files, the session writes
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -56,6 +57,10 @@ SHOWN = 8  # differences listed in a refusal
 
 class ReshardError(UserError):
     """A checkpoint's state does not fit this run's program (the message lists the first differences)."""
+
+
+class DamagedTopology(ReshardError):
+    """A checkpoint's train_state.json lacks topology keys its saver always writes: damage, not another setting."""
 
 
 # -- names ---------------------------------------------------------------------------------------------
@@ -273,7 +278,7 @@ def decide(raw: Mapping[str, Any], now: Mapping[str, Any], *, flag_mode: bool,
     saved = dict(raw.get("topology") or {})
     lacking = [k for k in _LAYOUT if k not in saved]
     if lacking:
-        raise ReshardError(f"{where}: its topology lacks {lacking} (train_state.json is damaged)")
+        raise DamagedTopology(f"{Path(str(where)) / 'train_state.json'} is damaged: its topology lacks {lacking}")
     saved.setdefault("accumulate_steps", int(saved["global_batch_size"]) // (
         int(saved["micro_batch_size"]) * int(saved["dp_degree"]) * int(saved["sharding_degree"])))
     now = dict(now)

@@ -546,20 +546,8 @@ class Checkpointer:
 
     def damaged_message(self, subject: os.PathLike, why: str, *, intact: Optional[List[CheckpointRef]] = None,
                         exclude: Optional[os.PathLike] = None) -> str:
-        """The one refusal for a damaged checkpoint: what is damaged, that nothing was changed, and
-        what to do -- resume an intact checkpoint of this output_dir (listed) or start anew."""
-        if intact is None:
-            intact = scan(self.root)[0]
-        intact = [r for r in intact if exclude is None or r.path.resolve() != Path(exclude).resolve()]
-        fresh = (f"start a new run in another --output_dir, or here with --resume none --overwrite_output_dir "
-                 f"(which deletes the checkpoints in {self.root})")
-        if intact:
-            options = (f"Intact checkpoints: {', '.join(f'{r.path} (step {r.step})' for r in reversed(intact))}; "
-                       f"resume one with --resume PATH, or {fresh}.")
-        else:
-            options = f"No intact checkpoint remains: {fresh}."
-        return (f"cannot resume from {subject}: {why.rstrip('.')}. Nothing in {self.root} was changed: the damaged "
-                f"checkpoint is kept as it is. {options}")
+        """The one refusal for a damaged checkpoint of this output_dir (`damaged_refusal`)."""
+        return damaged_refusal(self.root, subject, why, intact=intact, exclude=exclude)
 
     def load(self, ref: CheckpointRef, *, topology: Mapping, check: Mapping, continuation=None) -> TrainState:
         """Restore this rank's program state from `ref` and return its train state.
@@ -671,6 +659,25 @@ def merged_state(path: os.PathLike, *, verify: bool = True) -> Dict[str, Any]:
     for file in sorted(folder.glob("rank_*.pdparams")) + sorted(folder.glob("rank_*.pdopt")):
         merged.update(paddle.load(str(file), return_numpy=True))
     return merged
+
+
+def damaged_refusal(root: os.PathLike, subject: os.PathLike, why: str, *, intact: Optional[List[CheckpointRef]] = None,
+                    exclude: Optional[os.PathLike] = None) -> str:
+    """The one refusal for a damaged checkpoint: what is damaged, that nothing was changed, and
+    what to do -- resume an intact checkpoint of output_dir `root` (listed) or start anew."""
+    root = Path(root)
+    if intact is None:
+        intact = scan(root)[0]
+    intact = [r for r in intact if exclude is None or r.path.resolve() != Path(exclude).resolve()]
+    fresh = (f"start a new run in another --output_dir, or here with --resume none --overwrite_output_dir "
+             f"(which deletes the checkpoints in {root})")
+    if intact:
+        options = (f"Intact checkpoints: {', '.join(f'{r.path} (step {r.step})' for r in reversed(intact))}; "
+                   f"resume one with --resume PATH, or {fresh}.")
+    else:
+        options = f"No intact checkpoint remains: {fresh}."
+    return (f"cannot resume from {subject}: {why.rstrip('.')}. Nothing in {root} was changed: the damaged "
+            f"checkpoint is kept as it is. {options}")
 
 
 STATE_FORMATS = ("paddle", "portable")

@@ -19,8 +19,8 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from ernie_mtl.checkpoint.reshard import (Continuation, ReshardError, assignments, decide, name_map_differences,
-                                          structured_state)
+from ernie_mtl.checkpoint.reshard import (Continuation, DamagedTopology, ReshardError, assignments, decide,
+                                          name_map_differences, structured_state)
 from ernie_mtl.checkpoint.store import (CheckpointError, CheckpointRef, merged_state, read_train_state_file,
                                         verified_state)
 
@@ -34,6 +34,10 @@ def continuation_for(cfg, ref: Optional[CheckpointRef], topo, *, log=None) -> Op
     try:
         c = decide(raw, topo.to_dict(), flag_mode=cfg.flag_mode, allow_batch_change=cfg.train.allow_batch_change,
                    where=str(ref.path))
+    except DamagedTopology as e:  # the store's refusal of damage: nothing changed, the intact checkpoints listed
+        from ernie_mtl.checkpoint.store import damaged_refusal
+
+        raise CheckpointError(damaged_refusal(cfg.train.output_dir, ref.path, str(e), exclude=ref.path)) from None
     except ReshardError as e:
         raise CheckpointError(str(e)) from None
     if log is not None and c.kind != "exact":
