@@ -8,7 +8,8 @@ identically on every rank; each rank feeds its slice of that task's global micro
 dropout seeds of (step, micro-batch, rank) and the idle-group flags of the step; one `exe.run` per
 micro-batch, the update happening inside the program on the last one (gradient merge). Logged
 losses are rank 0's (not all-reduced); tokens/s counts rank 0's non-pad tokens times the
-data-parallel size.
+data-parallel size. Nothing is fetched per micro-batch: the losses are summed per task on the
+device and fetched once per logging step (ernie_mtl/program/loss_sums.py).
 
 Callbacks (ernie_mtl/engine/callbacks.py) receive the trainer and may read `step`, `schedule`,
 `tasks`, `task(name)`, `plan`, `cfg`, `info`, `topo`, `is_rank0`, `p` (the programs), `scope`,
@@ -18,8 +19,6 @@ and `print`.
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
-
-import numpy as np
 
 from ernie_mtl.checkpoint.layout import LAST, kept_name
 from ernie_mtl.engine.callbacks import Callback, built_in_callbacks
@@ -113,31 +112,29 @@ class Trainer:
         if self.is_rank0:
             self.bar = self.reporter.start(self)
         self.emit("on_train_begin")
+        self.p.loss_sums.take(self.exe)  # a new window: its sums start at zero
         self.window.reset()
 
     # -- one step ------------------------------------------------------------------------------------
     def train_step(self) -> List[str]:
-        """One optimizer step: the schedule's next `accumulate_steps` micro-batches."""
+        """One optimizer step: the schedule's next `accumulate_steps` micro-batches. Nothing is
+        fetched: the losses are summed on the device (program/loss_sums.py) and read when logged, so
+        on a GPU `exe.run` returns once the step is queued and the next feed is prepared meanwhile."""
         read = list(self.schedule.counts)  # per task: micro-batches read before this step
         drawn = [self.schedule.next_task() for _ in range(self.topo.accumulate_steps)]
-        extra = [self.p.lr] + ([self.p.loss_scaling] if self.p.loss_scaling is not None else [])
         for micro in self.feeder.step(self.step, drawn, read):
-            scalars = self.p.fwd.task_scalars[micro.task]
-            values = self.exe.run(self.p.main, feed=micro.feed,
-                                  fetch_list=[self.p.fwd.task_losses[micro.task], *scalars.values(), *extra])
-            values = [float(np.asarray(v).reshape(-1)[0]) for v in values]
-            self.window.add_micro(micro.task, values[0], dict(zip(scalars, values[1:1 + len(scalars)])),
-                                  tokens=micro.tokens)
-            lr_and_scale = values[1 + len(scalars):]
+            self.exe.run(self.p.main, feed=micro.feed)
+            self.window.add_micro(micro.task, tokens=micro.tokens)
         self.p.lr_scheduler.step()
         if self.ema is not None:
             self.ema.update(self.exe, self.step)  # update number = steps completed before this one
         self.step += 1
-        self.window.add_step(samples=sum(self.tasks[i].spec.batch_size for i in drawn) * self.topo.data_world_size,
-                             lr=lr_and_scale[0], loss_scale=lr_and_scale[1] if len(lr_and_scale) > 1 else None)
+        self.window.add_step(samples=sum(self.tasks[i].spec.batch_size for i in drawn) * self.topo.data_world_size)
         return [self.tasks[i].spec.name for i in drawn]
 
     def log_window(self) -> None:
+        taken = self.p.loss_sums.take(self.exe)  # the window's one fetch
+        self.window.add_sums(taken.sums, self.p.loss_sums.columns, lr=taken.lr, loss_scale=taken.loss_scale)
         lines, logs = self.reporter.window(self, self.window)
         for i, task in enumerate(self.tasks):  # e.g. samples read per corpus of a mixture
             logs.update(task.data_scalars(self.schedule.counts[i] * task.spec.batch_size * self.topo.data_world_size))

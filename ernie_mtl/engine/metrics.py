@@ -11,7 +11,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from ernie_mtl.checkpoint.layout import METRICS_FILE  # noqa: F401  (re-exported)
 
@@ -19,7 +19,12 @@ from ernie_mtl.checkpoint.layout import METRICS_FILE  # noqa: F401  (re-exported
 class Window:
     """What happened since the last log line: per task its micro-batches, summed loss and extra scalars
     (e.g. mlm_loss, nsp_loss); optimizer steps, non-pad tokens (all ranks), samples (all ranks),
-    time; the learning rate and the loss scale as their latest values."""
+    time; the learning rate and the loss scale as their latest values.
+
+    The loop counts micro-batches, tokens and samples as they run (`add_micro`, `add_step`); the
+    losses, lr and loss scale stay on the device and arrive once per window (`add_sums`: the sums
+    of ernie_mtl/program/loss_sums.py, the same float64 running sums this class kept on the host when
+    every micro-batch was fetched)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -36,19 +41,24 @@ class Window:
         self.loss_scale: Optional[float] = None
         self.started = time.perf_counter()
 
-    def add_micro(self, task: str, loss: float, scalars: Mapping[str, float], *, tokens: int) -> None:
-        """One micro-batch of `task` (this rank's loss and scalars; `tokens`: non-pad tokens of all ranks)."""
+    def add_micro(self, task: str, *, tokens: int) -> None:
+        """One micro-batch of `task` (`tokens`: non-pad tokens of all ranks)."""
         self.micro += 1
         self.count[task] = self.count.get(task, 0) + 1
-        self.loss[task] = self.loss.get(task, 0.0) + float(loss)
-        sums = self.scalars.setdefault(task, {})
-        for k, v in scalars.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
         self.tokens += tokens
 
-    def add_step(self, *, samples: int, lr: float, loss_scale: Optional[float]) -> None:
+    def add_step(self, *, samples: int) -> None:
         self.steps += 1
         self.samples += samples
+
+    def add_sums(self, sums: Mapping[str, Sequence[float]], columns: Mapping[str, Sequence[str]], *, lr: float,
+                 loss_scale: Optional[float]) -> None:
+        """This rank's sums over the window's micro-batches, per task `[loss, *scalars]` named by
+        `columns[task]` (`("loss", "mlm_loss", ...)`), and the latest lr and loss scale."""
+        for task in self.count:
+            values = sums[task]
+            self.loss[task] = float(values[0])
+            self.scalars[task] = {k: float(v) for k, v in zip(columns[task][1:], values[1:])}
         self.lr = float(lr)
         if loss_scale is not None:
             self.loss_scale = float(loss_scale)

@@ -13,10 +13,12 @@ to them: store it with every checkpoint.
 Besides the network: dropout seeds fed per micro-batch (ernie_mtl/program/randomness.py), idle parameter
 groups frozen through AdamW's SkipUpdate (ernie_mtl/program/idle_heads.py; the build fails if the freeze
 does not cover a group's whole optimizer state), the prediction-only ops removed from the training
-program, per-parameter initialisation seeds, and the EMA programs (ernie_mtl/program/ema.py).
+program, per-parameter initialisation seeds, the EMA programs (ernie_mtl/program/ema.py), and the
+per-task loss sums kept on the device so that no micro-batch fetches (ernie_mtl/program/loss_sums.py).
 
 Order of use: `programs = build_programs(...)`; `programs.initialize(exe)` (startup, pretrained
-weights, AMP O2 cast, EMA); then `exe.run(programs.main, feed=..., fetch_list=...)`.
+weights, AMP O2 cast, EMA); then `exe.run(programs.main, feed=...)` per micro-batch and
+`programs.loss_sums.take(exe)` when the losses are logged.
 """
 from __future__ import annotations
 
@@ -33,12 +35,14 @@ from ernie_mtl.dist.console import captured_prints
 from ernie_mtl.program.ema import DeviceEMA
 from ernie_mtl.program.forward import Forward, HeadGroup, build_forward
 from ernie_mtl.program.idle_heads import FreezePlan, check_coverage, plan_freeze, strip_idle_flags
+from ernie_mtl.program.loss_sums import LossSums, StateView
 from ernie_mtl.program.optim import WarmupLinearDecay, make_lr_schedule, make_optimizer
 from ernie_mtl.dist.topology import Topology
 from ernie_mtl.program.randomness import seed_initializers, strip_dropout_seeds, wire_dropout_seeds
 from ernie_mtl.tasks.base import TaskType
 from ernie_mtl.program.edits import declare_sub_block_inputs, live_blocks
 from ernie_mtl.tasks.base import remove_variable
+from ernie_mtl.tasks.feeds import TASK_GATE
 from ernie_mtl.dist.topology import build_strategy
 
 StrategyBuilder = Callable[..., Any]  # f(*, recompute_checkpoints) -> DistributedStrategy
@@ -66,6 +70,7 @@ class Programs:
     dropout_seeds: int = 0  # length of the `dropout_seeds` feed (ernie_mtl/program/randomness.py)
     freeze: Optional[FreezePlan] = None  # idle parameter groups (ernie_mtl/program/idle_heads.py)
     ema: Optional[DeviceEMA] = None  # use_ema (ernie_mtl/program/ema.py)
+    loss_sums: Optional[LossSums] = None  # per-task loss sums on the device (ernie_mtl/program/loss_sums.py)
     pretrained_heads: Dict[str, str] = field(default_factory=dict)  # e.g. cls.* -> a pretrain head's parameters
     _amp_optimizer: Any = None
 
@@ -76,6 +81,11 @@ class Programs:
     @property
     def groups(self) -> List[HeadGroup]:
         return self.fwd.groups
+
+    @property
+    def state_program(self):
+        """`main` as checkpoints save and load it: every persistable variable but the loss sums."""
+        return StateView(self.main, self.loss_sums.variables if self.loss_sums is not None else ())
 
     def initialize(self, exe: paddle.static.Executor, scope: Optional[paddle.static.Scope] = None) -> None:
         """Startup, pretrained backbone weights (a PaddleNLP directory), AMP O2's cast, the EMA's
@@ -137,6 +147,8 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
     fetched = [v.name for v in fwd.task_losses.values()] + [fwd.loss.name]
     fetched += [v.name for scalars in fwd.task_scalars.values() for v in scalars.values()]
     prune_unused_forward_ops(main, keep=fetched)
+    loss_sums = LossSums(main, startup, fwd.task_losses, fwd.task_scalars, gate=fwd.feed_vars.get(TASK_GATE),
+                         lr=minimized.lr_var, loss_scaling=minimized.loss_scaling)
     seed_initializers(startup, fwd.name_map, seed)
     ema = DeviceEMA(main, sorted(set(fwd.name_map.values())), ema_decay) if ema_decay is not None else None
     forward, export_fwd = build_forward_program(model_cfg.model_type, arch, tasks, seed=seed, use_task_id=use_task_id)
@@ -152,7 +164,7 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
         main=main, startup=startup, test=test, forward=forward, fwd=fwd, export_fwd=export_fwd, lr=minimized.lr_var,
         loss_scaling=minimized.loss_scaling, lr_scheduler=minimized.lr_scheduler, strategy=minimized.strategy,
         topo=topo, arch=resolved.arch, weights=resolved.weights, amp_level=minimized.amp_level,
-        dropout_seeds=n_seeds, freeze=freeze, ema=ema, pretrained_heads=pretrained_heads,
+        dropout_seeds=n_seeds, freeze=freeze, ema=ema, loss_sums=loss_sums, pretrained_heads=pretrained_heads,
         _amp_optimizer=minimized.amp_optimizer)
 
 
