@@ -465,6 +465,9 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_
                             f"vocab_size is {arch['vocab_size']}; pass --vocab_size {vocab_size}")
     if data.num_workers < 0:
         problems.append(f"--num_workers {data.num_workers} must be >= 0 (0 = load in the training process)")
+    if data.prefetch_factor < 1:
+        problems.append(f"--prefetch_factor {data.prefetch_factor} must be >= 1 (micro-batches each worker builds "
+                        "ahead; 2 is PyTorch's and PaddleNLP's default)")
     return problems
 
 

@@ -153,9 +153,14 @@ class DataConfig:
     max_predictions_per_seq: int = _f(20, "At most this many masked tokens per sample.")
     short_seq_prob: float = _f(0.1, "Probability of a shorter random target length for a sample.")
     max_ngrams: int = _f(3, "Longest masked n-gram of whole words.")
-    num_workers: int = _f(2, "Accepted for PaddleNLP compatibility and checked (>= 0), but samples are built in the "
-                                 "training process whatever its value (about 3 ms per step at ERNIE-base size; "
-                                 "docs/performance.md).")
+    num_workers: int = _f(2, "Data-loading worker processes per training process: they build the micro-batches of "
+                                 "the coming steps (samples, masking, collation) while the device computes, in the "
+                                 "order the run defines (losses equal those of 0). 0: build them in the training "
+                                 "process between steps. Each worker uses one thread; give each rank cores for its "
+                                 "workers (docs/performance.md, \"Feeding a GPU\").")
+    prefetch_factor: int = _f(2, "Micro-batches each worker builds ahead (PyTorch/PaddleNLP meaning): at most "
+                                 "num_workers x prefetch_factor are in flight per process, which bounds the memory "
+                                 "the data path holds. Ignored with --num_workers 0.")
     data_cache: Optional[str] = _f(None, "Folder of the sample-index caches; default: index-cache/ beside each "
                                          "corpus. A relative path is relative to the working directory (a "
                                          "node-local folder on clusters without a shared filesystem).")

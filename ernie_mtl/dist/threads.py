@@ -215,6 +215,21 @@ def plan_threads(env: Mapping[str, str], budget: CpuBudget, *, device: str = "cp
                       description=f"threads: {OMP}={decided}, {mkl_text} ({basis})", basis=basis)
 
 
+# Every math library's thread variable a data-loading worker pins to 1 (numpy uses OpenBLAS here)
+WORKER_THREAD_VARS = (OMP, MKL, "OPENBLAS_NUM_THREADS")
+
+
+def worker_environment(env: Mapping[str, str]) -> Dict[str, str]:
+    """The environment of a data-loading worker process (ernie_mtl/engine/datapath.py): the
+    training process's, with every math library at one thread. A worker builds samples in Python
+    and NumPy (small arrays, no large kernels), so more threads would only take cores from the
+    training process's own OpenMP threads; the cores a rank's workers need come out of the rank's
+    share on top of its thread count (docs/performance.md, "Feeding a GPU")."""
+    out = dict(env)
+    out.update({name: "1" for name in WORKER_THREAD_VARS})
+    return out
+
+
 def device_hint(argv: Sequence[str], *, gpu_build: Optional[bool] = None) -> str:
     """"cpu" or "gpu" for the run that `argv` (an entry point's arguments) describes, without
     importing paddle: `--device X` on the command line, else `device:` in the `--config` YAML, else

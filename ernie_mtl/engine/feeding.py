@@ -2,16 +2,26 @@
 task's global micro-batch (read from the task's stream at the task's position, collated by the task
 type), the dropout seeds of (step, micro-batch, rank) and the idle-group flags of the step.
 
-A feed depends only on (seed, step, micro-batch, the schedule's position, rank): the same step
-builds the same feed in an uninterrupted and a resumed run, on any process that builds it.
+A feed depends only on (seed, step, micro-batch, the schedule's draws, each task's position, rank):
+the same step builds the same feed in an uninterrupted and a resumed run, on any process that builds
+it. `FeedRecipe` is everything else a feed depends on, as one picklable object: `Feeder` builds the
+feeds with it in the training process (`--num_workers 0`), the workers of
+ernie_mtl/engine/datapath.py with a copy of it in their own processes. One function builds a
+micro-batch either way, so both give the same bytes.
+
+A failure while building (a corpus whose bytes changed under the run, a task type's `collate` that
+raises) is reported as a `SampleError` naming the task, the example (file, sample index, epoch),
+the micro-batch and the step: a `SampleUserError` (exit status 2, the message alone) when the cause
+is one the user fixes (a data or I/O error), otherwise a bug with its traceback.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from data_tools.cli_utils import UserError
 from ernie_mtl.program.forward import make_feed
 from ernie_mtl.program.randomness import DROPOUT_SEEDS, draw_dropout_seeds
 
@@ -19,31 +29,114 @@ from ernie_mtl.program.randomness import DROPOUT_SEEDS, draw_dropout_seeds
 @dataclass
 class MicroBatch:
     task: str
-    feed: Dict[str, np.ndarray]
+    feed: Dict[str, Any]  # numpy arrays (or, staged by a background feeder, tensors on the device)
     tokens: int  # non-pad tokens of all data-parallel ranks (this rank's times the data world size)
 
 
-class Feeder:
-    def __init__(self, session):
+class SampleError(RuntimeError):
+    """Building a training micro-batch failed (a bug: the message names where, the cause follows)."""
+
+
+class SampleUserError(UserError):
+    """Building a training micro-batch failed for a reason the user fixes (data, I/O)."""
+
+
+def sample_error(message: str, cause: BaseException, *, detail: str = "") -> Exception:
+    """The error to raise for `cause`: a SampleUserError for a user error or an I/O fault, else a
+    SampleError; `detail` (a worker's traceback) is appended to a bug's message."""
+    text = f"{message}: {type(cause).__name__}: {cause}"
+    if isinstance(cause, (UserError, OSError)):
+        return SampleUserError(text)
+    return SampleError(text + (f"\n{detail}" if detail else ""))
+
+
+def position_of(drawn: Sequence[int], read: Sequence[int], micro: int) -> int:
+    """The stream position (micro-batches of its task read before it) of micro-batch `micro` of a
+    step whose tasks are `drawn`, each task's stream at `read[i]` when the step began."""
+    task = drawn[micro]
+    return int(read[task]) + sum(1 for i in drawn[:micro] if i == task)
+
+
+@dataclass
+class FeedRecipe:
+    """What the feeds of a run depend on besides (step, micro-batch, draws, positions): picklable,
+    so that data-loading worker processes build exactly what the training process would."""
+
+    tasks: List[Any]  # TaskType instances, in task_instance order
+    train: Dict[str, Any]  # task -> TaskData of its training split
+    streams: List[Any]  # this rank's TaskStream per task
+    seed: int
+    data_rank: int
+    data_world: int
+    use_task_id: bool = False
+    freeze: Optional[Any] = None  # FreezePlan of the idle parameter groups
+    dropout_seeds: int = 0  # length of the dropout_seeds feed (0: none)
+
+    @classmethod
+    def from_session(cls, session) -> "FeedRecipe":
         s = session
-        self.tasks, self.plan, self.programs = s.plan.tasks, s.plan, s.programs
-        self.seed, self.data_rank, self.data_world = s.cfg.train.seed, s.data_rank, s.topo.data_world_size
-        self.use_task_id = s.cfg.setup.mtl.use_task_id
+        return cls(tasks=list(s.plan.tasks), train=dict(s.plan.train), streams=list(s.plan.streams),
+                   seed=s.cfg.train.seed, data_rank=s.data_rank, data_world=s.topo.data_world_size,
+                   use_task_id=s.cfg.setup.mtl.use_task_id, freeze=s.programs.freeze,
+                   dropout_seeds=s.programs.dropout_seeds)
+
+    def idle_flags(self, drawn: Sequence[int]) -> Dict[str, np.ndarray]:
+        """The idle-group feed of a step whose tasks are `drawn` (frozen on the device)."""
+        if self.freeze is None:
+            return {}
+        return self.freeze.feed([self.tasks[i].spec.name for i in drawn])
+
+    def micro(self, step: int, micro: int, drawn: Sequence[int], read: Sequence[int],
+              idle: Optional[Dict[str, np.ndarray]] = None) -> MicroBatch:
+        """Micro-batch `micro` of optimizer step `step` (tasks `drawn`, streams at `read` when the
+        step began). `idle`: the step's idle flags, if already computed."""
+        i = drawn[micro]
+        task = self.tasks[i]
+        name = task.spec.name
+        where = f"task {name}: building micro-batch {micro} of step {step + 1}"
+        indices = self.streams[i].indices(position_of(drawn, read, micro))
+        features = []
+        for index, epoch in indices:
+            try:
+                features.append(self.train[name].get(index, epoch))
+            except Exception as e:  # noqa: BLE001  (named and re-raised)
+                raise sample_error(f"{where}: {task.example_source(index)} (epoch {epoch})", e) from e
+        try:
+            batch = task.collate(features)
+            feed = make_feed(self.tasks, i, batch, use_task_id=self.use_task_id)
+        except Exception as e:  # noqa: BLE001
+            (first, epoch), (last, _) = indices[0], indices[-1]
+            raise sample_error(f"{where}: collating examples {first}..{last} (epoch {epoch}) of "
+                               f"{task.spec.train_file}", e) from e
+        feed.update(self.idle_flags(drawn) if idle is None else idle)
+        if self.dropout_seeds:
+            feed[DROPOUT_SEEDS] = draw_dropout_seeds(self.seed, step, micro, self.data_rank, self.dropout_seeds)
+        tokens = int((np.asarray(batch["input_mask"]) == 0).sum()) * self.data_world
+        return MicroBatch(name, feed, tokens)
+
+    def step(self, step: int, drawn: Sequence[int], read: Sequence[int]) -> Iterator[MicroBatch]:
+        """The micro-batches of optimizer step `step`, one at a time."""
+        idle = self.idle_flags(drawn)
+        for m in range(len(drawn)):
+            yield self.micro(step, m, drawn, read, idle)
+
+
+class Feeder:
+    """Builds each micro-batch in the training process when the loop asks for it (`--num_workers 0`)."""
+
+    def __init__(self, recipe: FeedRecipe):
+        self.recipe = recipe
+
+    def open(self) -> None:
+        """Nothing to start (the background feeder starts its workers here)."""
+
+    def start(self, step: int, schedule) -> None:
+        """Training begins (or resumes) at `step` with the schedule in its state there."""
 
     def step(self, step: int, drawn: Sequence[int], read: Sequence[int]) -> Iterator[MicroBatch]:
         """The micro-batches of optimizer step `step` whose tasks are `drawn` (indices), each task's
         stream starting at `read[i]` micro-batches."""
-        position: List[int] = list(read)
-        idle = self.programs.freeze.feed([self.tasks[i].spec.name for i in drawn])  # frozen on the device
-        for m, i in enumerate(drawn):
-            task = self.tasks[i]
-            name = task.spec.name
-            batch = task.collate([self.plan.train[name].get(idx, epoch)
-                                  for idx, epoch in self.plan.streams[i].indices(position[i])])
-            position[i] += 1
-            feed = make_feed(self.tasks, i, batch, use_task_id=self.use_task_id)
-            feed.update(idle)
-            if self.programs.dropout_seeds:
-                feed[DROPOUT_SEEDS] = draw_dropout_seeds(self.seed, step, m, self.data_rank,
-                                                         self.programs.dropout_seeds)
-            yield MicroBatch(name, feed, int((np.asarray(batch["input_mask"]) == 0).sum()) * self.data_world)
+        return self.recipe.step(step, drawn, read)
+
+    def close(self) -> None:
+        pass

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ernie_mtl.checkpoint.layout import LAST, kept_name
 from ernie_mtl.engine.callbacks import Callback, built_in_callbacks
-from ernie_mtl.engine.feeding import Feeder
+from ernie_mtl.engine.datapath import open_feeder
 from ernie_mtl.engine.evaluation import Evaluator, final_test
 from ernie_mtl.engine.exporter import Exporter
 from ernie_mtl.engine.metrics import MetricWriter, Window
@@ -47,7 +47,8 @@ class Trainer:
         self.reporter = reporter_for(s.cfg)
         self.writer = MetricWriter(s.cfg.train.output_dir, enabled=self.is_rank0)
         self.window, self.bar = Window(), None
-        self.evaluator, self.exporter, self.feeder = Evaluator(s), Exporter(self), Feeder(s)
+        self.evaluator, self.exporter = Evaluator(s), Exporter(self)
+        self.feeder = open_feeder(s, log=self.print)  # in-process, or --num_workers processes (engine/datapath.py)
         self.callbacks: List[Callback] = built_in_callbacks(self.setup.mtl, self.writer) + list(callbacks)
         self.checkpointer = s.checkpointer(log=self.print)
         self.resume_checks = resume_checks(s.cfg, s.plan)
@@ -56,6 +57,7 @@ class Trainer:
     def run(self) -> Dict:
         """Resume (or start), train, test; returns the test results."""
         try:
+            self.feeder.open()  # workers start up while the checkpoint loads
             self.resume()
             self.train()
             return final_test(self)
@@ -112,6 +114,7 @@ class Trainer:
         if self.is_rank0:
             self.bar = self.reporter.start(self)
         self.emit("on_train_begin")
+        self.feeder.start(self.step, self.schedule)  # a background feeder plans ahead from here
         self.p.loss_sums.take(self.exe)  # a new window: its sums start at zero
         self.window.reset()
 
@@ -202,6 +205,7 @@ class Trainer:
             getattr(cb, hook)(self, *args)
 
     def close(self) -> None:
+        self.feeder.close()
         if self.bar is not None:
             self.bar.close()
         self.writer.close()
