@@ -51,14 +51,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ernie_mtl.engine.feeding import (Feeder, FeedRecipe, MicroBatch, SampleError, SampleUserError, sample_error)
+from ernie_mtl.engine.feeding import (Feeder, FeedRecipe, MicroBatch, SampleError, SampleUserError, sample_error,
+                                     to_tensors)
 
-# Feeds the program consumes on the CPU (split there into scalars): staged as CPU tensors, so a
-# GPU program reads them without a device-to-host copy (program/randomness.py, program/idle_heads.py).
-from ernie_mtl.program.idle_heads import IDLE_GROUPS
-from ernie_mtl.program.randomness import DROPOUT_SEEDS
-
-CPU_FEEDS = frozenset({DROPOUT_SEEDS, IDLE_GROUPS})
 _POLL_S = 0.2
 _BOOT = ("import zlib, sys\n"  # zlib before anything could import paddle (docs/platform.md)
          "sys.path.insert(0, sys.argv[1])\n"
@@ -71,7 +66,7 @@ def open_feeder(session, *, log=None):
     recipe = FeedRecipe.from_session(session)
     data = session.cfg.data
     if data.num_workers <= 0:
-        return Feeder(recipe)
+        return Feeder(recipe, place=session.exe.place)
     return BackgroundFeeder(recipe, num_workers=data.num_workers, prefetch_factor=data.prefetch_factor,
                             accumulate_steps=session.topo.accumulate_steps, place=session.exe.place,
                             plugins=session.cfg.setup.mtl.plugins, log=log)
@@ -121,13 +116,14 @@ class BackgroundFeeder:
         self.restarts = 0
         self.wait_s = 0.0  # time the loop waited for a staged micro-batch (exposed data-path time)
         self.opened_s = 0.0
+        self._opened_at = 0.0
 
     # -- lifetime -----------------------------------------------------------------------------------
     def open(self) -> None:
         """Start the workers (they load the recipe while the trainer resumes)."""
         if self.workers:
             return
-        started = time.perf_counter()
+        started = self._opened_at = time.perf_counter()
         from ernie_mtl.dist.threads import worker_environment
 
         blob = pickle.dumps(self.recipe, protocol=pickle.HIGHEST_PROTOCOL)
@@ -263,6 +259,7 @@ class BackgroundFeeder:
         try:
             for w in self.workers:
                 w.hello = self._recv(w, expect_hello=True) or {}
+                w.hello["ready_after_s"] = time.perf_counter() - self._opened_at  # from start to hello
                 if self._stop.is_set():
                     return
             j = 0
@@ -322,16 +319,9 @@ class BackgroundFeeder:
         return SampleUserError(text + where) if user else SampleError(text + where + (f"\n{detail}" if detail else ""))
 
     def _stage_feed(self, feed: Dict[str, Any]) -> Dict[str, Any]:
-        """Arrays -> tensors where the program reads them: the device, or the CPU for CPU_FEEDS."""
-        from paddle.base import core
-
-        cpu = core.CPUPlace()
-        out = {}
-        for name, value in feed.items():
-            tensor = core.LoDTensor()
-            tensor.set(value, cpu if name in CPU_FEEDS or self.place is None else self.place)
-            out[name] = tensor
-        return out
+        """Arrays -> tensors where the program reads them (feeding.to_tensors): made here, in this
+        thread, while the device runs the current micro-batch."""
+        return to_tensors(feed, self.place)
 
     def stats(self) -> Dict[str, Any]:
         return {"workers": [w.hello for w in self.workers], "wait_s": self.wait_s, "restarts": self.restarts,

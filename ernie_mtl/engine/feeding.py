@@ -23,7 +23,29 @@ import numpy as np
 
 from data_tools.cli_utils import UserError
 from ernie_mtl.program.forward import make_feed
+from ernie_mtl.program.idle_heads import IDLE_GROUPS
 from ernie_mtl.program.randomness import DROPOUT_SEEDS, draw_dropout_seeds
+
+# Feeds the program consumes on the CPU (split there into scalars, program/randomness.py and
+# program/idle_heads.py). Fed as numpy, the executor would put them on the run's device and the
+# program would copy them back: on a GPU a device-to-host copy that waits for the stream (for 64 KiB
+# or less, phi's memcpy_d2h), once per micro-batch. As CPU tensors they stay where they are read.
+CPU_FEEDS = frozenset({DROPOUT_SEEDS, IDLE_GROUPS})
+
+
+def to_tensors(feed: Dict[str, Any], place, *, only_cpu_feeds: bool = False) -> Dict[str, Any]:
+    """`feed` with its arrays as tensors where the program reads them: CPU_FEEDS on the CPU, the others
+    on `place` (None: the CPU). `only_cpu_feeds`: convert those alone and leave the rest to the executor."""
+    from paddle.base import core
+
+    cpu, out = core.CPUPlace(), {}
+    for name, value in feed.items():
+        if name in CPU_FEEDS or not only_cpu_feeds:
+            tensor = core.LoDTensor()
+            tensor.set(value, cpu if name in CPU_FEEDS or place is None else place)
+            value = tensor
+        out[name] = value
+    return out
 
 
 @dataclass
@@ -122,10 +144,14 @@ class FeedRecipe:
 
 
 class Feeder:
-    """Builds each micro-batch in the training process when the loop asks for it (`--num_workers 0`)."""
+    """Builds each micro-batch in the training process when the loop asks for it (`--num_workers 0`).
+    On a device other than the CPU the CPU_FEEDS are handed over as CPU tensors; on the CPU the feed
+    stays numpy, as the executor takes it."""
 
-    def __init__(self, recipe: FeedRecipe):
+    def __init__(self, recipe: FeedRecipe, place=None):
         self.recipe = recipe
+        self.cpu_tensors = place is not None and not _is_cpu(place)
+        self.place = place
 
     def open(self) -> None:
         """Nothing to start (the background feeder starts its workers here)."""
@@ -136,7 +162,16 @@ class Feeder:
     def step(self, step: int, drawn: Sequence[int], read: Sequence[int]) -> Iterator[MicroBatch]:
         """The micro-batches of optimizer step `step` whose tasks are `drawn` (indices), each task's
         stream starting at `read[i]` micro-batches."""
-        return self.recipe.step(step, drawn, read)
+        for micro in self.recipe.step(step, drawn, read):
+            if self.cpu_tensors:
+                micro.feed = to_tensors(micro.feed, self.place, only_cpu_feeds=True)
+            yield micro
 
     def close(self) -> None:
         pass
+
+
+def _is_cpu(place) -> bool:
+    from paddle.base import core
+
+    return isinstance(place, core.CPUPlace) or (hasattr(place, "is_cpu_place") and place.is_cpu_place())
