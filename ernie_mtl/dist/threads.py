@@ -28,9 +28,10 @@ Variables the user set are never changed. `MKL_NUM_THREADS` is set to the same v
 
 GPU nodes: the GPU does the model's work; OpenMP threads serve host-side work only (CPU-only
 kernels such as the CRF's, feeding, metric code), next to the rank's Python thread that launches
-CUDA kernels and its data-loader workers. Each rank gets half of its share of the cores, at
-least 1 and at most 4 (more spinning OpenMP threads would take cores from the loader workers).
-This is a judgement, not a measurement: there is no GPU here (docs/performance.md).
+CUDA kernels and its data-loading workers (`--num_workers`, one thread each: `worker_environment`).
+Each rank gets half of its share of the cores, at least 1 and at most 4 (more spinning OpenMP
+threads would take cores from the workers). This is a judgement, not a measurement: there is no
+GPU here; the workers' CPU per sample is measured (docs/performance.md, "Feeding a GPU").
 
 This module must not import paddle (tests check it).
 """
