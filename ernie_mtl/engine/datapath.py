@@ -28,6 +28,9 @@ How, per training process (rank):
 - **Lifetime.** Workers exit when the trainer closes their order pipe, and when it dies: they ask
   the kernel for SIGKILL when their parent dies (PR_SET_PDEATHSIG; they are started from the main
   thread, whose death is the process's), and a write to a trainer that is gone fails. No orphans.
+  They ignore SIGTERM, SIGINT, SIGHUP, SIGUSR1/2: a preemption signal sent to the whole job (or
+  process group) is the trainer's to act on; it saves at the next step boundary with their
+  micro-batches, then closes them.
 - **Errors.** A worker's exception reaches the loop when it asks for that micro-batch, as the
   `SampleError` / `SampleUserError` the in-process feeder raises (task, file, sample, micro-batch,
   step), naming the worker; a worker that dies (killed, out of memory) is named with its exit status.
@@ -357,10 +360,21 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
+def _ignore_stop_signals() -> None:
+    """Leave the stop signals to the trainer. A scheduler's SIGTERM (SLURM signals every process of
+    the job step; a terminal's Ctrl-C the whole process group) would otherwise kill the workers
+    while the trainer, warned by the same signal, still needs micro-batches to reach the step
+    boundary where it saves (dist/preemption.py). Workers end with their trainer either way:
+    their order pipe closes, or the trainer dies and PR_SET_PDEATHSIG kills them."""
+    for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 def worker_main(argv: Sequence[str]) -> int:
     """A data-loading worker (started by BackgroundFeeder.open)."""
     started = time.perf_counter()
     orders_fd, results_fd, recipe_fd, parent, index = (int(a) for a in argv[:5])
+    _ignore_stop_signals()
     _die_with_parent(parent)
     header = json.loads(argv[5])
     sys.path[:] = header["sys_path"] + [p for p in sys.path if p not in header["sys_path"]]

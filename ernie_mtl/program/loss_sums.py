@@ -115,6 +115,17 @@ class LossSums:
         return Taken(sums=sums, lr=rest[0], loss_scale=rest[1] if len(rest) > 1 else None)
 
 
+    def read(self, scope) -> Dict[str, np.ndarray]:
+        """Host copies of the sums as they are now (not zeroed): for `restore`."""
+        return {name: np.array(scope.find_var(name).get_tensor()) for name in self.names.values()}
+
+    def restore(self, scope, values: Mapping[str, np.ndarray], place) -> None:
+        """Put the sums back to `values` (from `read`): a replayed step (--on_anomaly replay) replaces
+        the first attempt's losses instead of adding to them."""
+        for name, value in values.items():
+            scope.find_var(name).get_tensor().set(value, place)
+
+
 class StateView:
     """`program` as `paddle.static.save`/`load` see it, without the variables `hidden` (the loss
     sums): those functions read `list_vars()` and the program desc only. Checkpoints written
