@@ -314,6 +314,10 @@ def print_loop(results, args):
         print(f"| {model} | {batch} | {w} | {exposed * 1e3:.2f} ({exposed_cpu * 1e3:.2f}) | {exposed / v100:.1%} (target <= {TARGET_V100:.0%}; "
               f"step {v100 * 1e3:.1f} ms) | {exposed / a100:.1%} (target <= {TARGET_A100:.0%}; step {a100 * 1e3:.1f} ms) "
               f"| {tok:,.0f} ({', '.join(f'{x:,.0f}' for x in per_run)}) |")
+        if model != "base":  # the host's work hardly depends on the model: against the published model's steps too
+            bv, ba = gpu_step_s("base", 128, batch, "V100"), gpu_step_s("base", 128, batch, "A100")
+            print(f"|  (vs ERNIE-base's GPU steps) | | | | {exposed / bv:.1%} ({exposed_cpu / bv:.1%} CPU) of {bv * 1e3:.1f} ms "
+                  f"| {exposed / ba:.1%} ({exposed_cpu / ba:.1%} CPU) of {ba * 1e3:.1f} ms | |")
 
 
 # -- the profile -------------------------------------------------------------------------------------------
