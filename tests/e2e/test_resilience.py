@@ -73,13 +73,14 @@ def test_a_signal_to_the_trainer_and_its_workers_saves_and_leaves_no_worker(demo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy,fault", [("skip", "always"), ("stop", "always"), ("replay", "once"),
-                                          ("replay", "always")])
-def test_a_non_finite_step_is_skipped_stopped_or_replayed(demo, tmp_path, policy, fault):
+@pytest.mark.parametrize("policy,fault,workers", [("skip", "always", 0), ("stop", "always", 0), ("replay", "once", 0),
+                                                  ("replay", "always", 0), ("replay", "always", 2)])
+def test_a_non_finite_step_is_skipped_stopped_or_replayed(demo, tmp_path, policy, fault, workers):
     """A fault injected into step 3 (an infinity in the word embedding while the step runs: every time
-    it runs, or only the first time)."""
+    it runs, or only the first time). With data-loading workers, the replay and the dump ask the data
+    path for step 3 again: the same micro-batches."""
     out = tmp_path / "out"
-    proc = train(tiny_args(demo, out, on_anomaly=policy, **COMMON), cwd=tmp_path,
+    proc = train(tiny_args(demo, out, on_anomaly=policy, num_workers=workers, **COMMON), cwd=tmp_path,
                  env={"ERNIE_MTL_TEST_POISON_STEP": "3", "ERNIE_MTL_TEST_POISON": fault})
     text = proc.stdout + proc.stderr
     state_now = json.loads((out / "model_last/train_state.json").read_text())
