@@ -17,18 +17,28 @@ and `print`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ernie_mtl.checkpoint.layout import LAST, kept_name
 from ernie_mtl.engine.callbacks import Callback, built_in_callbacks
-from ernie_mtl.engine.feeding import Feeder
+from ernie_mtl.engine.feeding import Feeder, MicroBatch
 from ernie_mtl.engine.evaluation import Evaluator, final_test
 from ernie_mtl.engine.exporter import Exporter
 from ernie_mtl.engine.metrics import MetricWriter, Window
 from ernie_mtl.engine.reporting import reporter_for
 from ernie_mtl.engine.state import ResumeState, clear_previous_run, restore, resume_checks, train_state
+
+
+@dataclass
+class PreparedStep:
+    """An optimizer step drawn from the schedule, not yet trained: its tasks and micro-batches."""
+
+    step: int  # optimizer steps completed before it
+    drawn: List[int]  # task index of each micro-batch
+    micro: List[MicroBatch]
 
 
 class Trainer:
@@ -43,6 +53,7 @@ class Trainer:
         self.freeze, self.ema = s.programs.freeze, s.programs.ema  # on the device (program/idle_heads.py, ema.py)
         self.group_of = {t: g.name for g in s.programs.groups for t in g.tasks}
         self.step = 0
+        self.last_losses: Dict[str, float] = {}  # task -> its mean loss in the latest step
         self.evaluated_at: Dict[str, int] = {}  # task -> step of its latest evaluation
         self.latest_eval: Dict[str, Dict[str, float]] = {}  # task -> its latest dev metrics
         self.reporter = reporter_for(s.cfg)
@@ -85,24 +96,34 @@ class Trainer:
                 cb.load_state_dict(state.callbacks[type(cb).__name__])
 
     def train(self) -> None:
-        t = self.cfg.train
         self.start()
         while not self.schedule.done:
-            drawn = self.train_step()
-            self.emit("on_step_end", self.step, drawn)
-            if self.bar is not None:
-                self.bar.update(1)
-            if self.step % t.logging_freq == 0 or self.schedule.done:
-                self.log_window()
-            if self.step % t.eval_freq == 0:
-                self.evaluate()
-            self.exporter.export_due()
-            if self.step % t.checkpoint_steps == 0 or self.schedule.done:
-                self.save_checkpoint(LAST)
-            if self.step % t.save_steps == 0:
-                self.save_checkpoint(kept_name(self.step))
+            self.advance()
+        self.end()
+
+    def advance(self, prepared: Optional["PreparedStep"] = None) -> List[str]:
+        """One optimizer step (`prepared`: the one `prepare_step` drew; default: draw it now) and what
+        follows it: callbacks, logging, evaluation, exports and checkpoints that are due."""
+        t = self.cfg.train
+        drawn = self.train_step(prepared)
+        self.emit("on_step_end", self.step, drawn)
+        if self.bar is not None:
+            self.bar.update(1)
+        if self.step % t.logging_freq == 0 or self.schedule.done:
+            self.log_window()
+        if self.step % t.eval_freq == 0:
+            self.evaluate()
+        self.exporter.export_due()
+        if self.step % t.checkpoint_steps == 0 or self.schedule.done:
+            self.save_checkpoint(LAST)
+        if self.step % t.save_steps == 0:
+            self.save_checkpoint(kept_name(self.step))
+        return drawn
+
+    def end(self) -> None:
+        """After the last step: on_train_end, the last evaluation and the exports still due."""
         self.emit("on_train_end")
-        if self.step % t.eval_freq:
+        if self.step % self.cfg.train.eval_freq:
             self.evaluate()
         self.exporter.export_due(final=True)
         for line in self.reporter.finished_lines(self):
@@ -116,19 +137,33 @@ class Trainer:
         self.window.reset()
 
     # -- one step ------------------------------------------------------------------------------------
-    def train_step(self) -> List[str]:
-        """One optimizer step: the schedule's next `accumulate_steps` micro-batches."""
+    def prepare_step(self) -> "PreparedStep":
+        """Draw the next optimizer step from the schedule and build its micro-batches (what
+        `train_step` runs next). The schedule moves on: the step must be trained before another is drawn."""
         read = list(self.schedule.counts)  # per task: micro-batches read before this step
         drawn = [self.schedule.next_task() for _ in range(self.topo.accumulate_steps)]
+        return PreparedStep(step=self.step, drawn=drawn, micro=list(self.feeder.step(self.step, drawn, read)))
+
+    def train_step(self, prepared: Optional["PreparedStep"] = None) -> List[str]:
+        """One optimizer step: the schedule's next `accumulate_steps` micro-batches (`prepared`: drawn
+        by `prepare_step` for this step). `last_losses` then holds each drawn task's mean loss."""
+        prepared = prepared if prepared is not None else self.prepare_step()
+        if prepared.step != self.step:
+            raise ValueError(f"the micro-batches of step {prepared.step + 1} cannot train step {self.step + 1}: "
+                             "train every prepared step once, in order")
+        drawn = prepared.drawn
         extra = [self.p.lr] + ([self.p.loss_scaling] if self.p.loss_scaling is not None else [])
-        for micro in self.feeder.step(self.step, drawn, read):
+        losses: Dict[str, List[float]] = {}
+        for micro in prepared.micro:
             scalars = self.p.fwd.task_scalars[micro.task]
             values = self.exe.run(self.p.main, feed=micro.feed,
                                   fetch_list=[self.p.fwd.task_losses[micro.task], *scalars.values(), *extra])
             values = [float(np.asarray(v).reshape(-1)[0]) for v in values]
             self.window.add_micro(micro.task, values[0], dict(zip(scalars, values[1:1 + len(scalars)])),
                                   tokens=micro.tokens)
+            losses.setdefault(micro.task, []).append(values[0])
             lr_and_scale = values[1 + len(scalars):]
+        self.last_losses = {task: float(np.mean(v)) for task, v in losses.items()}
         self.p.lr_scheduler.step()
         if self.ema is not None:
             self.ema.update(self.exe, self.step)  # update number = steps completed before this one
