@@ -263,7 +263,7 @@ class Trainer:
         file with the same content runs the same with `run_multitask_static.py --config`)."""
         from ernie_mtl.palm.config import run_config
 
-        return run_config(self, [self], print_steps=print_steps or self._print_steps)
+        return run_config(self, self._members(), print_steps=print_steps or self._print_steps)
 
     # -- training -----------------------------------------------------------------------------------
     def train(self, print_steps=5, resume_from_checkpoint=None):

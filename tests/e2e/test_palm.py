@@ -246,3 +246,66 @@ def test_multi_task_losses_are_bitwise_the_yaml_runs(ex, tmp_path):
             f1 = chunk_metrics(gold, [[tags[i] for i in p[1:1 + len(g)]] for p, g in zip(palm, gold)], "IOB2")["f1"]
             assert f1 == metrics["f1"]
             print("slot chunk F1, PALM script and command line:", f1)
+
+
+# -- the trainer in the caller's process: stepping, predict and evaluate returning results; Controller ------
+def test_get_one_batch_and_train_one_step_follow_the_run_and_results_are_returned(ex, tmp_path):
+    from ernie_mtl import palm
+
+    model, data = ex / "pretrain" / "tiny-ernie", ex / "classification" / "data"
+    config = json.loads((model / "ernie_config.json").read_text())
+    reader = palm.reader.ClassifyReader(str(model / "vocab.txt"), 64, seed=2)
+    reader.load_data(str(data / "train.tsv"), 16, num_epochs=1)
+    ernie = palm.backbone.ERNIE.from_config(config)
+    trainer = palm.Trainer("sentiment")
+    loss = trainer.build_forward(ernie, palm.head.Classify(2, 32))
+    trainer.build_backward(palm.optimizer.Adam(loss, 5e-3))
+    trainer.fit_reader(reader)
+    trainer.set_saver(str(tmp_path / "out"), save_steps=2)
+    trainer.configure(device="cpu")
+    batch = trainer.get_one_batch()
+    assert trainer.get_one_batch().prepared is batch.prepared  # the same step until it is trained
+    assert {"token_ids", "position_ids", "segment_ids", "input_mask", "task_ids", "sentiment.label_ids"} <= set(batch)
+    assert batch["token_ids"].shape[0] == 16 and batch["input_mask"].shape[-1] == 1
+    out = trainer.train_one_step(batch)
+    assert list(out) == ["sentiment.loss"] and trainer.cur_train_step == 1
+    with pytest.raises(ValueError, match="not the run's next one"):
+        trainer.train_one_step(batch)
+    with pytest.raises(ValueError, match="pass a batch of the fit_reader"):
+        trainer.train_one_step({"token_ids": batch["token_ids"]})
+    result = trainer.train(print_steps=1)  # the rest of the run: 64 rows / 16 = 4 steps in all
+    assert result.steps == 4 and os.readlink(tmp_path / "out" / "ckpt.step4") == "model_4"
+    predict_reader = palm.reader.ClassifyReader(str(model / "vocab.txt"), 64, phase="predict")
+    predict_reader.load_data(str(data / "test.tsv"), 8)
+    head = palm.head.Classify(2, 32, phase="predict")
+    trainer.build_predict_forward(palm.backbone.ERNIE.from_config(config, phase="predict"), head)
+    trainer.fit_reader(predict_reader, phase="predict")
+    records = trainer.predict()  # no load_ckpt: the trained weights (PALM re-initialised them here)
+    assert records == head.get_results() and len(records) == 32 and not (tmp_path / "out" / "predict").exists()
+    metrics = trainer.evaluate()
+    assert metrics["acc"] == accuracy([r["label"] for r in records], gold_column(data / "test.tsv", "label"))
+
+
+def test_palm_1_controller_trains_and_predicts_a_yaml_config(ex, tmp_path):
+    from ernie_mtl import palm
+
+    model, data = ex / "pretrain" / "tiny-ernie", ex / "classification" / "data"
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "senti.yaml").write_text(
+        f"train_file: {data / 'train.tsv'}\npred_file: {data / 'test.tsv'}\nreader: cls\nparadigm: cls\nn_classes: 2\n")
+    (tmp_path / "config.yaml").write_text(
+        "task_instance: senti\nsave_path: out\nbackbone: ernie\n"
+        f"backbone_config_path: {model / 'ernie_config.json'}\nvocab_path: {model / 'vocab.txt'}\n"
+        "max_seq_len: 64\nbatch_size: 16\nnum_epochs: 1\noptimizer: adam\nlearning_rate: 5e-3\n"
+        "warmup_proportion: 0.1\nweight_decay: 0.01\nprint_every_n_steps: 2\ndevice: cpu\n")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        controller = palm.Controller("config.yaml", task_dir="tasks")
+        controller.load_pretrain(str(model / "params"))
+        result = controller.train()
+        records = palm.Controller("config.yaml", task_dir="tasks", for_train=False).pred("senti")
+    finally:
+        os.chdir(cwd)
+    assert result.steps == 4 and (tmp_path / "out" / "senti" / "infer_model" / "manifest.json").is_file()
+    assert len(records) == 32 and json.loads((tmp_path / "out" / "senti" / "predictions.json").read_text()) == records
