@@ -125,8 +125,10 @@ class PalmLayout(Callback):
     checkpoint `model_<N>`) and, with save_type 'predict', `<save_path>/pred.step<N>/<task>/infer_model`.
     A fresh run first removes such names left by an earlier run in the folder."""
 
-    def __init__(self, save_path: Optional[str], save_types: Sequence[str], targets: Sequence[str], *, fresh: bool):
+    def __init__(self, save_path: Optional[str], save_types: Sequence[str], targets: Sequence[str], *, fresh: bool,
+                 shown: Optional[str] = None):
         self.save_path = Path(save_path) if save_path else None
+        self.shown = shown or save_path  # the path as the script gave it, for PALM's messages
         self.save_types = tuple(save_types)
         self.targets = list(targets)
         self.fresh = fresh
@@ -151,12 +153,12 @@ class PalmLayout(Callback):
             if link.is_symlink() or link.exists():
                 link.unlink()
             os.symlink(Path(path).name, link)
-            trainer.print(f"checkpoint has been saved at {link}")
+            trainer.print(f"checkpoint has been saved at {os.path.join(self.shown, link.name)}")
         if "predict" in self.save_types:
             from ernie_mtl.engine.exporter import export_from_checkpoint
 
             for task in self.targets:
                 if trainer.task(task).exportable:
-                    out = export_from_checkpoint(Path(path), task,
-                                                 export_dir(self.save_path / f"pred.step{step}", task))
-                    trainer.print(f"predict model has been saved at {out}")
+                    export_from_checkpoint(Path(path), task, export_dir(self.save_path / f"pred.step{step}", task))
+                    trainer.print("predict model has been saved at "
+                                  f"{export_dir(os.path.join(self.shown, f'pred.step{step}'), task)}")

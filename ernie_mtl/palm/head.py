@@ -61,7 +61,7 @@ class Head:
 
     def check(self, reader, backbone) -> None:
         """Raise ValueError when this head cannot read from `reader` or `backbone`."""
-        if self.readers and type(reader).__name__ not in self.readers:
+        if self.readers and not any(c.__name__ in self.readers for c in type(reader).__mro__):
             raise ValueError(f"{type(self).__name__} head reads from {' or '.join(self.readers)}, not "
                              f"{type(reader).__name__}")
         dim = getattr(self, "_input_dim", None)

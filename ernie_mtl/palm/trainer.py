@@ -273,9 +273,13 @@ class Trainer:
         self._print_steps = int(print_steps)
         if resume_from_checkpoint is not None:
             self._resume = "auto" if resume_from_checkpoint is True else _existing(resume_from_checkpoint, "train")
-        for batch in self._batches():
-            self.train_one_step(batch)
-        return self._result
+        try:
+            for batch in self._batches():
+                self.train_one_step(batch)
+        except BaseException:
+            self._abort()
+            raise
+        return self._root()._result
 
     def train_one_step(self, batch):
         """Train the step of `batch` (from the `fit_reader` iterator or `get_one_batch`); returns
@@ -296,6 +300,11 @@ class Trainer:
             self._finish()
             raise StopIteration("the run is over")
         return self._palm_batch(run.next_batch())
+
+    def close(self) -> None:
+        """Stop a run driven by `train_one_step` before its end: the checkpoints written stay (a later
+        `load_ckpt(<save_path>/ckpt.step<N>)` + `train()` continues exactly), nothing more is trained."""
+        self._abort()
 
     # -- prediction and evaluation ------------------------------------------------------------------
     def predict(self, output_dir=None, print_steps=1000):
@@ -381,8 +390,9 @@ class Trainer:
         mapping = run_config(self, self._members(), print_steps=self._print_steps)
         with static_mode_restored():
             cfg = parse_config([], hooks=HOOKS, config=mapping, config_dir=os.getcwd())
-        layout = PalmLayout(self._save_path, self._save_types, [m._task for m in self._members() if not m._as_aux],
-                            fresh=mapping["resume"] == "none")
+        layout = PalmLayout(cfg.train.output_dir if self._save_path else None, self._save_types,
+                            [m._task for m in self._members() if not m._as_aux], fresh=mapping["resume"] == "none",
+                            shown=self._save_path)
         run = SteppedRun(cfg, callbacks=[layout, *self._callbacks])
         self._warn_schedule(run)
         return run
@@ -401,6 +411,13 @@ class Trainer:
         while not run.done:
             yield self._palm_batch(run.next_batch())
         self._finish()
+
+    def _abort(self) -> None:
+        """Close the run after an error (logs closed, Paddle's flags restored); it cannot continue."""
+        root = self._root()
+        if root._run is not None:
+            run, root._run = root._run, None
+            run.close()
 
     def _finish(self):
         root = self._root()

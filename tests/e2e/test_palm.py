@@ -309,3 +309,36 @@ def test_palm_1_controller_trains_and_predicts_a_yaml_config(ex, tmp_path):
         os.chdir(cwd)
     assert result.steps == 4 and (tmp_path / "out" / "senti" / "infer_model" / "manifest.json").is_file()
     assert len(records) == 32 and json.loads((tmp_path / "out" / "senti" / "predictions.json").read_text()) == records
+
+
+def test_load_ckpt_then_train_resumes_exactly(ex, tmp_path):
+    """A run stopped after step 4 (close()) and continued from PALM's ckpt.step4 ends with the same bytes
+    as the run that never stopped."""
+    from ernie_mtl import palm
+
+    model, data = ex / "pretrain" / "tiny-ernie", ex / "classification" / "data"
+    config = json.loads((model / "ernie_config.json").read_text())
+
+    def trainer(out):
+        reader = palm.reader.ClassifyReader(str(model / "vocab.txt"), 64, seed=4)
+        reader.load_data(str(data / "train.tsv"), 16, num_epochs=2)
+        t = palm.Trainer("sentiment")
+        loss = t.build_forward(palm.backbone.ERNIE.from_config(config), palm.head.Classify(2, 32, 0.1))
+        t.build_backward(palm.optimizer.Adam(loss, 5e-3, palm.lr_sched.TriangularSchedualer(2, 8)), weight_decay=0.01)
+        t.fit_reader(reader)
+        t.load_pretrain(str(model / "params"))
+        t.set_saver(str(out), save_steps=4)
+        t.configure(device="cpu")
+        return t
+
+    whole = trainer(tmp_path / "whole").train(print_steps=1)
+    assert whole.steps == 8
+    first = trainer(tmp_path / "parts")
+    for _ in range(5):  # a fifth step is taken but never saved: the resumed run redoes it
+        first.train_one_step(first.get_one_batch())
+    first.close()
+    second = trainer(tmp_path / "parts")
+    second.load_ckpt(str(tmp_path / "parts" / "ckpt.step4"))
+    assert second.train(print_steps=1).steps == 8
+    assert state_files(tmp_path / "parts" / "model_last") == state_files(tmp_path / "whole" / "model_last")
+    assert logged_losses(tmp_path / "parts")["8"] == logged_losses(tmp_path / "whole")["8"]
