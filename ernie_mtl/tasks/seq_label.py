@@ -63,10 +63,16 @@ class SeqLabelFeature:
     num_tokens: int
 
 
+_PADDING_TAGS = {"PAD", "[PAD]", "<PAD>"}  # a label map's padding entry (PALM's ATIS map has "PAD": 0)
+
+
 def parse_tag(tag: str) -> Tuple[str, Optional[str]]:
-    """A chunk tag -> (prefix letter, chunk type or None): `B-PER`, `PER-B` and bare `B` are understood."""
+    """A chunk tag -> (prefix letter, chunk type or None): `B-PER`, `PER-B` and bare `B` are understood;
+    a padding tag (`PAD`, `[PAD]`, `<PAD>`) is outside any chunk, like `O`."""
     if tag in _PREFIXES:
         return tag, None
+    if tag.upper() in _PADDING_TAGS:
+        return "O", None
     if "-" in tag:
         head, rest = tag.split("-", 1)
         if head in _PREFIXES and rest:
