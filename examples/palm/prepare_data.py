@@ -9,8 +9,8 @@ downloaded), in the layout PALM's examples expect:
     matching/data/{train,test}.tsv          text_a<TAB>text_b<TAB>label (1 iff both name the same topic)
     tagging/data/{train,test}.tsv, label_map.json   MSRA-NER style, tokens and tags joined by \\x02
     mrc/data/{train,dev}.json               SQuAD-style: who follows 名字是 in the context
-    multi-task/data/atis/atis_slot/{train,test}.tsv, label_map.json (130 tags; trailing \\x02 as
-        PALM's process.py writes), multi-task/data/atis/atis_intent/{train,test}.tsv (26 intents)
+    multi-task/data/atis/atis_slot/{train,test}.tsv, label_map.json (130 tags, "PAD": 0 as
+        ATIS's; a trailing \\x02 as PALM's process.py writes), multi-task/data/atis/atis_intent/{train,test}.tsv (26 intents)
     predict/data/test.tsv, train_with_eval/data/{train,test}.tsv   the classification files
 
     python prepare_data.py [--root DIR] [--rows N]      (DIR: default this folder)
@@ -38,7 +38,8 @@ WORDS = ["show", "me", "flights", "from", "to", "on", "the", "what", "is", "a", 
          "morning", "evening", "please", "i", "want", "need", "about", "how", "much", "does", "cost"]
 TOPICS = ["boston", "denver", "dallas", "atlanta", "seattle", "miami", "chicago", "phoenix", "houston", "austin"]
 INTENT_WORDS = [f"intent{i}" for i in range(26)]  # intent i is said by its keyword
-SLOT_TAGS = ["O"] + [f"B-s{i}" for i in range(64)] + [f"I-s{i}" for i in range(64)] + ["B-s64"]  # 130 tags
+# 130 tags, laid out as ATIS's label_map.json: "PAD": 0, "O": 1, then B-/I- tags
+SLOT_TAGS = ["PAD", "O"] + [f"B-s{i}" for i in range(64)] + [f"I-s{i}" for i in range(64)]
 
 
 def vocab(size):
