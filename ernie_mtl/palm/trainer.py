@@ -225,8 +225,9 @@ class Trainer:
         Before training: the run continues from it exactly (step, schedule, optimizer, LR). Afterwards (and
         for prediction): `predict()` and `evaluate()` use its weights."""
         path = _existing(model_path, "load_ckpt")
-        if self._run is None and self._result is None and self._backbone is not None and self._pred_head is None:
-            self._resume = path
+        root = self._root()
+        if root._run is None and root._result is None and root._backbone is not None and self._pred_head is None:
+            root._resume = path
         self._predict_from = path
 
     def load_predict_model(self, model_path, convert=False) -> None:
