@@ -106,7 +106,7 @@ class PretrainingPrograms:
 
 
 def pretraining_programs(vocab_folder: Path, *, world=1, rank=0, gpu=False, parallel=None, amp=None, model=None,
-                         optim=None, seed=1, ema_decay=None) -> PretrainingPrograms:
+                         optim=None, seed=1, ema_decay=None, anomaly_guard=False) -> PretrainingPrograms:
     """Tiny-ERNIE pretraining programs as rank `rank` of `world`. `gpu=True` (implied by world > 1)
     builds the program a GPU worker would run, on CPU (`compat.emulate_gpu_program`); otherwise
     fleet is initialised for this single process."""
@@ -125,7 +125,7 @@ def pretraining_programs(vocab_folder: Path, *, world=1, rank=0, gpu=False, para
     topo = Topology.from_config(parallel, world)
     strategy = functools.partial(build_strategy, topo, parallel, amp)
     build = functools.partial(build_programs, model, optim, strategy, topo, [task], seed=seed, amp_cfg=amp,
-                              ema_decay=ema_decay)
+                              ema_decay=ema_decay, anomaly_guard=anomaly_guard)
     if gpu or world > 1:
         with emulate_gpu_program(rank, world):
             return PretrainingPrograms(build(), task)
@@ -166,7 +166,11 @@ def params(programs, scope):
 def with_hooks(argv, env):
     """The test-only callbacks (tests/plugins/test_hooks.py) when the environment asks for them."""
     names = [n for n, var in (("kill_at_step", "ERNIE_MTL_TEST_KILL_AT_STEP"), ("dump_state", "ERNIE_MTL_TEST_DUMP_DIR"),
-                              ("eval_at_start", "ERNIE_MTL_TEST_EVAL_AT_START"))
+                              ("eval_at_start", "ERNIE_MTL_TEST_EVAL_AT_START"),
+                              ("signal_at_step", "ERNIE_MTL_TEST_SIGNAL_AT_STEP"),
+                              ("kill_once", "ERNIE_MTL_TEST_KILL_ONCE_MARKER"),
+                              ("sleep_on_rank", "ERNIE_MTL_TEST_SLEEP_RANK"),
+                              ("poison_step", "ERNIE_MTL_TEST_POISON_STEP"))
              if (env or {}).get(var)]
     return list(argv) + (["--plugins", HOOKS, "--callbacks", ",".join(names)] if names else [])
 

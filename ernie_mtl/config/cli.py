@@ -37,7 +37,9 @@ from ernie_mtl.config.values import EXPECTED, NONE_WORDS, coerce, read_yaml, sug
 
 PROG = "run_multitask_static.py"
 FLAG_MODE_TASK = "pretrain"  # the one task of a flag-mode pretraining run
-CONFIG_MAPPING = "configuration mapping"  # how messages name a configuration given as a Python mapping
+CONFIG_MAPPING = "configuration mapping"
+PREEMPT_SIGNALS = ("TERM", "USR1", "USR2", "INT", "HUP")
+ANOMALY_POLICIES = ("skip", "stop", "replay", "none")  # dist/preemption.SIGNAL_NAMES  # how messages name a configuration given as a Python mapping
 RUN_WIDE = "mtl"  # pseudo-slice of the run-wide multi-task flags
 # flag name -> (slice name, field type); run-wide multi-task keys -> ("mtl", kind)
 _FLAGS: Dict[str, Tuple[str, Any]] = {
@@ -502,6 +504,19 @@ def _train_problems(train: TrainConfig, optim: OptimConfig) -> List[str]:
         value = getattr(train, name)
         if value < 1:
             problems.append(f"--{name} {value} must be >= 1")
+    names = [s.strip().upper().removeprefix("SIG") for s in train.preempt_signals.split(",") if s.strip()]
+    bad = [n for n in names if n not in PREEMPT_SIGNALS + ("NONE",)]
+    if bad:
+        problems.append(f"--preempt_signals {train.preempt_signals!r}: {bad} not among {list(PREEMPT_SIGNALS)}; "
+                        "give a comma-separated list (e.g. TERM,USR1) or none")
+    if train.on_anomaly not in ANOMALY_POLICIES:
+        problems.append(f"--on_anomaly {train.on_anomaly!r} is not supported; use one of {list(ANOMALY_POLICIES)}")
+    if train.loss_spike_factor < 0 or 0 < train.loss_spike_factor <= 1:
+        problems.append(f"--loss_spike_factor {train.loss_spike_factor} must be > 1 (or 0 to turn the warning off)")
+    if train.slow_rank_factor < 0:
+        problems.append(f"--slow_rank_factor {train.slow_rank_factor} must be >= 0 (0 turns the warning off)")
+    if train.slow_rank_windows < 1:
+        problems.append(f"--slow_rank_windows {train.slow_rank_windows} must be >= 1")
     if train.log_level not in LOG_LEVELS:
         problems.append(f"--log_level {train.log_level!r} is not supported; use one of {list(LOG_LEVELS)}")
     if train.device not in DEVICES:

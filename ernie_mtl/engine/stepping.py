@@ -11,6 +11,9 @@
 schedule is done, `end`, final test, close), so a stepped run trains, saves and resumes exactly as
 the command line does. Batches come from the run's seeded schedule (exact resume depends on it):
 a drawn batch must be trained before the next is drawn, and only the batch drawn can be trained.
+The loop's guards act as in `engine.run.train`: straggler windows, the anomaly policy (`AnomalyStop`
+from `step`), and preemption when `preempt_signals` are given (`Preempted` from `step`; the caller's
+handlers come back at `close`). A step that raises closes the run, as `Trainer.run` does.
 
 Between calls Paddle is left as the caller had it: each call enters static mode in the run's own
 scope and restores the caller's mode; the flags the topology sets are restored by `finish`/`close`.
@@ -26,7 +29,7 @@ from ernie_mtl.engine.run import RunResult, run_result
 class SteppedRun:
     """A run of `cfg` (a validated RunConfig) opened for stepping; see the module docstring."""
 
-    def __init__(self, cfg, *, callbacks: Sequence = (), on_distributed=None):
+    def __init__(self, cfg, *, callbacks: Sequence = (), on_distributed=None, preempt_signals: Sequence[str] = ()):
         import paddle
 
         from ernie_mtl.engine.callbacks import Callback
@@ -46,7 +49,7 @@ class SteppedRun:
             self.session = open_session(cfg, on_distributed=on_distributed)
         try:
             with self._active():
-                self.trainer = Trainer(self.session, callbacks=callbacks)
+                self.trainer = Trainer(self.session, callbacks=callbacks, preempt_signals=preempt_signals)
                 self.trainer.resume()
                 self.trainer.start()
         except BaseException:
@@ -85,9 +88,14 @@ class SteppedRun:
             raise ValueError("this batch is not the run's next one: train the batches next_batch() returns, each "
                              "once and in order (the run's seeded schedule decides them, so that resume is exact)")
         prepared = prepared if prepared is not None else self.next_batch()
-        with self._active():
-            self.trainer.advance(prepared)
-        self.pending = None
+        try:
+            with self._active():
+                self.trainer.advance(prepared)
+        except BaseException:  # as Trainer.run: a step that raised (AnomalyStop, Preempted, an error) ends the run
+            self.close()
+            raise
+        finally:
+            self.pending = None
         return dict(self.trainer.last_losses)
 
     def finish(self) -> RunResult:
