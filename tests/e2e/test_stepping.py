@@ -51,3 +51,38 @@ def test_a_stepped_run_is_the_command_lines_run(data, tmp_path):
     assert set(result.exports) == set(reference.exports)
     with pytest.raises(RuntimeError, match="closed"):
         run.next_batch()
+
+
+@pytest.mark.slow
+def test_a_stepped_run_keeps_the_loops_anomaly_guard(data, tmp_path, monkeypatch):
+    """main's resilience is in the steps a stepped run takes: a fault injected into step 3 every time it
+    runs (tests/plugins/test_hooks.py poison_step) is replayed, dumped and skipped under --on_anomaly
+    replay exactly as in ernie_mtl.train; under stop, `step` raises AnomalyStop with the last good
+    state saved and the run is closed, as Trainer.run closes it."""
+    from ernie_mtl.engine.anomaly import AnomalyStop
+    from ernie_mtl.engine.stepping import SteppedRun
+    from helpers import HOOKS
+
+    monkeypatch.setenv("ERNIE_MTL_TEST_POISON_STEP", "3")
+    monkeypatch.setenv("ERNIE_MTL_TEST_POISON", "always")
+    hooks = {"plugins": HOOKS, "callbacks": "poison_step"}
+    reference = ernie_mtl.train(config(tmp_path / "ref", **hooks), base_dir=data, on_anomaly="replay")
+    run = SteppedRun(ernie_mtl.load_config(config(tmp_path / "stepped", **hooks), base_dir=data, on_anomaly="replay"))
+    while not run.done:
+        run.step()
+    assert run.finish().steps == reference.steps
+    assert losses(tmp_path / "stepped") == losses(tmp_path / "ref")
+    for out in ("ref", "stepped"):
+        assert json.loads((tmp_path / out / "anomalies" / "step_3_rank0.json").read_text())["step"] == 3
+    ref_state = json.loads((tmp_path / "ref" / "model_last" / "train_state.json").read_text())
+    state = json.loads((tmp_path / "stepped" / "model_last" / "train_state.json").read_text())
+    assert state["files"] == ref_state["files"]
+
+    run = SteppedRun(ernie_mtl.load_config(config(tmp_path / "stop", **hooks), base_dir=data, on_anomaly="stop"))
+    run.step()
+    run.step()
+    with pytest.raises(AnomalyStop, match="step 3 was not finite"):
+        run.step()
+    assert run.closed and json.loads((tmp_path / "stop" / "model_last" / "train_state.json").read_text())["step"] == 3
+    with pytest.raises(RuntimeError, match="closed"):
+        run.step()
