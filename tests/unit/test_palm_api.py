@@ -189,3 +189,24 @@ def test_misuse_is_one_clear_error(files, tmp_path):
     with pytest.raises(ConfigError, match="downloads nothing"):
         palm.downloader.download("pretrain", "ERNIE-v1-zh-base")
     assert isinstance(palm.distribute.gpu_dev_count, int) and palm.distribute.cpu_dev_count >= 1
+
+
+def test_masked_lm_and_ema_become_a_task_and_flags(files, tmp_path):
+    """PALM's MaskLMReader + MaskLM head become an `mlm` task; build_backward(use_ema, ema_decay) the
+    engine's EMA flags (a decay outside (0, 1) is refused)."""
+    (files / "mlm.tsv").write_text("text_a\n" + "好的了是在我有\n" * 12, encoding="utf-8")
+    reader = palm.reader.MaskLMReader(str(files / "vocab.txt"), 16, seed=5)
+    reader.load_data(str(files / "mlm.tsv"), 4, num_epochs=1)
+    assert reader.num_examples == 12 and reader.engine_type() == "mlm"
+    ernie = palm.backbone.ERNIE.from_config(CONFIG)
+    reader.register_with(ernie)
+    trainer = palm.Trainer("mlm_task")
+    loss = trainer.build_forward(ernie, palm.head.MaskLM(32, CONFIG["vocab_size"], "relu"))
+    with pytest.raises(ValueError, match="ema_decay 1.5"):
+        trainer.build_backward(palm.optimizer.Adam(loss, 1e-3), use_ema=True, ema_decay=1.5)
+    trainer.build_backward(palm.optimizer.Adam(loss, 1e-3), use_ema=True, ema_decay=0.99)
+    trainer.fit_reader(reader)
+    trainer.set_saver(str(tmp_path / "out"), save_steps=3)
+    cfg = trainer.to_config()
+    assert cfg["tasks"]["mlm_task"]["reader"] == "mlm" and cfg["tasks"]["mlm_task"]["train_file"] == str(files / "mlm.tsv")
+    assert (cfg["use_ema"], cfg["ema_decay"]) == (True, 0.99)
