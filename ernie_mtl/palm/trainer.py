@@ -311,7 +311,8 @@ class Trainer:
     def predict(self, output_dir=None, print_steps=1000):
         """Predict the `fit_reader(..., phase='predict')` file with the model of `load_ckpt` /
         `load_predict_model` (default: this trainer's final weights); write PALM's files to `output_dir`
-        (when given) and return the records (also `pred_head.get_results()`)."""
+        (when given; rank 0 writes them in a launched job) and return the records (also
+        `pred_head.get_results()`, on every rank)."""
         from ernie_mtl.engine.run import static_mode_restored
         from ernie_mtl.palm import outputs
 
@@ -325,7 +326,10 @@ class Trainer:
         if predicted.task.name != expected:
             raise ConfigError([f"predict: the model's task {self._task} is a {predicted.task.name} task but the "
                                f"prediction reader is a {type(self._pred_reader).__name__} ({expected})"])
-        results = outputs.write(self._pred_head, predicted, output_dir)
+        from ernie_mtl.dist.process import ProcessInfo
+
+        # under paddle.distributed.launch every rank predicts the same file: rank 0 writes it
+        results = outputs.write(self._pred_head, predicted, output_dir if ProcessInfo.from_env().rank == 0 else None)
         self._pred_head._set_results(results)
         return results
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT, logged_losses, ok, run_cli
+from helpers import ROOT, launch_logs, logged_losses, ok, run_cli
 
 pytestmark = pytest.mark.slow
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -135,6 +135,40 @@ def test_train_with_eval_steps_through_the_iterator_as_train_does(ex, classifica
     assert sorted(p.name for p in out.glob("ckpt.step*")) == ["ckpt.step20", "ckpt.step40", "ckpt.step60",
                                                               "ckpt.step80"]
     assert state_files(out / "model_last") == state_files(classification_cli / "model_last")
+
+
+def test_two_processes_the_script_trains_what_the_command_line_trains(ex, tmp_path):
+    """PALM's classification example launched on 2 processes (`python -m paddle.distributed.launch
+    --nproc_per_node 2 run.py`, every rank running the script) and the command line launched the same way
+    on the same YAML: the same checkpoint bytes and logged losses; rank 0 writes the predictions, which
+    score what the command line's exported model predicts. batch_size is per process, as PALM's was per
+    device, so the run has half the steps: the script's checkpoint path is its one other change."""
+    folder = ex / "classification_2proc"
+    folder.mkdir()
+    (folder / "data").symlink_to(ex / "classification" / "data")
+    source = (ex / "classification" / "run.py").read_text(encoding="utf-8")
+    assert "str(80)" in source
+    (folder / "run.py").write_text(source.replace("str(80)", "str(40)"), encoding="utf-8")
+    ok(run_cli([], entry=folder / "run.py", cwd=folder, launch_procs=2, log_dir=tmp_path / "palm_logs",
+               env={"PYTHONPATH": str(ROOT), **ENV}))
+    out = folder / "outputs"
+    assert os.readlink(out / "ckpt.step40") == "model_40" and not (out / "ckpt.step60").exists()
+    data = ex / "classification" / "data"
+    cfg = common(ex, tmp_path / "out", **CLASSIFICATION, tasks={"chnsenticorp": {
+        "reader": "cls", "train_file": str(data / "train.tsv"), "n_classes": 2, "dropout": 0.1, "num_epochs": 10}})
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    proc = run_cli(["--config", tmp_path / "config.yaml"], cwd=tmp_path, launch_procs=2,
+                   log_dir=tmp_path / "cli_logs", env=ENV)
+    assert proc.returncode == 0, launch_logs(tmp_path / "cli_logs")
+    assert state_files(out / "ckpt.step40") == state_files(tmp_path / "out" / "model_40")
+    assert logged_losses(out) == logged_losses(tmp_path / "out") and len(logged_losses(out)) == 2
+    cli(tmp_path, cfg, "--do_predict", "--task", "chnsenticorp", "--output_dir", tmp_path / "out", "--pred_file",
+        data / "test.tsv", "--device", "cpu", cwd=tmp_path)
+    gold = gold_column(data / "test.tsv", "label")
+    palm = [p["label"] for p in lines(out / "predict" / "predictions.json")]
+    ours = [r["label"] for r in json.loads((tmp_path / "out" / "chnsenticorp" / "predictions.json").read_text())]
+    assert accuracy(palm, gold) == accuracy(ours, gold) >= 0.9
+    print("2 processes: PALM script and command line, same checkpoint bytes; accuracy", accuracy(palm, gold))
 
 
 # -- matching, tagging, mrc --------------------------------------------------------------------------
