@@ -19,7 +19,10 @@ and `print`.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
+
+import numpy as np
 
 from ernie_mtl.checkpoint.layout import LAST, kept_name
 from ernie_mtl.dist import preemption
@@ -27,12 +30,23 @@ from ernie_mtl.dist.watchdog import job_endpoints
 from ernie_mtl.engine.anomaly import AnomalyPolicy
 from ernie_mtl.engine.callbacks import Callback, built_in_callbacks
 from ernie_mtl.engine.datapath import open_feeder
+from ernie_mtl.engine.feeding import MicroBatch
 from ernie_mtl.engine.evaluation import Evaluator, final_test
 from ernie_mtl.engine.exporter import Exporter
 from ernie_mtl.engine.metrics import MetricWriter, Window
 from ernie_mtl.engine.reporting import reporter_for
 from ernie_mtl.engine.stragglers import StragglerWatch
 from ernie_mtl.engine.state import ResumeState, clear_previous_run, restore, resume_checks, train_state
+
+
+@dataclass
+class PreparedStep:
+    """An optimizer step drawn from the schedule, not yet trained: its tasks and micro-batches."""
+
+    step: int  # optimizer steps completed before it
+    drawn: List[int]  # task index of each micro-batch
+    read: List[int]  # per task: micro-batches read before this step
+    micro: List[MicroBatch]
 
 
 class Trainer:
@@ -47,6 +61,8 @@ class Trainer:
         self.freeze, self.ema = s.programs.freeze, s.programs.ema  # on the device (program/idle_heads.py, ema.py)
         self.group_of = {t: g.name for g in s.programs.groups for t in g.tasks}
         self.step = 0
+        self.last_losses: Dict[str, float] = {}  # task -> its mean loss in the latest step (fetch_step_losses)
+        self.fetch_step_losses = False  # fetch every micro-batch's loss (the stepped API): a sync per micro-batch
         self.evaluated_at: Dict[str, int] = {}  # task -> step of its latest evaluation
         self.latest_eval: Dict[str, Dict[str, float]] = {}  # task -> its latest dev metrics
         self.reporter = reporter_for(s.cfg)
@@ -97,28 +113,39 @@ class Trainer:
                 cb.load_state_dict(state.callbacks[type(cb).__name__])
 
     def train(self) -> None:
-        t = self.cfg.train
         self.start()
         while not self.schedule.done:
-            drawn = self.train_step()
-            self.emit("on_step_end", self.step, drawn)
-            if self.bar is not None:
-                self.bar.update(1)
-            if self.step % t.logging_freq == 0 or self.schedule.done:
-                self.log_window()
-            with self.window.shared():  # every rank together: not a rank's own work (engine/stragglers.py)
-                if self.step % t.eval_freq == 0:
-                    self.evaluate()
-                self.exporter.export_due()
-                if self.step % t.checkpoint_steps == 0 or self.schedule.done:
-                    self.save_checkpoint(LAST)
-                if self.step % t.save_steps == 0:
-                    self.save_checkpoint(kept_name(self.step))
-            self.anomaly.stop_now(saved=self.step % t.checkpoint_steps == 0 or self.schedule.done)
-            if self.stop is not None and not self.schedule.done and self.stop.at_boundary(self.step):
-                self.preempt(saved=self.step % t.checkpoint_steps == 0)
+            self.advance()
+        self.end()
+
+    def advance(self, prepared: Optional["PreparedStep"] = None) -> List[str]:
+        """One optimizer step (`prepared`: the one `prepare_step` drew; default: draw it now) and what
+        follows it: callbacks, logging, evaluation, exports and checkpoints that are due, then a stop
+        the anomaly guard or a preemption signal asks for (`AnomalyStop`, `Preempted`)."""
+        t = self.cfg.train
+        drawn = self.train_step(prepared)
+        self.emit("on_step_end", self.step, drawn)
+        if self.bar is not None:
+            self.bar.update(1)
+        if self.step % t.logging_freq == 0 or self.schedule.done:
+            self.log_window()
+        with self.window.shared():  # every rank together: not a rank's own work (engine/stragglers.py)
+            if self.step % t.eval_freq == 0:
+                self.evaluate()
+            self.exporter.export_due()
+            if self.step % t.checkpoint_steps == 0 or self.schedule.done:
+                self.save_checkpoint(LAST)
+            if self.step % t.save_steps == 0:
+                self.save_checkpoint(kept_name(self.step))
+        self.anomaly.stop_now(saved=self.step % t.checkpoint_steps == 0 or self.schedule.done)
+        if self.stop is not None and not self.schedule.done and self.stop.at_boundary(self.step):
+            self.preempt(saved=self.step % t.checkpoint_steps == 0)
+        return drawn
+
+    def end(self) -> None:
+        """After the last step: on_train_end, the last evaluation and the exports still due."""
         self.emit("on_train_end")
-        if self.step % t.eval_freq:
+        if self.step % self.cfg.train.eval_freq:
             self.evaluate()
         self.exporter.export_due(final=True)
         for line in self.reporter.finished_lines(self) + [self.anomaly.summary()]:
@@ -137,26 +164,44 @@ class Trainer:
         self.window.reset()
 
     # -- one step ------------------------------------------------------------------------------------
-    def train_step(self) -> List[str]:
-        """One optimizer step: the schedule's next `accumulate_steps` micro-batches. Nothing is
-        fetched: the losses are summed on the device (program/loss_sums.py) and read when logged, so
-        on a GPU `exe.run` returns once the step is queued and the next feed is prepared meanwhile."""
+    def prepare_step(self) -> "PreparedStep":
+        """Draw the next optimizer step from the schedule and build its micro-batches (what
+        `train_step` runs next). The schedule moves on: the step must be trained before another is drawn."""
         read = list(self.schedule.counts)  # per task: micro-batches read before this step
         drawn = [self.schedule.next_task() for _ in range(self.topo.accumulate_steps)]
+        return PreparedStep(step=self.step, drawn=drawn, read=read,
+                            micro=list(self.feeder.step(self.step, drawn, read)))
+
+    def train_step(self, prepared: Optional["PreparedStep"] = None) -> List[str]:
+        """One optimizer step: the schedule's next `accumulate_steps` micro-batches (`prepared`: drawn
+        by `prepare_step` for this step). Nothing is fetched: the losses are summed on the device
+        (program/loss_sums.py) and read when logged, so on a GPU `exe.run` returns once the step is
+        queued and the next feed is prepared meanwhile. With `fetch_step_losses` (the stepped API,
+        engine/stepping.py) each micro-batch's loss is fetched too and `last_losses` holds each drawn
+        task's mean loss (a sync per micro-batch)."""
+        prepared = prepared if prepared is not None else self.prepare_step()
+        if prepared.step != self.step:
+            raise ValueError(f"the micro-batches of step {prepared.step + 1} cannot train step {self.step + 1}: "
+                             "train every prepared step once, in order")
+        drawn = prepared.drawn
         replay = self.anomaly.policy == "replay"
         before = self.p.loss_sums.read(self.scope) if replay else None  # the device is idle here (after_step)
-        records = self.run_micro_batches(drawn, read)
+        records = self.run_micro_batches(prepared.micro)
         if self.anomaly.every_step:  # --on_anomaly stop / replay (engine/anomaly.py): a sync per step
 
-            def rerun():  # the replay's losses replace the first attempt's in the window's sums
+            def rerun():  # the same feeds; the replay's losses replace the first attempt's in the window's sums
                 self.p.loss_sums.restore(self.scope, before, self.exe.place)
-                return self.run_micro_batches(drawn, read)
+                return self.run_micro_batches(prepared.micro)
 
             started, inside = time.perf_counter(), self.window.run_s
-            records = self.anomaly.after_step(drawn, read, rerun) or records
+            records = self.anomaly.after_step(drawn, prepared.read, rerun) or records
             self.window.run_s = inside + time.perf_counter() - started  # waiting for the device's counter
-        for task, tokens in records:
+        losses: Dict[str, List[float]] = {}
+        for task, tokens, loss in records:
             self.window.add_micro(task, tokens=tokens)
+            if loss is not None:
+                losses.setdefault(task, []).append(loss)
+        self.last_losses = {task: float(np.mean(v)) for task, v in losses.items()}
         self.p.lr_scheduler.step()
         if self.ema is not None:
             self.ema.update(self.exe, self.step)  # update number = steps completed before this one
@@ -164,14 +209,16 @@ class Trainer:
         self.window.add_step(samples=sum(self.tasks[i].spec.batch_size for i in drawn) * self.topo.data_world_size)
         return [self.tasks[i].spec.name for i in drawn]
 
-    def run_micro_batches(self, drawn: List[int], read: List[int]) -> List:
-        """Run the step's micro-batches, fetching nothing; [(task, tokens)] of each."""
+    def run_micro_batches(self, micro_batches: Sequence[MicroBatch]) -> List:
+        """Run the step's micro-batches; [(task, tokens, loss)] of each, the loss None unless
+        `fetch_step_losses` (nothing is fetched then)."""
         records = []
-        for micro in self.feeder.step(self.step, drawn, read):
+        for micro in micro_batches:
+            fetch = [self.p.fwd.task_losses[micro.task]] if self.fetch_step_losses else None
             started = time.perf_counter()
-            self.exe.run(self.p.main, feed=micro.feed)
+            values = self.exe.run(self.p.main, feed=micro.feed, fetch_list=fetch)
             self.window.run_s += time.perf_counter() - started
-            records.append((micro.task, micro.tokens))
+            records.append((micro.task, micro.tokens, float(np.asarray(values[0]).reshape(-1)[0]) if fetch else None))
         return records
 
     def log_window(self) -> None:
