@@ -22,6 +22,10 @@ Protocol, in the order that keeps every rank safe:
    failed, so the other ranks never hang; they find no folder and raise an error pointing at
    the builder's log.
 4. Everyone memory-maps the arrays and checks them against description.json.
+
+The arrays are memory maps: a dataset holding them is sent to a data-loading worker process by
+pickling, and `by_path` / `reopened` make such an array travel as its file name (the worker maps
+the same file) instead of as a copy of its data.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import tempfile
@@ -178,6 +183,35 @@ def _load(folder: Path) -> Dict[str, np.ndarray]:
                 f"{folder / DESCRIPTION_FILE} records {tuple(meta['shape'])} {meta['dtype']}; delete {folder} to rebuild it")
         arrays[key] = array
     return arrays
+
+
+def by_path(array):
+    """`array` for pickling: a whole memory-mapped `.npy` file (as `load_or_build` returns its
+    arrays) becomes a `MappedNpy` token naming the file; anything else is returned as it is. (NumPy
+    pickles a memmap as a copy of its data: gigabytes for a large corpus's sample index.)"""
+    if isinstance(array, np.memmap) and isinstance(array.base, mmap.mmap) and array.filename:
+        return MappedNpy(str(array.filename), tuple(array.shape), array.dtype.str)
+    return array
+
+
+def reopened(value):
+    """The inverse of `by_path` in the unpickling process: a token's file mapped again (read-only)."""
+    return value.open() if isinstance(value, MappedNpy) else value
+
+
+class MappedNpy:
+    """A memory-mapped `.npy` file by name, with the shape and dtype it had (checked on opening)."""
+
+    def __init__(self, path: str, shape: tuple, dtype: str):
+        self.path, self.shape, self.dtype = path, tuple(shape), dtype
+
+    def open(self) -> np.ndarray:
+        array = np.load(self.path, mmap_mode="r", allow_pickle=False)
+        if tuple(array.shape) != self.shape or array.dtype.str != self.dtype:
+            raise IndexCacheError(f"index cache file {self.path} changed while the run used it: shape {array.shape} "
+                                  f"dtype {array.dtype.str}, was {self.shape} {self.dtype}; caches are never "
+                                  "rewritten in place: was the folder deleted and rebuilt during the run?")
+        return array
 
 
 @contextlib.contextmanager

@@ -505,6 +505,23 @@ def proc_alive(pid):
         return f.read().split()[2] != "Z"
 
 
+def data_workers(parent: int):
+    """Pids of the live data-loading workers (ernie_mtl/engine/datapath.py) started by process `parent`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if (len(argv) > 7 and argv[1] == b"-c" and b"ernie_mtl.engine.datapath" in argv[2]
+                and argv[7] == str(parent).encode() and proc_alive(int(entry))):
+            found.append(int(entry))
+    return found
+
+
 def proc_ppid(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -7,6 +7,7 @@ to `<char>` for both the model input and the label, so the model never sees the 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,11 @@ def mask_whole_word_ngrams(
     in ERNIE/SpanBERT-style n-gram masking), shrunk to fit the remaining budget, and skipped
     when they overlap. Each selected token becomes [MASK] (80%), stays (10%) or becomes a
     random token (10%).
+
+    This is the profiled hot spot of sample building (benchmarks/bench_host.py --profile). It
+    draws exactly the random numbers of the first, plainer version and returns the same arrays
+    (tests/unit/test_masking.py keeps that version as the reference and compares them on random
+    inputs), so samples, losses and resumed runs are unchanged.
     """
     tokens = np.asarray(tokens, dtype=np.int64)
     input_ids = vocab.base_id[tokens]
@@ -88,41 +94,53 @@ def mask_whole_word_ngrams(
         empty = np.zeros(0, dtype=np.int64)
         return input_ids, empty, empty
     # word w spans [starts[w], ends[w]); a word ends at the next start or at the next non-candidate
-    next_break = np.append(np.flatnonzero(~candidate), n_tokens)
-    ends = np.minimum(np.append(starts[1:], n_tokens), next_break[np.searchsorted(next_break, starts)])
+    next_break = np.concatenate([np.flatnonzero(~candidate), [n_tokens]])
+    ends = np.minimum(np.concatenate([starts[1:], [n_tokens]]), next_break[np.searchsorted(next_break, starts)])
 
-    ngram_weights = 1.0 / np.arange(1, max_ngrams + 1)
-    ngram_p = ngram_weights / ngram_weights.sum()
-    order = rng.permutation(len(starts))
-    ns = rng.choice(max_ngrams, size=len(starts), p=ngram_p) + 1
-    covered = np.zeros(n_tokens, dtype=bool)
-    chosen = []
-    remaining = budget
     n_words = len(starts)
+    order = rng.permutation(n_words)
+    # n-gram sizes with p(n) proportional to 1/n: the draws of rng.choice(max_ngrams, p=...), done
+    # directly (Generator.choice with p searches uniforms in the normalised cdf; its checks cost more)
+    ns = np.searchsorted(_ngram_cdf(max_ngrams), rng.random(n_words), side="right") + 1
+    # the selection loop on Python ints: numpy calls on a few elements cost more than the work
+    start, end = starts.tolist(), ends.tolist()
+    covered = bytearray(n_tokens)
+    remaining = budget
+    chosen = False
     for w, n in zip(order.tolist(), ns.tolist()):
         if remaining <= 0:
             break
         n = min(n, n_words - w)
         while n > 0:
-            lo, hi = starts[w], ends[w + n - 1]
+            lo, hi = start[w], end[w + n - 1]
             # an n-gram must not cross [SEP]: all its words must be contiguous
-            if hi - lo <= remaining and not (n > 1 and np.any(starts[w + 1:w + n] != ends[w:w + n - 1])):
+            if hi - lo <= remaining and not (n > 1 and any(start[k + 1] != end[k] for k in range(w, w + n - 1))):
                 break
             n -= 1
-        if n == 0 or covered[lo:hi].any():
+        if n == 0 or any(covered[lo:hi]):
             continue
-        covered[lo:hi] = True
-        chosen.append((lo, hi))
+        covered[lo:hi] = b"\x01" * (hi - lo)
+        chosen = True
         remaining -= hi - lo
     if not chosen:
         empty = np.zeros(0, dtype=np.int64)
         return input_ids, empty, empty
-    positions = np.flatnonzero(covered)
+    positions = np.flatnonzero(np.frombuffer(covered, dtype=np.uint8))
     labels = input_ids[positions].copy()
     roll = rng.random(len(positions))
     replace = roll < 0.8
     randomise = roll >= 0.9
     input_ids[positions[replace]] = vocab.mask_id
-    if randomise.any():
-        input_ids[positions[randomise]] = rng.choice(vocab.random_ids, size=int(randomise.sum()))
+    if randomise.any():  # the draws of rng.choice(vocab.random_ids, size=k)
+        picks = rng.integers(0, len(vocab.random_ids), size=int(randomise.sum()), dtype=np.int64)
+        input_ids[positions[randomise]] = vocab.random_ids[picks]
     return input_ids, positions.astype(np.int64), labels
+
+
+@functools.lru_cache(maxsize=8)
+def _ngram_cdf(max_ngrams: int) -> np.ndarray:
+    """The cumulative distribution Generator.choice builds from p(n) = (1/n) / sum_k 1/k."""
+    weights = 1.0 / np.arange(1, max_ngrams + 1)
+    cdf = (weights / weights.sum()).cumsum()
+    cdf /= cdf[-1]
+    return cdf

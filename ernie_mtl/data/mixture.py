@@ -62,7 +62,7 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, 
 import numpy as np
 
 from data_tools import index as index_helper
-from data_tools.index_cache import cache_key, load_or_build
+from data_tools.index_cache import by_path, cache_key, load_or_build, reopened
 from data_tools.indexed_dataset import IndexedDatasetError, MMapIndexedDataset, file_identity
 from ernie_mtl.config import ConfigError
 from ernie_mtl.data.pretrain import (SPLIT_NAMES, PretrainSampleConfig, build_pretrain_datasets, index_description,
@@ -584,6 +584,16 @@ class BlendedDataset:
 
     def __len__(self) -> int:
         return len(self.dataset_index)
+
+    def __getstate__(self):
+        """Pickled for a data-loading worker: the blend arrays travel as file names (no copy)."""
+        state = dict(self.__dict__)
+        state["dataset_index"], state["sample_index"] = by_path(self.dataset_index), by_path(self.sample_index)
+        return state
+
+    def __setstate__(self, state):
+        state["dataset_index"], state["sample_index"] = reopened(state["dataset_index"]), reopened(state["sample_index"])
+        self.__dict__.update(state)
 
     def __getitem__(self, i: int):
         if not 0 <= i < len(self):

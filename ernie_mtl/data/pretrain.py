@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from data_tools import index as index_helper
-from data_tools.index_cache import load_or_build
+from data_tools.index_cache import by_path, load_or_build, reopened
 from data_tools.indexed_dataset import MMapIndexedDataset, file_identity
 from ernie_mtl.data.masking import VocabInfo, mask_whole_word_ngrams
 
@@ -113,6 +113,19 @@ class ErniePretrainDataset:
 
     def __len__(self) -> int:
         return len(self.mapping)
+
+    def __getstate__(self):
+        """Pickled for a data-loading worker: the corpus and the sample index travel as file names
+        and are mapped again there (no copy of either)."""
+        state = dict(self.__dict__)
+        state["mapping"] = by_path(self.mapping)
+        del state["_doc_bounds"]  # a view of the corpus's .idx map
+        return state
+
+    def __setstate__(self, state):
+        state["mapping"] = reopened(state["mapping"])
+        self.__dict__.update(state)
+        self._doc_bounds = np.asarray(self.corpus.doc_idx[self.doc_range[0]:self.doc_range[1] + 1])
 
     def __getitem__(self, i: int):
         if not 0 <= i < len(self.mapping):

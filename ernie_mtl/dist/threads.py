@@ -28,9 +28,10 @@ Variables the user set are never changed. `MKL_NUM_THREADS` is set to the same v
 
 GPU nodes: the GPU does the model's work; OpenMP threads serve host-side work only (CPU-only
 kernels such as the CRF's, feeding, metric code), next to the rank's Python thread that launches
-CUDA kernels and its data-loader workers. Each rank gets half of its share of the cores, at
-least 1 and at most 4 (more spinning OpenMP threads would take cores from the loader workers).
-This is a judgement, not a measurement: there is no GPU here (docs/performance.md).
+CUDA kernels and its data-loading workers (`--num_workers`, one thread each: `worker_environment`).
+Each rank gets half of its share of the cores, at least 1 and at most 4 (more spinning OpenMP
+threads would take cores from the workers). This is a judgement, not a measurement: there is no
+GPU here; the workers' CPU per sample is measured (docs/performance.md, "Feeding a GPU").
 
 This module must not import paddle (tests check it).
 """
@@ -213,6 +214,21 @@ def plan_threads(env: Mapping[str, str], budget: CpuBudget, *, device: str = "cp
         mkl_text = f"{MKL}={env[MKL].strip()} (from the environment, kept)"
     return ThreadPlan(threads=decided, to_set=to_set,
                       description=f"threads: {OMP}={decided}, {mkl_text} ({basis})", basis=basis)
+
+
+# Every math library's thread variable a data-loading worker pins to 1 (numpy uses OpenBLAS here)
+WORKER_THREAD_VARS = (OMP, MKL, "OPENBLAS_NUM_THREADS")
+
+
+def worker_environment(env: Mapping[str, str]) -> Dict[str, str]:
+    """The environment of a data-loading worker process (ernie_mtl/engine/datapath.py): the
+    training process's, with every math library at one thread. A worker builds samples in Python
+    and NumPy (small arrays, no large kernels), so more threads would only take cores from the
+    training process's own OpenMP threads; the cores a rank's workers need come out of the rank's
+    share on top of its thread count (docs/performance.md, "Feeding a GPU")."""
+    out = dict(env)
+    out.update({name: "1" for name in WORKER_THREAD_VARS})
+    return out
 
 
 def device_hint(argv: Sequence[str], *, gpu_build: Optional[bool] = None) -> str:

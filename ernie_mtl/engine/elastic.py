@@ -70,7 +70,7 @@ def portable_state(session, choose) -> Dict[str, Dict[str, np.ndarray]]:
     names = aliases(p.name_map)
     parameters = {structured[0] for structured in names.values()}
     members: Dict[str, Dict[str, str]] = {}
-    for name in program_variables(p.main):
+    for name in program_variables(p.state_program):  # not the loss sums (program/loss_sums.py)
         if is_transient(name, names):
             continue
         split = split_name(name, names)
@@ -89,7 +89,7 @@ def write_state(session, state: Dict[str, np.ndarray], what: str, *, only: Optio
     import paddle
 
     programs, scope = session.programs, session.scope
-    values = assignments(state, programs.name_map, program_variables(programs.main), what=what, only=only)
+    values = assignments(state, programs.name_map, program_variables(programs.state_program), what=what, only=only)
     place = session.exe.place if session.exe is not None else paddle.CPUPlace()
     for name, array in values.items():
         var = scope.find_var(name)

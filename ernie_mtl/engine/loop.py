@@ -9,7 +9,8 @@ micro-batches of all ranks), identically on every rank; each rank feeds its own 
 step; one `exe.run` per micro-batch, the update happening inside the program on the last one
 (gradient merge, then the all-reduce). Logged
 losses are rank 0's (not all-reduced); tokens/s counts rank 0's non-pad tokens times the
-data-parallel size.
+data-parallel size. Nothing is fetched per micro-batch: the losses are summed per task on the
+device and fetched once per logging step (ernie_mtl/program/loss_sums.py).
 
 Callbacks (ernie_mtl/engine/callbacks.py) receive the trainer and may read `step`, `schedule`,
 `tasks`, `task(name)`, `plan`, `cfg`, `info`, `topo`, `is_rank0`, `p` (the programs), `scope`,
@@ -19,6 +20,7 @@ and `print`.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -28,14 +30,25 @@ from ernie_mtl.dist import preemption
 from ernie_mtl.dist.watchdog import job_endpoints
 from ernie_mtl.engine.anomaly import AnomalyPolicy
 from ernie_mtl.engine.callbacks import Callback, built_in_callbacks
+from ernie_mtl.engine.datapath import open_feeder
 from ernie_mtl.engine.elastic import batch_ratio
-from ernie_mtl.engine.feeding import Feeder
+from ernie_mtl.engine.feeding import MicroBatch
 from ernie_mtl.engine.evaluation import Evaluator, final_test
 from ernie_mtl.engine.exporter import Exporter
 from ernie_mtl.engine.metrics import MetricWriter, Window
 from ernie_mtl.engine.reporting import reporter_for
 from ernie_mtl.engine.stragglers import StragglerWatch
 from ernie_mtl.engine.state import ResumeState, clear_previous_run, restore, resume_checks, train_state
+
+
+@dataclass
+class PreparedStep:
+    """An optimizer step drawn from the schedule, not yet trained: its tasks and micro-batches."""
+
+    step: int  # optimizer steps completed before it
+    drawn: List[int]  # task index of each slot (all ranks' micro-batches, ernie_mtl/program/randomness.slot_of)
+    read: List[int]  # per task: slots read before this step
+    micro: List[MicroBatch]  # this rank's micro-batches (its slots)
 
 
 class Trainer:
@@ -50,12 +63,15 @@ class Trainer:
         self.freeze, self.ema = s.programs.freeze, s.programs.ema  # on the device (program/idle_heads.py, ema.py)
         self.group_of = {t: g.name for g in s.programs.groups for t in g.tasks}
         self.step = 0
+        self.last_losses: Dict[str, float] = {}  # task -> its mean loss in the latest step (fetch_step_losses)
+        self.fetch_step_losses = False  # fetch every micro-batch's loss (the stepped API): a sync per micro-batch
         self.evaluated_at: Dict[str, int] = {}  # task -> step of its latest evaluation
         self.latest_eval: Dict[str, Dict[str, float]] = {}  # task -> its latest dev metrics
         self.reporter = reporter_for(s.cfg)
         self.writer = MetricWriter(s.cfg.train.output_dir, enabled=self.is_rank0)
         self.window, self.bar = Window(), None
-        self.evaluator, self.exporter, self.feeder = Evaluator(s), Exporter(self), Feeder(s)
+        self.evaluator, self.exporter = Evaluator(s), Exporter(self)
+        self.feeder = open_feeder(s, log=self.print)  # in-process, or --num_workers processes (engine/datapath.py)
         self.callbacks: List[Callback] = built_in_callbacks(self.setup.mtl, self.writer) + list(callbacks)
         self.checkpointer = s.checkpointer(log=self.print)
         self.resume_checks = resume_checks(s.cfg, s.plan)
@@ -70,6 +86,7 @@ class Trainer:
     def run(self) -> Dict:
         """Resume (or start), train, test; returns the test results."""
         try:
+            self.feeder.open()  # workers start up while the checkpoint loads
             self.resume()
             self.train()
             return final_test(self)
@@ -103,28 +120,39 @@ class Trainer:
                 cb.load_state_dict(state.callbacks[type(cb).__name__])
 
     def train(self) -> None:
-        t = self.cfg.train
         self.start()
         while not self.schedule.done:
-            drawn = self.train_step()
-            self.emit("on_step_end", self.step, drawn)
-            if self.bar is not None:
-                self.bar.update(1)
-            if self.step % t.logging_freq == 0 or self.schedule.done:
-                self.log_window()
-            with self.window.shared():  # every rank together: not a rank's own work (engine/stragglers.py)
-                if self.step % t.eval_freq == 0:
-                    self.evaluate()
-                self.exporter.export_due()
-                if self.step % t.checkpoint_steps == 0 or self.schedule.done:
-                    self.save_checkpoint(LAST)
-                if self.step % t.save_steps == 0:
-                    self.save_checkpoint(kept_name(self.step))
-            self.anomaly.stop_now(saved=self.step % t.checkpoint_steps == 0 or self.schedule.done)
-            if self.stop is not None and not self.schedule.done and self.stop.at_boundary(self.step):
-                self.preempt(saved=self.step % t.checkpoint_steps == 0)
+            self.advance()
+        self.end()
+
+    def advance(self, prepared: Optional["PreparedStep"] = None) -> List[str]:
+        """One optimizer step (`prepared`: the one `prepare_step` drew; default: draw it now) and what
+        follows it: callbacks, logging, evaluation, exports and checkpoints that are due, then a stop
+        the anomaly guard or a preemption signal asks for (`AnomalyStop`, `Preempted`)."""
+        t = self.cfg.train
+        drawn = self.train_step(prepared)
+        self.emit("on_step_end", self.step, drawn)
+        if self.bar is not None:
+            self.bar.update(1)
+        if self.step % t.logging_freq == 0 or self.schedule.done:
+            self.log_window()
+        with self.window.shared():  # every rank together: not a rank's own work (engine/stragglers.py)
+            if self.step % t.eval_freq == 0:
+                self.evaluate()
+            self.exporter.export_due()
+            if self.step % t.checkpoint_steps == 0 or self.schedule.done:
+                self.save_checkpoint(LAST)
+            if self.step % t.save_steps == 0:
+                self.save_checkpoint(kept_name(self.step))
+        self.anomaly.stop_now(saved=self.step % t.checkpoint_steps == 0 or self.schedule.done)
+        if self.stop is not None and not self.schedule.done and self.stop.at_boundary(self.step):
+            self.preempt(saved=self.step % t.checkpoint_steps == 0)
+        return drawn
+
+    def end(self) -> None:
+        """After the last step: on_train_end, the last evaluation and the exports still due."""
         self.emit("on_train_end")
-        if self.step % t.eval_freq:
+        if self.step % self.cfg.train.eval_freq:
             self.evaluate()
         self.exporter.export_due(final=True)
         for line in self.reporter.finished_lines(self) + [self.anomaly.summary()]:
@@ -138,45 +166,76 @@ class Trainer:
         self.previous_handlers = preemption.install(self.signals)
         self.anomaly.start()
         self.emit("on_train_begin")
+        self.feeder.start(self.step, self.schedule)  # a background feeder plans ahead from here
+        self.p.loss_sums.take(self.exe)  # a new window: its sums start at zero
         self.window.reset()
 
     # -- one step ------------------------------------------------------------------------------------
-    def train_step(self) -> List[str]:
-        """One optimizer step: the schedule's next `slots_per_step` slots, this rank's
-        `accumulate_steps` of them computed here."""
+    def prepare_step(self) -> "PreparedStep":
+        """Draw the next optimizer step from the schedule (a task for each of its `slots_per_step`
+        slots, all ranks') and build this rank's `accumulate_steps` micro-batches of it (what
+        `train_step` runs next). The schedule moves on: the step must be trained before another is drawn."""
         read = list(self.schedule.counts)  # per task: slots read before this step
         drawn = [self.schedule.next_task() for _ in range(self.topo.slots_per_step)]
-        records = self.run_micro_batches(drawn, read)
-        if self.anomaly.every_step:  # --on_anomaly stop / replay (engine/anomaly.py)
-            records = self.anomaly.after_step(drawn, read, lambda: self.run_micro_batches(drawn, read)) or records
-        for task, loss, scalars, tokens, lr_and_scale in records:
-            self.window.add_micro(task, loss, scalars, tokens=tokens)
+        return PreparedStep(step=self.step, drawn=drawn, read=read,
+                            micro=list(self.feeder.step(self.step, drawn, read)))
+
+    def train_step(self, prepared: Optional["PreparedStep"] = None) -> List[str]:
+        """One optimizer step: the schedule's next `slots_per_step` slots, this rank's
+        `accumulate_steps` of them computed here (`prepared`: drawn by `prepare_step` for this step).
+        Nothing is fetched: the losses are summed on the device (program/loss_sums.py) and read when
+        logged, so on a GPU `exe.run` returns once the step is queued and the next feed is prepared
+        meanwhile. With `fetch_step_losses` (the stepped API, engine/stepping.py) each micro-batch's
+        loss is fetched too and `last_losses` holds the mean loss of each task this rank computed (a
+        sync per micro-batch)."""
+        prepared = prepared if prepared is not None else self.prepare_step()
+        if prepared.step != self.step:
+            raise ValueError(f"the micro-batches of step {prepared.step + 1} cannot train step {self.step + 1}: "
+                             "train every prepared step once, in order")
+        drawn = prepared.drawn
+        replay = self.anomaly.policy == "replay"
+        before = self.p.loss_sums.read(self.scope) if replay else None  # the device is idle here (after_step)
+        records = self.run_micro_batches(prepared.micro)
+        if self.anomaly.every_step:  # --on_anomaly stop / replay (engine/anomaly.py): a sync per step
+
+            def rerun():  # the same feeds; the replay's losses replace the first attempt's in the window's sums
+                self.p.loss_sums.restore(self.scope, before, self.exe.place)
+                return self.run_micro_batches(prepared.micro)
+
+            started, inside = time.perf_counter(), self.window.run_s
+            records = self.anomaly.after_step(drawn, prepared.read, rerun) or records
+            self.window.run_s = inside + time.perf_counter() - started  # waiting for the device's counter
+        losses: Dict[str, List[float]] = {}
+        for task, tokens, loss in records:
+            self.window.add_micro(task, tokens=tokens)
+            if loss is not None:
+                losses.setdefault(task, []).append(loss)
+        self.last_losses = {task: float(np.mean(v)) for task, v in losses.items()}
         self.p.lr_scheduler.step()
         if self.ema is not None:
             self.ema.update(self.exe, self.step)  # update number = steps completed before this one
         self.step += 1
         names = [self.tasks[i].spec.name for i in drawn]
-        self.window.add_step(samples=sum(self.tasks[i].spec.batch_size for i in drawn), drawn=names,
-                             lr=lr_and_scale[0], loss_scale=lr_and_scale[1] if len(lr_and_scale) > 1 else None)
+        self.window.add_step(samples=sum(self.tasks[i].spec.batch_size for i in drawn), drawn=names)
         return names
 
-    def run_micro_batches(self, drawn: List[int], read: List[int]) -> List:
-        """Run this rank's micro-batches of the step (slots `drawn`); [(task, loss, scalars, tokens, [lr, loss
-        scale])] of each."""
-        extra = [self.p.lr] + ([self.p.loss_scaling] if self.p.loss_scaling is not None else [])
+    def run_micro_batches(self, micro_batches: Sequence[MicroBatch]) -> List:
+        """Run this rank's micro-batches of the step; [(task, tokens, loss)] of each, the loss None
+        unless `fetch_step_losses` (nothing is fetched then)."""
         records = []
-        for micro in self.feeder.step(self.step, drawn, read):
-            scalars = self.p.fwd.task_scalars[micro.task]
+        for micro in micro_batches:
+            fetch = [self.p.fwd.task_losses[micro.task]] if self.fetch_step_losses else None
             started = time.perf_counter()
-            values = self.exe.run(self.p.main, feed=micro.feed,
-                                  fetch_list=[self.p.fwd.task_losses[micro.task], *scalars.values(), *extra])
+            values = self.exe.run(self.p.main, feed=micro.feed, fetch_list=fetch)
             self.window.run_s += time.perf_counter() - started
-            values = [float(np.asarray(v).reshape(-1)[0]) for v in values]
-            records.append((micro.task, values[0], dict(zip(scalars, values[1:1 + len(scalars)])), micro.tokens,
-                            values[1 + len(scalars):]))
+            records.append((micro.task, micro.tokens, float(np.asarray(values[0]).reshape(-1)[0]) if fetch else None))
         return records
 
     def log_window(self) -> None:
+        started = time.perf_counter()
+        taken = self.p.loss_sums.take(self.exe)  # the window's one fetch: waits for the device (program time)
+        self.window.run_s += time.perf_counter() - started
+        self.window.add_sums(taken.sums, self.p.loss_sums.columns, lr=taken.lr, loss_scale=taken.loss_scale)
         lines, logs = self.reporter.window(self, self.window)
         logs.update(self.anomaly.window({task: self.window.mean_loss(task) for task in self.window.count}))
         if self.stragglers.enabled:  # every rank, at the same steps
@@ -261,6 +320,7 @@ class Trainer:
             getattr(cb, hook)(self, *args)
 
     def close(self) -> None:
+        self.feeder.close()  # the data-loading workers exit (also when the run stops on a preemption signal)
         preemption.restore(self.previous_handlers)
         if self.bar is not None:
             self.bar.close()

@@ -21,7 +21,12 @@ class Window:
     """What happened since the last log line: per task this rank's micro-batches, summed loss and extra
     scalars (e.g. mlm_loss, nsp_loss), and the slots drawn for it (all ranks); optimizer steps,
     non-pad tokens (all ranks), samples (all ranks), time; the learning rate and the loss scale as
-    their latest values."""
+    their latest values.
+
+    The loop counts micro-batches, tokens, samples and drawn slots as they run (`add_micro`,
+    `add_step`); the losses, lr and loss scale stay on the device and arrive once per window
+    (`add_sums`: the sums of ernie_mtl/program/loss_sums.py, the same float64 running sums this class
+    kept on the host when every micro-batch was fetched)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -55,22 +60,27 @@ class Window:
         finally:
             self.shared_s += time.perf_counter() - started
 
-    def add_micro(self, task: str, loss: float, scalars: Mapping[str, float], *, tokens: int) -> None:
-        """One micro-batch of `task` (this rank's loss and scalars; `tokens`: non-pad tokens of all ranks)."""
+    def add_micro(self, task: str, *, tokens: int) -> None:
+        """One micro-batch of `task` (`tokens`: non-pad tokens of all ranks)."""
         self.micro += 1
         self.count[task] = self.count.get(task, 0) + 1
-        self.loss[task] = self.loss.get(task, 0.0) + float(loss)
-        sums = self.scalars.setdefault(task, {})
-        for k, v in scalars.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
         self.tokens += tokens
 
-    def add_step(self, *, samples: int, lr: float, loss_scale: Optional[float], drawn: Sequence[str] = ()) -> None:
+    def add_step(self, *, samples: int, drawn: Sequence[str] = ()) -> None:
         """One optimizer step: `samples` of all ranks, the tasks `drawn` for its slots."""
         self.steps += 1
         for task in drawn:
             self.drawn[task] = self.drawn.get(task, 0) + 1
         self.samples += samples
+
+    def add_sums(self, sums: Mapping[str, Sequence[float]], columns: Mapping[str, Sequence[str]], *, lr: float,
+                 loss_scale: Optional[float]) -> None:
+        """This rank's sums over the window's micro-batches, per task `[loss, *scalars]` named by
+        `columns[task]` (`("loss", "mlm_loss", ...)`), and the latest lr and loss scale."""
+        for task in self.count:
+            values = sums[task]
+            self.loss[task] = float(values[0])
+            self.scalars[task] = {k: float(v) for k, v in zip(columns[task][1:], values[1:])}
         self.lr = float(lr)
         if loss_scale is not None:
             self.loss_scale = float(loss_scale)

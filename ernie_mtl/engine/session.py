@@ -54,15 +54,17 @@ class Session:
     def checkpointer(self, *, log) -> Checkpointer:
         """The checkpoint store of this run: every rank writes its own state under sharding (the
         state differs per rank), rank 0 alone otherwise; the program state is saved and loaded
-        through paddle.static on this session's training program."""
+        through paddle.static on this session's training program (without the loss sums of the
+        metrics window, program/loss_sums.py: they are not model state)."""
         import paddle
 
+        state = self.programs.state_program
         return Checkpointer(
             self.cfg.train.output_dir, rank=self.info.rank, world_size=self.info.world_size,
             per_rank_state=self.topo.sharding_degree > 1, keep_last=self.cfg.train.keep_last, barrier=self.barrier,
-            log=log, save_program_state=lambda prefix: paddle.static.save(self.programs.main, prefix),
-            load_program_state=lambda prefix: paddle.static.load(self.programs.main, prefix, self.exe),
-            write_state=lambda state, what: write_state(self, state, what), topology=self.topo.to_dict(),
+            log=log, save_program_state=lambda prefix: paddle.static.save(state, prefix),
+            load_program_state=lambda prefix: paddle.static.load(state, prefix, self.exe),
+            write_state=lambda values, what: write_state(self, values, what), topology=self.topo.to_dict(),
             state_format=self.cfg.train.checkpoint_format, portable_state=lambda choose: portable_state(self, choose))
 
     def scope_guard(self):

@@ -224,7 +224,8 @@ def resume_checks(cfg, plan) -> Dict[str, Any]:
     return {"seed": cfg.train.seed, "tasks": tasks,
             "data": {t.spec.name: data_identity(t.spec.train_file) for t in plan.tasks},
             "vocab": data_identity(str(cfg.data.vocab_file)),
-            "total_steps": plan.unresumed_steps, "warmup_rate": o.warmup_rate, "decay_steps": o.decay_steps}
+            "total_steps": plan.unresumed_steps, "warmup_rate": o.warmup_rate, "decay_steps": o.decay_steps,
+            "warmup_steps": o.warmup_steps}  # a checkpoint written before --warmup_steps lacks it: not compared
 
 def _eval_splits(tasks, split: str, eval_batches: int, *, name_key: bool) -> Dict[str, Any]:
     """{task: data} of the `split` ("dev" or "test") of `tasks`; one ConfigError naming each task's

@@ -53,7 +53,7 @@ class WarmupLinearDecay(LRScheduler):
     def __init__(self, cfg: OptimConfig, last_epoch: int = -1):
         self.max_lr = cfg.max_lr
         self.min_lr = cfg.min_lr
-        self.warmup_steps = cfg.warmup_steps
+        self.warmup_steps = cfg.resolved_warmup_steps
         self.decay_steps = cfg.resolved_decay_steps
         self.replan_step: Optional[float] = None  # last step computed with the previous plan (data units)
         self.replan_lr: Optional[float] = None

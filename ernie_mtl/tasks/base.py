@@ -45,6 +45,14 @@ class Option:
     required: bool = False
 
 
+def _no_barrier(*args, **kwargs) -> None:
+    """The barrier of a TaskContext in a data-loading worker (never called there)."""
+
+
+def _no_log(message: str) -> None:
+    """The log of a TaskContext in a data-loading worker: workers say nothing."""
+
+
 @dataclass
 class TaskContext:
     """What a task type may use besides its spec."""
@@ -62,13 +70,49 @@ class TaskContext:
 
     _tokenizer: Any = field(default=None, repr=False)
 
+    def __getstate__(self):
+        """Pickled with the task objects for data-loading worker processes (ernie_mtl/engine/datapath.py).
+        A worker builds batches from features made in the training process: it takes no part in the
+        job's barriers, logs nothing, and gets the tokenizer's special token ids (`TokenizerFacts`,
+        what `collate` asks for: pad_token_id) instead of the tokenizer, whose import would load
+        paddlenlp and Paddle into every worker (seconds and hundreds of MiB each)."""
+        state = dict(self.__dict__)
+        state.update(barrier=_no_barrier, log=_no_log)
+        if self._tokenizer is not None:
+            key, tokenizer = self._tokenizer
+            state["_tokenizer"] = (key, TokenizerFacts.of(tokenizer))
+        return state
+
     def tokenizer(self, do_lower_case: bool = True):
-        """paddlenlp's tokenizer of the model's vocab (ErnieTokenizer or BertTokenizer), cached."""
+        """paddlenlp's tokenizer of the model's vocab (ErnieTokenizer or BertTokenizer), cached. In a
+        data-loading worker: the `TokenizerFacts` of the training process's tokenizer."""
+        if self._tokenizer is not None and isinstance(self._tokenizer[1], TokenizerFacts):
+            return self._tokenizer[1]  # special token ids do not depend on do_lower_case
         key = (self.model_type, do_lower_case)
         if self._tokenizer is None or self._tokenizer[0] != key:
             cls = model_family(self.model_type).classes()[3]
             self._tokenizer = (key, cls(vocab_file=self.vocab_file, do_lower_case=do_lower_case))
         return self._tokenizer[1]
+
+
+class TokenizerFacts:
+    """A tokenizer's special token ids and vocabulary size, without the tokenizer: what a task's
+    `collate` may ask of `ctx.tokenizer()` in a data-loading worker. Tokenizing belongs in `load`,
+    which runs in the training process."""
+
+    FACTS = ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id", "unk_token_id", "vocab_size")
+
+    def __init__(self, **facts):
+        self.__dict__.update(facts)
+
+    @classmethod
+    def of(cls, tokenizer) -> "TokenizerFacts":
+        return cls(**{name: getattr(tokenizer, name, None) for name in cls.FACTS})
+
+    def __getattr__(self, name):
+        raise AttributeError(f"tokenizer.{name}: in a data-loading worker (--num_workers > 0) the tokenizer answers "
+                             f"only {', '.join(self.FACTS)}; tokenize in the task type's load(), which runs in the "
+                             "training process, or run with --num_workers 0")
 
 
 @dataclass
@@ -184,6 +228,11 @@ class TaskType(abc.ABC):
     @abc.abstractmethod
     def predictions(self, data: TaskData, outputs: Mapping[str, List[np.ndarray]]) -> Any:
         """Records for `--do_predict` (a list of dicts; a dict keyed by id for MRC)."""
+
+    def example_source(self, index: int) -> str:
+        """Where training example `index` comes from, for an error raised while building a batch
+        (default: its position among the features read from `train_file`)."""
+        return f"example {index} of {self.spec.train_file}"
 
     def describe_data(self) -> List[str]:
         """Lines for the start-of-run log about the training data (e.g. a corpus mixture's plan)."""

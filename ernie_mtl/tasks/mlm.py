@@ -222,19 +222,21 @@ class MaskedLMTask(TaskType):
                                "to its task YAML"])
         texts = [row["text_a"] for _, row in read_tsv(path, ["text_a"])]
         features = [self._encode(t) for t in texts]
-        split_id = _SPLIT_IDS[split]
-
-        def mask(tokens: np.ndarray, index: int, epoch: int) -> Sample:
-            rng = np.random.default_rng([self.ctx.seed, self.spec.index, split_id, index, epoch])
-            ids, positions, labels = mask_whole_word_ngrams(
-                tokens, self.vocab, rng, masked_lm_prob=self.cfg.masked_lm_prob,
-                max_predictions=self.cfg.max_predictions_per_seq, max_ngrams=self.cfg.max_ngrams)
-            return ids, np.zeros(len(ids), dtype=np.int64), positions, labels, 0
+        mask = functools.partial(self._mask, _SPLIT_IDS[split])  # picklable: data-loading workers get it
 
         if split == "train":  # a new mask every epoch
             return TaskData(split, features, examples=texts, transform=mask)
         # evaluation sees one fixed mask per example (epoch 0's), so its metrics are comparable over time
         return TaskData(split, [mask(f, i, 0) for i, f in enumerate(features)], examples=texts)
+
+    def _mask(self, split_id: int, tokens: np.ndarray, index: int, epoch: int) -> Sample:
+        """Example `index` of a split as masked in `epoch`: a pure function of (seed, task, split,
+        index, epoch)."""
+        rng = np.random.default_rng([self.ctx.seed, self.spec.index, split_id, index, epoch])
+        ids, positions, labels = mask_whole_word_ngrams(
+            tokens, self.vocab, rng, masked_lm_prob=self.cfg.masked_lm_prob,
+            max_predictions=self.cfg.max_predictions_per_seq, max_ngrams=self.cfg.max_ngrams)
+        return ids, np.zeros(len(ids), dtype=np.int64), positions, labels, 0
 
     def _encode(self, text: str) -> np.ndarray:
         """`[CLS] pieces [SEP]` ids, truncated; with a vocab that has `##<char>` entries (and for_cn),

@@ -117,6 +117,20 @@ class PretrainTask(TaskType):
                     "a folder you can write to")
         return f"task {self.spec.name!r} (pretrain), {split} split of {mixture.spec()}: {describe_os_error(e)}"
 
+    def example_source(self, index: int) -> str:
+        """'sample 17 of corpus data/news (sample 40 of the mixture)'."""
+        from ernie_mtl.data.mixture import BlendedDataset
+
+        train = self.datasets.get("train")
+        dataset = train[CORPUS_SPLITS["train"]] if train is not None else None
+        if isinstance(dataset, BlendedDataset) and 0 <= index < len(dataset):
+            part = dataset.datasets[dataset.corpus_of(index)]
+            return (f"sample {int(dataset.sample_index[index])} of corpus {part.corpus.path_prefix} (sample {index} "
+                    "of the mixture)")
+        if dataset is not None:
+            return f"sample {index} of corpus {dataset.corpus.path_prefix}"
+        return super().example_source(index)
+
     def describe_data(self) -> List[str]:
         """Per corpus of the training data: weight, documents, samples planned and epochs (and, for a
         mixture, the realised count of each corpus)."""

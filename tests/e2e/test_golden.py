@@ -7,7 +7,10 @@ tests/golden/README.md):
     ERNIE_MTL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/e2e/test_golden.py
 
 and commit them with the reason. The runs pin OMP_NUM_THREADS=1 (the thread count can change
-float reductions) and generate their data from fixed seeds.
+float reductions) and generate their data from fixed seeds. Each case also runs with two
+data-loading worker processes per rank (`--num_workers 2`): its log must be bitwise the one of
+`--num_workers 0` (every scalar but the timings), so the background data path is held to the
+golden runs too.
 
 The files are compared on other machines than the one that wrote them, and float results differ in
 the last bits between CPU vendors (MKL and oneDNN take other code paths on AMD and Intel): files
@@ -29,7 +32,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import GOLDEN_CASES, GOLDEN_COMMON, api_script, flags_as_kwargs, golden_data, logged_losses, ok, run_cli
+from helpers import (GOLDEN_CASES, GOLDEN_COMMON, api_script, flags_as_kwargs, golden_data, jsonl, logged_losses, ok,
+                     run_cli)
 
 EXCLUSIVE = {"2proc"}  # these launch several processes: run alone (tests/conftest.py)
 
@@ -47,21 +51,52 @@ COMMON, CASES, losses = GOLDEN_COMMON, GOLDEN_CASES, logged_losses
 LAUNCHED = {}  # case -> losses of its command-line run in this session (the API cases compare with them)
 
 
+@pytest.fixture(scope="module")
+def runs(data, tmp_path_factory):
+    """run(case, workers) -> output folder of that golden run with `--num_workers workers` (each made once)."""
+    done = {}
+
+    def run(case, workers):
+        if (case, workers) not in done:
+            procs, argv = CASES[case]
+            tmp = tmp_path_factory.mktemp(f"{case}_w{workers}")
+            ok(run_cli(["--tokenizer_name_or_path", data / "vocab.txt", *COMMON, *argv, "--num_workers", workers,
+                        "--output_dir", tmp / "out"], cwd=data, launch_procs=procs, log_dir=tmp / "logs",
+                       env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}))
+            done[case, workers] = tmp / "out"
+        return done[case, workers]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_losses_equal_the_golden_file(case, data, tmp_path):
-    procs, argv = CASES[case]
-    out = tmp_path / "out"
-    ok(run_cli(["--tokenizer_name_or_path", data / "vocab.txt", *COMMON, *argv, "--output_dir", out], cwd=data,
-               launch_procs=procs, log_dir=tmp_path / "logs", env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}))
-    got = losses(out)
+def test_losses_equal_the_golden_file(case, runs):
+    got = losses(runs(case, 0))
     LAUNCHED[case] = got
     path = GOLDEN / f"{case}.json"
     if UPDATE:
         GOLDEN.mkdir(exist_ok=True)
         path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
         pytest.skip(f"regenerated {path}")
-    expected = json.loads(path.read_text())
+    assert_golden(case, got)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_data_loading_workers_log_what_the_training_process_logs(case, runs):
+    """--num_workers 2 (every rank: 2 worker processes building the micro-batches ahead): every
+    logged scalar but the timings is bitwise what --num_workers 0 logs, and the losses are golden."""
+    without, workers = jsonl(runs(case, 0) / "train_metrics.jsonl"), jsonl(runs(case, 2) / "train_metrics.jsonl")
+    untimed = [[{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows] for rows in (without,
+                                                                                                       workers)]
+    assert untimed[0] == untimed[1]
+    if not UPDATE:
+        assert_golden(case, losses(runs(case, 2)))
+
+
+def assert_golden(case, got):
+    expected = json.loads((GOLDEN / f"{case}.json").read_text())
     assert sorted(got, key=int) == sorted(expected, key=int), "another number of logged steps"
     for step in sorted(expected, key=int):
         for tag, value in expected[step].items():

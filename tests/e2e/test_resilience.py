@@ -55,13 +55,32 @@ def test_a_signal_saves_at_the_step_boundary_and_the_resume_is_bitwise(demo, tmp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy,fault", [("skip", "always"), ("stop", "always"), ("replay", "once"),
-                                          ("replay", "always")])
-def test_a_non_finite_step_is_skipped_stopped_or_replayed(demo, tmp_path, policy, fault):
+def test_a_signal_to_the_trainer_and_its_workers_saves_and_leaves_no_worker(demo, tmp_path):
+    """--num_workers 2: SIGTERM after step 3 to the trainer and to its data-loading workers (a scheduler
+    signalling every process of the job). The workers leave the signal to the trainer, which still gets
+    its micro-batches, saves at the step boundary, exits 76 and takes its workers with it."""
+    from helpers import proc_alive
+
+    out = tmp_path / "run"
+    hit = train(tiny_args(demo, out, **{**COMMON, "num_workers": 2}), cwd=tmp_path,
+                env={"ERNIE_MTL_TEST_SIGNAL_AT_STEP": "3", "ERNIE_MTL_TEST_SIGNAL_WORKERS": "1"})
+    assert hit.returncode == EXIT_PREEMPTED, hit.stdout[-2000:] + hit.stderr[-2000:]
+    assert "preempted (SIGTERM): stopped at step 3" in hit.stdout
+    assert json.loads((out / "model_last/train_state.json").read_text())["step"] == 3
+    workers = json.loads((out / "signalled_workers.json").read_text())
+    assert workers["alive"] == [True, True]  # the signal did not end them
+    assert not any(proc_alive(pid) for pid in workers["pids"])  # the trainer's exit did
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy,fault,workers", [("skip", "always", 0), ("stop", "always", 0), ("replay", "once", 0),
+                                                  ("replay", "always", 0), ("replay", "always", 2)])
+def test_a_non_finite_step_is_skipped_stopped_or_replayed(demo, tmp_path, policy, fault, workers):
     """A fault injected into step 3 (an infinity in the word embedding while the step runs: every time
-    it runs, or only the first time)."""
+    it runs, or only the first time). With data-loading workers, the replay and the dump ask the data
+    path for step 3 again: the same micro-batches."""
     out = tmp_path / "out"
-    proc = train(tiny_args(demo, out, on_anomaly=policy, **COMMON), cwd=tmp_path,
+    proc = train(tiny_args(demo, out, on_anomaly=policy, num_workers=workers, **COMMON), cwd=tmp_path,
                  env={"ERNIE_MTL_TEST_POISON_STEP": "3", "ERNIE_MTL_TEST_POISON": fault})
     text = proc.stdout + proc.stderr
     state_now = json.loads((out / "model_last/train_state.json").read_text())
@@ -80,6 +99,9 @@ def test_a_non_finite_step_is_skipped_stopped_or_replayed(demo, tmp_path, policy
     elif fault == "once":
         assert "a transient fault (hardware?); the replayed update is kept" in text
         assert "replayed 1: 1 transient, 0 reproducible" in text
+        # the window's loss is the replay's alone (the device-side sums are put back before the replay)
+        logged = metrics(out, "train/loss")
+        assert len(logged) == 8 and all(np.isfinite(v) for v in logged.values()), logged
     else:
         assert "the data or the numerics are at fault" in text and "replayed 1: 0 transient, 1 reproducible" in text
         dumped = json.loads((out / "anomalies/step_3_rank0.json").read_text())

@@ -9,7 +9,10 @@ this lives in the production loop).
   ERNIE_MTL_TEST_DUMP_WHEN=begin the state training starts from instead (after resume or warm start).
 - `signal_at_step`: after step $ERNIE_MTL_TEST_SIGNAL_AT_STEP, the rank(s) in
   $ERNIE_MTL_TEST_SIGNAL_RANKS (default all) send themselves $ERNIE_MTL_TEST_SIGNAL (default TERM),
-  $ERNIE_MTL_TEST_SIGNAL_TIMES times (preemption tests).
+  $ERNIE_MTL_TEST_SIGNAL_TIMES times (preemption tests); with $ERNIE_MTL_TEST_SIGNAL_WORKERS=1 the
+  data-loading workers get it too first (their pids, and whether each was alive 0.5 s later, in
+  <output_dir>/signalled_workers.json), as
+  when a scheduler signals every process of the job.
 - `kill_once`: SIGKILLs rank $ERNIE_MTL_TEST_KILL_ONCE_RANK (default 0) after step
   $ERNIE_MTL_TEST_KILL_ONCE_AT_STEP, once: a marker file $ERNIE_MTL_TEST_KILL_ONCE_MARKER remembers
   it across restarts (supervisor tests).
@@ -29,6 +32,7 @@ this lives in the production loop).
 import json
 import os
 import signal
+import time
 
 from ernie_mtl.engine.callbacks import Callback, register_callback
 
@@ -103,6 +107,13 @@ class SignalAtStep(Callback):
         ranks = os.environ.get("ERNIE_MTL_TEST_SIGNAL_RANKS", "")
         if step == at and (not ranks or str(trainer.info.rank) in ranks.split(",")):
             signum = getattr(signal, "SIG" + os.environ.get("ERNIE_MTL_TEST_SIGNAL", "TERM"))
+            if os.environ.get("ERNIE_MTL_TEST_SIGNAL_WORKERS") == "1":
+                workers = [w.process for w in getattr(trainer.feeder, "workers", [])]
+                for w in workers:
+                    os.kill(w.pid, signum)
+                time.sleep(0.5)  # a worker the signal ends has ended by then
+                with open(os.path.join(trainer.cfg.train.output_dir, "signalled_workers.json"), "w") as f:
+                    json.dump({"pids": [w.pid for w in workers], "alive": [w.poll() is None for w in workers]}, f)
             for _ in range(int(os.environ.get("ERNIE_MTL_TEST_SIGNAL_TIMES", "1"))):
                 os.kill(os.getpid(), signum)
 
