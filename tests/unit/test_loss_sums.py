@@ -42,7 +42,7 @@ def test_one_task_sums_equal_the_host_sums_and_a_take_starts_anew(build_programs
     for window in ((0, 5), (5, 8)):
         runs = []
         for i in range(*window):
-            task, values, last = run(p, exe, scope, 0, p.feed(make_batch(seed=i, batch=2), step=i // 2, micro=i % 2))
+            task, values, last = run(p, exe, scope, 0, p.feed(make_batch(seed=i, batch=2), step=i // 2, slot=i % 2))  # one process: slot = micro-batch
             runs.append((task, values))
         taken = p.loss_sums.take(exe, scope=scope)
         assert p.loss_sums.columns["pretrain"] == ("loss", "mlm_loss", "nsp_loss")
