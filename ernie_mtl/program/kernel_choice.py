@@ -159,6 +159,8 @@ class KernelCache:
         """(plain seconds, oneDNN seconds) of this machine and signature: the file's, else this process's
         own measurement, else None."""
         for entry in (self._entries.get(signature_key), self._new.get(signature_key)):
+            if not isinstance(entry, dict):
+                continue
             try:
                 plain, onednn = float(entry["plain_s"]), float(entry["onednn_s"])
             except (TypeError, KeyError, ValueError):
@@ -167,9 +169,15 @@ class KernelCache:
                 return plain, onednn
         return None
 
-    def put(self, signature_key: str, description: str, plain_s: float, onednn_s: float) -> None:
+    def entry(self, signature_key: str) -> Optional[Dict[str, Any]]:
+        """The whole stored entry (the file's, else this process's), when `get` has its times."""
+        if self.get(signature_key) is None:
+            return None
+        return dict(self._entries.get(signature_key) or self._new[signature_key])
+
+    def put(self, signature_key: str, description: str, plain_s: float, onednn_s: float, **extra: Any) -> None:
         self._new[signature_key] = {"op": description, "plain_s": plain_s, "onednn_s": onednn_s,
-                                    "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                                    "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
 
     def save(self) -> None:
         """Add this process's new entries to the file as it is now (entries already there win), under a
@@ -430,7 +438,9 @@ class TypeTiming:
 
     def text(self) -> str:
         if self.flops:
-            return f"{self.flops / self.onednn_s / 1e9:.0f} vs {self.flops / self.plain_s / 1e9:.0f} GFLOP/s"
+            a, b = self.flops / self.onednn_s / 1e9, self.flops / self.plain_s / 1e9
+            digits = 0 if min(a, b) >= 10 else 1
+            return f"{a:.{digits}f} vs {b:.{digits}f} GFLOP/s"
         return f"{1e3 * self.onednn_s:.2f} vs {1e3 * self.plain_s:.2f} ms/step"
 
     def to_json(self) -> Dict[str, float]:
