@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 # pip's own chatter about unreachable extra indexes is noise, not progress
 PIP_FLAGS ?= --disable-pip-version-check
 
-.PHONY: install demo demo-pretrain test bench clean
+.PHONY: install demo demo-pretrain test bench bench-quality clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt data_tools/helpers.cpp
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,12 +20,13 @@ $(STAMP): pyproject.toml setup.py constraints.txt data_tools/helpers.cpp
 install: $(STAMP)
 
 # The multi-task demo (scripts/demo/multitask.yaml: its task files point into demo_data/), then a
-# prediction with one exported target through Paddle Inference.
+# prediction with one exported target through Paddle Inference, then what the figures mean (baselines).
 demo: $(STAMP)
 	$(PY) -m data_tools.prepare_demo_data --output_dir demo_data
 	$(PY) run_multitask_static.py --config scripts/demo/multitask.yaml --resume none --overwrite_output_dir
 	$(PY) run_multitask_static.py --do_predict --task sentiment --output_dir output/demo_multitask \
 	    --pred_file demo_data/tasks/sentiment/test.tsv
+	$(PY) scripts/demo/report.py --run_dir output/demo_multitask --tasks_dir demo_data/tasks
 	@echo "demo done: checkpoints output/demo_multitask/model_last (best_<task>), inference models" \
 	    "output/demo_multitask/<task>/infer_model, predictions output/demo_multitask/sentiment/predictions.json;" \
 	    "VisualDL: $(VENV)/bin/visualdl --logdir output/demo_multitask/visualdl"
@@ -48,6 +49,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_merge.py --repeats 3
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_multitask.py
+
+# What the pipeline's models are worth: pretraining and multi-task gains over paired seeds
+# (docs/quality.md; long: not part of `make bench`)
+bench-quality: $(STAMP)
+	$(PY) benchmarks/bench_quality.py
 
 clean:
 	rm -rf build *.egg-info data_tools/_helpers*.so demo_data output/demo_pretrain output/demo_multitask

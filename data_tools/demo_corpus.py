@@ -318,6 +318,86 @@ def write_segmentation_task(out_dir: str | os.PathLike, *, seed: int = DEFAULT_S
             "max_sentence_chars": max(map(len, sentences), default=0)}
 
 
+# --- reading the task files back: trivial baselines and scoring by hand -------------------------------------
+# Written without the training pipeline's metric code (ernie_mtl/tasks, seqeval), so that the demo's
+# report and benchmarks/bench_quality.py can check the pipeline's figures against an independent count.
+
+def read_task_rows(path: str | os.PathLike) -> list[list[str]]:
+    """The rows of a task TSV (header dropped), each split on tabs."""
+    with open(path, encoding="utf-8") as f:
+        next(f, None)
+        return [line.rstrip("\n").split("\t") for line in f]
+
+
+def bmes_words(tags: Sequence[str]) -> set[tuple[int, int]]:
+    """The word spans (first, last index) of a B/M/E/S tag sequence, read strictly: `S` alone or
+    `B M* E`; a piece that is not well formed is no word (seqeval's strict IOBES reading, M as I)."""
+    spans: set[tuple[int, int]] = set()
+    start = None
+    for i, tag in enumerate(tags):
+        if tag == "S":
+            spans.add((i, i))
+            start = None
+        elif tag == "B":
+            start = i
+        elif tag == "E":
+            if start is not None:
+                spans.add((start, i))
+            start = None
+        elif tag != "M":
+            start = None
+    return spans
+
+
+def precision_recall_f1(true_positives: int, predicted: int, gold: int) -> dict[str, float]:
+    """Precision, recall and their harmonic mean F1 from counts (0 where undefined)."""
+    p = true_positives / predicted if predicted else 0.0
+    r = true_positives / gold if gold else 0.0
+    return {"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0}
+
+
+def word_prf(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Word (chunk) precision/recall/F1 over sentences of B/M/E/S tags, and tag accuracy."""
+    tp = n_pred = n_gold = correct = total = 0
+    for g, q in zip(gold, pred, strict=True):
+        gs, qs = bmes_words(g), bmes_words(q)
+        tp, n_pred, n_gold = tp + len(gs & qs), n_pred + len(qs), n_gold + len(gs)
+        correct += sum(a == b for a, b in zip(g, q))
+        total += len(g)
+    return {**precision_recall_f1(tp, n_pred, n_gold), "accuracy": correct / total if total else 0.0}
+
+
+def binary_prf(gold: Sequence[int], pred: Sequence[int]) -> dict[str, float]:
+    """Accuracy and precision/recall/F1 of class 1 for 0/1 labels."""
+    tp = sum(g == 1 and q == 1 for g, q in zip(gold, pred, strict=True))
+    acc = sum(g == q for g, q in zip(gold, pred)) / len(gold) if gold else 0.0
+    return {"acc": acc, **precision_recall_f1(tp, sum(pred), sum(gold))}
+
+
+def trivial_baselines(tasks_dir: str | os.PathLike) -> dict[str, dict]:
+    """What a model must beat on the demo's test files: sentiment, always the majority class of the
+    training file; word segmentation, every character a word (all `S`)."""
+    tasks_dir = Path(tasks_dir)
+    train = [int(r[0]) for r in read_task_rows(tasks_dir / "sentiment" / "train.tsv")]
+    test = [int(r[0]) for r in read_task_rows(tasks_dir / "sentiment" / "test.tsv")]
+    majority = max((0, 1), key=train.count)
+    gold = [r[1].split("\x02") for r in read_task_rows(tasks_dir / "wordseg" / "test.tsv")]
+    return {"sentiment": {"majority_label": majority, **binary_prf(test, [majority] * len(test))},
+            "wordseg": word_prf(gold, [["S"] * len(g) for g in gold])}
+
+
+def sentence_pieces(paragraph: str) -> list[str]:
+    """A paragraph cut after every sentence end mark (the cut of `write_segmentation_task` without its
+    word-boundary condition, which every end mark in the corpus meets): joined, the pieces are the
+    paragraph."""
+    pieces, start = [], 0
+    for m in _SENTENCE_END.finditer(paragraph):
+        pieces.append(paragraph[start:m.end()])
+        start = m.end()
+    pieces.append(paragraph[start:])
+    return pieces
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output_dir", required=True, help="writes corpus.jsonl, tasks/sentiment/, tasks/wordseg/")

@@ -15,3 +15,21 @@ LAYERS = (
     ("engine",),  # the loop, evaluation, export, inference, callbacks, run functions
     ("convert", "main", "api", "palm"),  # the faces: converter, command line, Python APIs
 )
+
+# The Python API (ernie_mtl/api.py), importable as `ernie_mtl.train(...)`. Loaded on first use:
+# `import ernie_mtl` stays light, so the command line can set threads before Paddle is imported.
+_API = ("CheckpointError", "Callback", "ConfigError", "PrebuildResult", "RunConfig", "RunResult", "TaskType",
+        "UserError", "configure_process", "evaluate", "load_config", "export", "plan", "prebuild", "predict",
+        "register_callback", "register_task_type", "train")
+
+
+def __getattr__(name):
+    if name in _API:
+        from ernie_mtl import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'ernie_mtl' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_API))

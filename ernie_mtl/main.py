@@ -47,8 +47,9 @@ def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
     """Parse and validate, then one engine function (ernie_mtl/engine/run.py)."""
     import json
 
-    from ernie_mtl.dist import watchdog
+    from ernie_mtl.dist import preemption, watchdog
     from ernie_mtl.engine import run
+    from ernie_mtl.engine.anomaly import EXIT_ANOMALY, AnomalyStop
     from ernie_mtl.engine.validate import parse
 
     cfg = parse(argv)
@@ -62,8 +63,17 @@ def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
     elif t.prebuild_index:
         run.prebuild(cfg)
     else:
-        run.train(cfg, notes=notes,  # a lost rank stops the job, naming it (the watch is this process's)
-                  on_distributed=lambda info: watchdog.start_peer_watch(info, t.output_dir))
+        try:
+            run.train(cfg, notes=notes, preempt_signals=preemption.parse_signals(t.preempt_signals),
+                      on_distributed=lambda info: watchdog.start_peer_watch(info, t.output_dir))  # a lost rank
+            # stops the job, naming it (the watch and the signal handlers are this process's)
+        except preemption.Preempted:
+            watchdog.finish()  # a planned stop: the peers stop watching this rank
+            return preemption.EXIT_PREEMPTED
+        except AnomalyStop as e:
+            watchdog.finish()
+            print(f"run_multitask_static.py: {e}", file=sys.stderr)
+            return EXIT_ANOMALY
         watchdog.finish()  # this rank completed: its peers stop watching it
     return 0
 

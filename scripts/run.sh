@@ -25,6 +25,9 @@
 #                            address (with IPS the launcher would silently number this node's ranks from 0)
 #   START_PORT --start_port  first port of the processes on each node, IPS mode (launcher default: 6070)
 #   PYTHON                   interpreter (default: .venv/bin/python of the repository, else python3)
+#   MAX_RESTARTS             relaunch the command after a failure, at most this many times, resuming
+#                            from the newest intact checkpoint (python -m ernie_mtl.dist.supervisor:
+#                            doubling backoff, never after a user error or a preemption; default 0)
 #   DRY_RUN=1                print the command and exit without running it
 # OMP_NUM_THREADS/MKL_NUM_THREADS: a value you set is kept; otherwise they are decided for this node
 # by `python -m ernie_mtl.dist.threads` (cores / processes per node) and printed before the command.
@@ -240,6 +243,11 @@ fi
 ports_export=""
 if [[ -z "${PORT_RANGE-}" && ! ( "$MODE" == multi && -z "$MASTER" ) ]]; then
     ports_export="$(cd "$ROOT" && "$PYTHON" -m ernie_mtl.dist.ports --shell 2>/dev/null)" || ports_export=""
+fi
+
+if [[ -n "${MAX_RESTARTS:-}" && "${MAX_RESTARTS}" != 0 ]]; then
+    [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]] || die "MAX_RESTARTS='$MAX_RESTARTS' must be a whole number of restarts, e.g. MAX_RESTARTS=3 (0: none)"
+    cmd=("$PYTHON" -m ernie_mtl.dist.supervisor --max_restarts "$MAX_RESTARTS" -- "${cmd[@]}")
 fi
 
 # Printed so it can be pasted into a shell: arguments with unsafe characters in single quotes

@@ -106,7 +106,7 @@ class PretrainingPrograms:
 
 
 def pretraining_programs(vocab_folder: Path, *, world=1, rank=0, gpu=False, parallel=None, amp=None, model=None,
-                         optim=None, seed=1, ema_decay=None) -> PretrainingPrograms:
+                         optim=None, seed=1, ema_decay=None, anomaly_guard=False) -> PretrainingPrograms:
     """Tiny-ERNIE pretraining programs as rank `rank` of `world`. `gpu=True` (implied by world > 1)
     builds the program a GPU worker would run, on CPU (`compat.emulate_gpu_program`); otherwise
     fleet is initialised for this single process."""
@@ -125,7 +125,7 @@ def pretraining_programs(vocab_folder: Path, *, world=1, rank=0, gpu=False, para
     topo = Topology.from_config(parallel, world)
     strategy = functools.partial(build_strategy, topo, parallel, amp)
     build = functools.partial(build_programs, model, optim, strategy, topo, [task], seed=seed, amp_cfg=amp,
-                              ema_decay=ema_decay)
+                              ema_decay=ema_decay, anomaly_guard=anomaly_guard)
     if gpu or world > 1:
         with emulate_gpu_program(rank, world):
             return PretrainingPrograms(build(), task)
@@ -166,21 +166,48 @@ def params(programs, scope):
 def with_hooks(argv, env):
     """The test-only callbacks (tests/plugins/test_hooks.py) when the environment asks for them."""
     names = [n for n, var in (("kill_at_step", "ERNIE_MTL_TEST_KILL_AT_STEP"), ("dump_state", "ERNIE_MTL_TEST_DUMP_DIR"),
-                              ("eval_at_start", "ERNIE_MTL_TEST_EVAL_AT_START"))
+                              ("eval_at_start", "ERNIE_MTL_TEST_EVAL_AT_START"),
+                              ("signal_at_step", "ERNIE_MTL_TEST_SIGNAL_AT_STEP"),
+                              ("kill_once", "ERNIE_MTL_TEST_KILL_ONCE_MARKER"),
+                              ("sleep_on_rank", "ERNIE_MTL_TEST_SLEEP_RANK"),
+                              ("poison_step", "ERNIE_MTL_TEST_POISON_STEP"))
              if (env or {}).get(var)]
     return list(argv) + (["--plugins", HOOKS, "--callbacks", ",".join(names)] if names else [])
 
 
-def run_cli(argv, *, cwd, env=None, launch_procs=0, timeout=400, log_dir=None):
-    """Run run_multitask_static.py (or `paddle.distributed.launch` of it) and return the completed process."""
-    argv = with_hooks([str(a) for a in argv], env)
+def run_cli(argv, *, cwd, env=None, launch_procs=0, timeout=400, log_dir=None, entry=None):
+    """Run run_multitask_static.py (or `entry`, a script; or `paddle.distributed.launch` of either)
+    and return the completed process."""
+    argv = with_hooks([str(a) for a in argv], env) if entry is None else [str(a) for a in argv]
     prefix = [sys.executable]
     if launch_procs:
         prefix += ["-m", "paddle.distributed.launch", "--nproc_per_node", str(launch_procs),
                    "--log_dir", str(log_dir or Path(cwd) / "launch_logs")]
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(prefix + [ENTRY] + argv, cwd=cwd, env=full_env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(prefix + [str(entry or ENTRY)] + argv, cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def flags_as_kwargs(argv):
+    """`["--max_steps", "8", "--use_amp", ...]` as keyword arguments of the Python API ({"max_steps": "8"})."""
+    out, k = {}, 0
+    argv = [str(a) for a in argv]
+    while k < len(argv):
+        key = argv[k][2:]
+        if k + 1 < len(argv) and not argv[k + 1].startswith("--"):
+            out[key] = argv[k + 1]
+            k += 2
+        else:
+            out[key] = True
+            k += 1
+    return out
+
+
+def api_script(path: Path, body: str) -> Path:
+    """A Python script that imports ernie_mtl as a user's script does (the repository on sys.path)."""
+    path.write_text("import zlib  # noqa: F401\nimport json, sys\nsys.path.insert(0, %r)\nimport ernie_mtl\n\n%s\n"
+                    % (str(ROOT), body), encoding="utf-8")
+    return path
 
 
 def ok(proc):
@@ -518,3 +545,43 @@ def write_topic_lm_tasks(root: Path, rng, chars, *, rows: int, width: int, batch
     (root / "global.yaml").write_text("task_instance: topic, lm\ntarget_tag: 1, 0\nmix_ratio: 1.0, 1.0\n"
                                       f"task_dir: tasks\nbatch_size: {batch_size}\nmax_seq_len: 32\n"
                                       + (f"num_epochs: {num_epochs}\n" if num_epochs is not None else ""))
+
+
+# -- the golden runs (tests/e2e/test_golden.py), also the reference of the Python API's runs ---------------
+GOLDEN_CHARS = [chr(0x4E00 + i) for i in range(80)]
+GOLDEN_COMMON = ["--device", "cpu", "--model_name_or_path", "ernie-tiny-test", "--vocab_size", str(5 + len(GOLDEN_CHARS)),
+                 "--num_workers", "0", "--logging_freq", "1", "--eval_freq", "1000", "--checkpoint_steps", "1000",
+                 "--save_steps", "1000", "--hidden_dropout_prob", "0.1", "--attention_probs_dropout_prob", "0.1",
+                 "--max_lr", "5e-3", "--min_lr", "1e-4", "--warmup_rate", "0.2", "--seed", "7",
+                 "--cpu_kernels", "plain"]  # the numerical reference, whatever kernels this machine would pick
+GOLDEN_CASES = {  # name: (processes, arguments after GOLDEN_COMMON)
+    "flag_1proc": (0, ["--input_dir", "corpus", "--split", "80,10,10", "--max_seq_len", "32", "--max_steps", "8",
+                       "--micro_batch_size", "4", "--global_batch_size", "8"]),
+    "flag_2proc": (2, ["--input_dir", "corpus", "--split", "80,10,10", "--max_seq_len", "32", "--max_steps", "8",
+                       "--micro_batch_size", "2", "--global_batch_size", "8"]),
+    "multitask_1proc": (0, ["--config", "global.yaml", "--micro_batch_size", "4", "--global_batch_size", "8"]),
+    "multitask_2proc": (2, ["--config", "global.yaml", "--micro_batch_size", "4", "--global_batch_size", "16"]),
+}
+
+
+def golden_data(root: Path) -> Path:
+    """The golden runs' data in `root`: an 80-character vocabulary, a corpus, a topic + lm task config."""
+    from data_tools import create_pretraining_data
+
+    rng = np.random.default_rng(2026)
+    (root / "vocab.txt").write_text("\n".join(["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"] + GOLDEN_CHARS) + "\n",
+                                    encoding="utf-8")
+    docs = ["\n".join("".join(rng.choice(GOLDEN_CHARS, int(rng.integers(6, 14)))) + "。" for _ in range(6))
+            for _ in range(80)]
+    (root / "docs.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    assert create_pretraining_data.main(["--input", str(root / "docs.txt"), "--vocab_file", str(root / "vocab.txt"),
+                                         "--output_prefix", str(root / "corpus"), "--workers", "1"]) == 0
+    write_topic_lm_tasks(root, rng, GOLDEN_CHARS, rows=48, width=10, batch_size=4, num_epochs=2)
+    return root
+
+
+def logged_losses(out: Path):
+    """{step: {tag: loss}} of every train/*loss tag in train_metrics.jsonl (full precision)."""
+    rows = [json.loads(line) for line in open(Path(out) / "train_metrics.jsonl", encoding="utf-8")]
+    return {str(r["step"]): {k: v for k, v in r.items() if k.startswith("train/") and k.endswith("loss")}
+            for r in rows if any(k.startswith("train/") and k.endswith("loss") for k in r)}

@@ -37,6 +37,9 @@ from ernie_mtl.config.values import EXPECTED, NONE_WORDS, coerce, read_yaml, sug
 
 PROG = "run_multitask_static.py"
 FLAG_MODE_TASK = "pretrain"  # the one task of a flag-mode pretraining run
+CONFIG_MAPPING = "configuration mapping"
+PREEMPT_SIGNALS = ("TERM", "USR1", "USR2", "INT", "HUP")
+ANOMALY_POLICIES = ("skip", "stop", "replay", "none")  # dist/preemption.SIGNAL_NAMES  # how messages name a configuration given as a Python mapping
 RUN_WIDE = "mtl"  # pseudo-slice of the run-wide multi-task flags
 # flag name -> (slice name, field type); run-wide multi-task keys -> ("mtl", kind)
 _FLAGS: Dict[str, Tuple[str, Any]] = {
@@ -138,6 +141,11 @@ def _read_flag_yaml(path: str, problems: List[str]) -> Optional[Dict[str, Any]]:
                            "1000`), or drop --config")
     if data is None:
         return None
+    return _flag_values(data, path, problems)
+
+
+def _flag_values(data: Mapping[str, Any], path: str, problems: List[str]) -> Dict[str, Any]:
+    """The flags of a flag-mode configuration mapping (a `--config` file or a Python dict)."""
     values = {}
     for key, value in data.items():
         if key in _UNSUPPORTED_PARALLEL:
@@ -194,14 +202,17 @@ def _suggest(name: str) -> str:
 
 
 def parse_config(argv: Optional[Sequence[str]] = None, *, hooks: ParseHooks,
-                 world_size: Optional[int] = None) -> RunConfig:
+                 world_size: Optional[int] = None, config: Optional[Mapping[str, Any]] = None,
+                 config_dir: Optional[str] = None) -> RunConfig:
     """Parse and validate the command line (+ YAML) into a RunConfig; ConfigError lists every problem.
 
     `hooks`: what parsing needs from the layers above config (task types, plugins, corpus
     specifications, the checks that need data, topology, device or checkpoints: config/hooks.py);
     the engine's are `ernie_mtl.engine.validate.HOOKS` (`engine.validate.parse(argv)` passes them).
     `world_size`: the number of processes the topology must fit (default: from the launcher's
-    environment, 1 without a launcher).
+    environment, 1 without a launcher). `config`: the content of a `--config` file given as a mapping
+    (the Python API), relative paths in it resolved against `config_dir` (default: the current
+    directory); it cannot be combined with `--config`.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -212,7 +223,14 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, hooks: ParseHooks,
     namespace, unknown = parser.parse_known_args(argv)
     given = vars(namespace)
     config_file = given.pop("config", None)
-    multitask = bool(config_file) and os.path.isfile(config_file) and palm.is_multitask_yaml(config_file)
+    if config is not None:
+        if config_file:
+            raise ConfigError([f"--config {config_file} and a configuration mapping: give one of them"])
+        config_dir = os.path.abspath(config_dir or os.getcwd())
+        config_file = CONFIG_MAPPING
+        multitask = "task_instance" in config
+    else:
+        multitask = bool(config_file) and os.path.isfile(config_file) and palm.is_multitask_yaml(config_file)
     mtl_cli: Dict[str, Any] = {}
     if multitask:  # PALM let every scalar global key be set on the command line: so do we
         unknown = _take_mtl_keys(unknown, mtl_cli)
@@ -225,7 +243,7 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, hooks: ParseHooks,
     if multitask:
         try:  # every command-line value: flags that are also task keys (max_seq_len, masked_lm_prob, ...) reach the tasks
             setup = palm.load_multitask_config(
-                config_file, hooks=hooks, cli={**mtl_cli, **given}, task_cli=task_cli,
+                config_file, hooks=hooks, data=config, base_dir=config_dir, cli={**mtl_cli, **given}, task_cli=task_cli,
                 flag_names={k for k, (s, _) in _FLAGS.items() if s != RUN_WIDE},
                 splits=("pred",) if _truthy(given.get("do_predict")) else () if _truthy(given.get("do_eval"))
                 else ("train", "dev", "test"))  # training reads the test files at its end: check them now
@@ -238,6 +256,9 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, hooks: ParseHooks,
         except ConfigError as e:
             problems += e.problems
         given = {k: v for k, v in given.items() if _FLAGS[k][0] != RUN_WIDE}  # the loader typed those
+    elif config is not None:
+        for key, raw in _flag_values({str(k).lstrip("-"): v for k, v in config.items()}, config_file, problems).items():
+            values[key], sources[key] = raw, f"from the {config_file}"
     elif config_file:
         from_file = _read_flag_yaml(config_file, problems)
         if from_file is None:  # what the file would have set is unknown: "--input_dir is required" would mislead
@@ -258,7 +279,7 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, hooks: ParseHooks,
         raise ConfigError(problems)
     if setup is None:
         setup = flag_mode_setup(slices, typed[RUN_WIDE])
-    cfg = _absolute_paths(RunConfig(**slices, setup=setup), hooks)
+    cfg = _absolute_paths(RunConfig(**slices, setup=setup), hooks, config_dir if config is not None else None)
     try:
         validate(cfg, hooks=hooks, world_size=world_size)
     except ConfigError as e:
@@ -314,16 +335,16 @@ def _take_mtl_keys(unknown: Sequence[str], out: Dict[str, Any]) -> List[str]:
     return rest
 
 
-def _absolute_paths(cfg: RunConfig, hooks: ParseHooks) -> RunConfig:
+def _absolute_paths(cfg: RunConfig, hooks: ParseHooks, base: Optional[str] = None) -> RunConfig:
     """Paths made absolute: the trainer changes directory while building programs (fleet dumps). A
     corpus mixture keeps its canonical form (absolute prefixes, weights)."""
     def absolute(path: Optional[str]) -> Optional[str]:
-        return None if path is None else os.path.abspath(os.path.expanduser(path))
+        return None if path is None else os.path.abspath(os.path.join(base or os.getcwd(), os.path.expanduser(path)))
 
     input_dir = cfg.data.input_dir
     if input_dir is not None:
         try:
-            input_dir = hooks.corpus_spec(input_dir, what="--input_dir")
+            input_dir = hooks.corpus_spec(input_dir, what="--input_dir", base_dir=base)
         except ConfigError:
             input_dir = input_dir if " " in input_dir.strip() else absolute(input_dir)  # validate() reports it
     data = replace(cfg.data, input_dir=input_dir, data_cache=absolute(cfg.data.data_cache),
@@ -485,6 +506,19 @@ def _train_problems(train: TrainConfig, optim: OptimConfig) -> List[str]:
         value = getattr(train, name)
         if value < 1:
             problems.append(f"--{name} {value} must be >= 1")
+    names = [s.strip().upper().removeprefix("SIG") for s in train.preempt_signals.split(",") if s.strip()]
+    bad = [n for n in names if n not in PREEMPT_SIGNALS + ("NONE",)]
+    if bad:
+        problems.append(f"--preempt_signals {train.preempt_signals!r}: {bad} not among {list(PREEMPT_SIGNALS)}; "
+                        "give a comma-separated list (e.g. TERM,USR1) or none")
+    if train.on_anomaly not in ANOMALY_POLICIES:
+        problems.append(f"--on_anomaly {train.on_anomaly!r} is not supported; use one of {list(ANOMALY_POLICIES)}")
+    if train.loss_spike_factor < 0 or 0 < train.loss_spike_factor <= 1:
+        problems.append(f"--loss_spike_factor {train.loss_spike_factor} must be > 1 (or 0 to turn the warning off)")
+    if train.slow_rank_factor < 0:
+        problems.append(f"--slow_rank_factor {train.slow_rank_factor} must be >= 0 (0 turns the warning off)")
+    if train.slow_rank_windows < 1:
+        problems.append(f"--slow_rank_windows {train.slow_rank_windows} must be >= 1")
     if train.log_level not in LOG_LEVELS:
         problems.append(f"--log_level {train.log_level!r} is not supported; use one of {list(LOG_LEVELS)}")
     if train.device not in DEVICES:

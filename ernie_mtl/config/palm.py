@@ -137,7 +137,8 @@ def split_task_overrides(argv: Sequence[str]) -> Tuple[List[str], Dict[str, Dict
     return rest, out
 
 
-def load_multitask_config(global_yaml: str, *, hooks: ParseHooks, cli: Optional[Mapping[str, Any]] = None,
+def load_multitask_config(global_yaml: str, *, hooks: ParseHooks, data: Optional[Mapping[str, Any]] = None,
+                          base_dir: Optional[str] = None, cli: Optional[Mapping[str, Any]] = None,
                           task_cli: Optional[Mapping[str, Mapping[str, Any]]] = None, flag_names: Set[str],
                           splits: Sequence[str] = ("train", "dev")) -> MultiTaskSetup:
     """Read the global YAML and its task YAMLs into TaskSpecs, the MTL settings and run flags.
@@ -147,19 +148,25 @@ def load_multitask_config(global_yaml: str, *, hooks: ParseHooks, cli: Optional[
     `task_cli`: {task: {key: value}} from `--tasks.<task>.<key>`; `flag_names`: the flags of
     args.py (a global key among them is a run flag); `splits`: the data the run reads — `train`
     requires every task's train_file, and each listed split's file must exist when set; `hooks`:
-    task types, plugins and corpus specifications (config/hooks.py).
+    task types, plugins and corpus specifications (config/hooks.py); `data`: the global configuration
+    as a mapping instead of the file `global_yaml` (then only a label in messages), its relative paths
+    against `base_dir`. Tasks come from `<task_dir>/<task>.yaml`, or inline from the global key
+    `tasks` ({task: {key: value}}), where relative paths are against the global file's folder.
     Raises one ConfigError listing every problem.
     """
-    return _Loader(global_yaml, hooks, dict(cli or {}), {t: dict(v) for t, v in (task_cli or {}).items()},
+    return _Loader(global_yaml, hooks, data, base_dir, dict(cli or {}), {t: dict(v) for t, v in (task_cli or {}).items()},
                    set(flag_names), tuple(splits)).load()
 
 
 class _Loader:
-    def __init__(self, global_yaml: str, hooks: ParseHooks, cli: Dict[str, Any], task_cli: Dict[str, Dict[str, Any]],
+    def __init__(self, global_yaml: str, hooks: ParseHooks, data: Optional[Mapping[str, Any]],
+                 base_dir: Optional[str], cli: Dict[str, Any], task_cli: Dict[str, Dict[str, Any]],
                  flag_names: Set[str], splits: Tuple[str, ...]):
-        self.path = os.path.abspath(global_yaml)
+        self.data = None if data is None else {str(k).lstrip("-"): v for k, v in data.items()}
+        self.path = global_yaml if data is not None else os.path.abspath(global_yaml)
         self.hooks = hooks
-        self.base = os.path.dirname(self.path)
+        self.base = os.path.abspath(base_dir or os.getcwd()) if data is not None else os.path.dirname(self.path)
+        self.inline: Optional[Dict[str, Any]] = None  # tasks given inline (`tasks:`), by name
         self.cli = {str(k).lstrip("-"): v for k, v in cli.items()}
         self.task_cli = task_cli
         self.flags = flag_names
@@ -170,9 +177,16 @@ class _Loader:
         self.flag_source: Dict[str, str] = {}
 
     def load(self) -> MultiTaskSetup:
-        data = _read_yaml(self.path, "global config", self.problems)
+        data = dict(self.data) if self.data is not None else _read_yaml(self.path, "global config", self.problems)
         if data is None:
             raise ConfigError(self.problems)
+        if "tasks" in data:
+            self.inline = data.pop("tasks")
+            if not isinstance(self.inline, Mapping) or not all(isinstance(v, Mapping) for v in self.inline.values()):
+                self.problems.append(f"{self.path}: key 'tasks' must map each task name to its keys "
+                                     "({name: {reader: ..., train_file: ...}}), got "
+                                     f"{type(self.inline).__name__}")
+                raise ConfigError(self.problems)
         layers = [(f"global {self.path}", data), ("command line", self.cli)]
         mtl_raw = {k: (v, src) for src, layer in layers for k, v in layer.items() if k in MTL_KEYS}
         mtl = self._mtl(mtl_raw)
@@ -287,7 +301,7 @@ class _Loader:
                 self.problems.append(f"{self.path}: key 'plugins': {plugin!r} ({path}) is not an existing .py file")
             else:
                 plugins.append(path)
-        if not os.path.isdir(task_dir):
+        if not os.path.isdir(task_dir) and self.inline is None:
             return None  # the task files cannot be read
         if sampling not in SAMPLING_STRATEGIES:
             values.pop("sampling", None)
@@ -351,6 +365,12 @@ class _Loader:
 
     # -- task files ---------------------------------------------------------------------------------------
     def _read_task(self, mtl: MultiTaskConfig, name: str) -> Optional[Tuple[str, Dict[str, Any]]]:
+        if self.inline is not None:  # `tasks:` in the global configuration; paths relative to its folder
+            if name not in self.inline:
+                self.problems.append(f"{self.path}: task_instance names {name!r} but key 'tasks' does not define it "
+                                     f"(it defines {sorted(self.inline)}); add tasks.{name}")
+                return None
+            return os.path.join(self.base, f"<tasks.{name}>"), {str(k): v for k, v in self.inline[name].items()}
         path = os.path.join(mtl.task_dir, name + ".yaml")
         if not os.path.isfile(path):
             self.problems.append(f"{self.path}: task_instance names {name!r} but its task file {path} does not "

@@ -255,6 +255,21 @@ class TrainConfig:
                                          "instead of the exported model.")
     eval_output: Optional[str] = _f(None, "Where --do_eval writes its metrics JSON; default: "
                                           "output_dir/<task>/eval_results.json.")
+    preempt_signals: str = _f("TERM,USR1", "Signals that make a run save model_last at the next step boundary (every "
+                                           "rank at the same step) and exit with status 76, so a scheduler's "
+                                           "warning before a kill loses nothing; none: do not handle them.")
+    on_anomaly: str = _f("skip", "A step whose global gradient norm is NaN or infinite: skip (the update is skipped on "
+                                 "the device and counted; no per-step host sync), stop (save the last good state "
+                                 "and exit with status 77), replay (run the step again: the same result means the "
+                                 "data or the numerics, whose batch is written to output_dir/anomalies/ and skipped; "
+                                 "another result means a transient fault, and the replay is kept), or none. stop and "
+                                 "replay read the counter every step. Needs --grad_clip > 0 (the norm clipping computes).")
+    loss_spike_factor: float = _f(3.0, "Warn when a task's mean loss over a logging window exceeds this factor times its "
+                                       "median over the previous windows (0: off).")
+    slow_rank_factor: float = _f(0.2, "Warn when a rank's own work (outside the program) exceeds the median rank's by "
+                                      "more than this fraction of a step, several windows running (0: off); every "
+                                      "logging window records min/median/max step and host times (perf/*).")
+    slow_rank_windows: int = _f(3, "Logging windows a rank must be slow for in a row before the warning.")
     log_level: str = _f("info", '"info": our log lines only; "debug": also Paddle\'s own console output (glog '
                                 "lines, fleet's messages and prints, its OMP warning) and our debug lines "
                                 "(ERNIE_MTL_DEBUG=1 does the same and adds tracebacks to user errors).")

@@ -11,6 +11,8 @@ What Paddle 2.6.2 and its dependencies write on their own during a run, and wher
 - fleet's Python logger (`[INFO] distributed_strategy.py:214 - distributed strategy initialized`,
   sharding's group tables, `It is recommended to use DistributedStrategy in fleet.init()`): set to
   ERROR.
+- `init_parallel_env`'s "Modified FLAGS detected" table (the flags are the entry point's choice):
+  `captured_stderr` around the call, re-logged at debug level.
 - fleet's `print`s of its meta-optimizers while it minimizes (`valid_optimizer_list= [...]`,
   `meta_optimizer= ...`, `graph_optimizer= None`): `captured_prints` around the call, re-logged at
   debug level.
@@ -96,6 +98,23 @@ def captured_prints(log: Optional[logging.Logger] = None) -> Iterator[None]:
         return
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
+        yield
+    log = log or logging.getLogger("ernie_mtl")
+    for line in buffer.getvalue().splitlines():
+        if line.strip():
+            log.debug("paddle: %s", line)
+
+
+@contextlib.contextmanager
+def captured_stderr(log: Optional[logging.Logger] = None) -> Iterator[None]:
+    """What framework code writes to stderr inside the block goes to `log` at debug level (e.g. the
+    "Modified FLAGS detected" table `paddle.distributed.init_parallel_env` prints when the entry point
+    set executor flags on purpose); unchanged in debug mode."""
+    if _DEBUG:
+        yield
+        return
+    buffer = io.StringIO()
+    with contextlib.redirect_stderr(buffer):
         yield
     log = log or logging.getLogger("ernie_mtl")
     for line in buffer.getvalue().splitlines():

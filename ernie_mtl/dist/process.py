@@ -80,7 +80,10 @@ def init_distributed(info: ProcessInfo) -> None:
     from ernie_mtl.dist.compat import apply_cpu_collective_shim, is_cpu_build
 
     if info.world_size > 1 and is_cpu_build():
-        paddle.distributed.init_parallel_env()  # initialises the process-global gloo context
+        from ernie_mtl.dist.console import captured_stderr
+
+        with captured_stderr():  # its "Modified FLAGS detected" table: flags the entry point set on purpose
+            paddle.distributed.init_parallel_env()  # initialises the process-global gloo context
         apply_cpu_collective_shim()
 
 
@@ -103,6 +106,11 @@ class StoreBarrier:
             from paddle.base import core
 
             self._store = core.create_or_get_global_tcp_store()
+
+    @property
+    def store(self):
+        """The job's TCP store (None with one process)."""
+        return self._store
 
     def __call__(self, what: str = "barrier") -> None:
         if self._store is None:

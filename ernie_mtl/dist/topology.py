@@ -171,6 +171,9 @@ def build_strategy(topo: Topology, parallel_cfg: ParallelConfig, amp_cfg: AmpCon
     return strategy
 
 
+RUN_FLAGS = ("FLAGS_new_executor_sequential_run",)  # the flags required_flags may set
+
+
 def required_flags(topo: Topology) -> Dict[str, Any]:
     """Paddle flags a run with this topology needs; apply with `paddle.set_flags` (or export them
     as environment variables) before the first `exe.run`.

@@ -213,3 +213,24 @@ def gather_program_state(program, output_dir: str, task: str, info, barrier, *, 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def export_from_checkpoint(checkpoint: Path, task_name: str, output: Optional[Path] = None) -> Path:
+    """`task_name`'s inference model from the weights of `checkpoint` (verified; EMA averages when the
+    run kept them), written to `output` (default: `<the checkpoint's output dir>/<task>/infer_model`)."""
+    import paddle
+
+    from ernie_mtl.engine.inference import CheckpointModel, _static
+
+    with _static():
+        model = CheckpointModel(Path(checkpoint), task_name, what="export")
+        out = output or export_dir(Path(checkpoint).parent, task_name)
+        if not model.task.exportable:
+            raise ConfigError([f"--task {task_name}: a {model.task.name} task has no inference model (its predictions "
+                               "need more than the backbone inputs); use the checkpoint itself"])
+        with paddle.static.scope_guard(model.scope):
+            export_task_model(out, program=model.program, fwd=model.fwd, task=model.task, exe=model.exe,
+                              vocab_file=model.vocab, arch=model.raw["extra"]["arch"], model_type=model.model_type,
+                              use_task_id=model.use_task_id,
+                              extra={"step": model.raw.get("step"), "export_from": str(checkpoint),
+                                     "ema": bool(model.mtl.get("use_ema")), "exported_by": "ernie_mtl",
+                                     "plugins": list(model.mtl.get("plugins", []))})
+    return out

@@ -29,6 +29,7 @@ run's own evaluation; one line on the console says what was used.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -323,55 +324,56 @@ def checkpoint_forward_types(raw: Mapping[str, Any], cpu_kernels="auto") -> Tupl
     return (), "plain: its run recorded no CPU kernels"
 
 
-def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str, *, cpu_kernels="auto",
-                        log=None) -> Dict[str, Any]:
-    import paddle
+class CheckpointModel:
+    """A checkpoint's network rebuilt from its own record (architecture, tasks, name map) as the plain
+    forward program, its weights (the EMA averages when the run kept them, AMP O2's fp32 masters) in
+    a float32 scope of their own: for evaluation and export outside the training run. The checkpoint
+    is verified first, as resume and the converter verify it. `what` names the use in messages
+    ("evaluate", "export"); `data_file`: the labelled file the task will read (its dev split)."""
 
-    from ernie_mtl.engine.exporter import float32_scope
+    def __init__(self, checkpoint: Path, task_name: str, *, what: str, flag: str = "--checkpoint",
+                 data_file: Optional[str] = None):
+        import paddle
 
-    try:  # the checks resume and the converter make: a damaged file is never evaluated
-        raw = verified_state(checkpoint, use="evaluate")
-    except CheckpointError as e:
-        raise ConfigError([f"--checkpoint {checkpoint}: {e}, or the exported model (without --checkpoint)"]) from None
-    config = raw.get("config", {})
-    mtl = config.get("mtl", {})
-    _import_plugins(mtl.get("plugins", []), where=f"{checkpoint}: the run's plugins")
-    records = raw.get("extra", {}).get("tasks", [])
-    names = [r["name"] for r in records]
-    if task_name not in names:
-        raise ConfigError([f"--task {task_name}: checkpoint {checkpoint} holds the tasks {names}; pick one of them"])
-    vocab = config.get("data", {}).get("tokenizer_name_or_path")
-    vocab = str(Path(vocab) / "vocab.txt") if vocab and Path(vocab).is_dir() else vocab
-    if not vocab or not Path(vocab).is_file():
-        raise ConfigError([f"{checkpoint}: its run's vocabulary {vocab} no longer exists; restore it"])
-    model_type = config.get("model", {}).get("model_type", "ernie")
-    ctx = TaskContext(vocab_file=vocab, seed=config.get("train", {}).get("seed", 0), model_type=model_type,
-                      log=lambda m: None)
-    tasks = []
-    for r in records:
-        spec = dict(r["spec"])
-        if r["name"] == task_name:
-            spec.update(dev_file=str(Path(eval_file).resolve()) if Path(eval_file).exists() else eval_file)
-        tasks.append(get_task_type(r["reader"])(TaskSpec(**spec), ctx))
-    task = tasks[names.index(task_name)]
-    data = _labelled(task, eval_file)
-    arch = {k: v for k, v in raw["extra"]["arch"].items() if k != "model_type"}
-    use_task_id = bool(mtl.get("use_task_id"))
-    was_dynamic = paddle.in_dynamic_mode()
-    paddle.enable_static()
-    try:
-        program, fwd = build_forward_program(model_type, arch, tasks, use_task_id=use_task_id)
-        if fwd.name_map != raw["name_map"]:
+        from ernie_mtl.engine.exporter import float32_scope
+
+        self.checkpoint = checkpoint
+        try:  # the checks resume and the converter make: a damaged file is never used
+            raw = verified_state(checkpoint, use=what)
+        except CheckpointError as e:
+            raise ConfigError([f"{flag} {checkpoint}: {e}, or the exported model"]) from None
+        self.raw = raw
+        config = raw.get("config", {})
+        self.mtl = mtl = config.get("mtl", {})
+        _import_plugins(mtl.get("plugins", []), where=f"{checkpoint}: the run's plugins")
+        records = raw.get("extra", {}).get("tasks", [])
+        self.names = names = [r["name"] for r in records]
+        if task_name not in names:
+            raise ConfigError([f"--task {task_name}: checkpoint {checkpoint} holds the tasks {names}; pick one of them"])
+        vocab = config.get("data", {}).get("tokenizer_name_or_path")
+        vocab = str(Path(vocab) / "vocab.txt") if vocab and Path(vocab).is_dir() else vocab
+        if not vocab or not Path(vocab).is_file():
+            raise ConfigError([f"{checkpoint}: its run's vocabulary {vocab} no longer exists; restore it"])
+        self.vocab = vocab
+        self.model_type = config.get("model", {}).get("model_type", "ernie")
+        ctx = TaskContext(vocab_file=vocab, seed=config.get("train", {}).get("seed", 0), model_type=self.model_type,
+                          log=lambda m: None)
+        self.tasks = []
+        for r in records:
+            spec = dict(r["spec"])
+            if r["name"] == task_name and data_file is not None:
+                spec.update(dev_file=str(Path(data_file).resolve()) if Path(data_file).exists() else data_file)
+            self.tasks.append(get_task_type(r["reader"])(TaskSpec(**spec), ctx))
+        self.index = names.index(task_name)
+        self.task = self.tasks[self.index]
+        self.arch = {k: v for k, v in raw["extra"]["arch"].items() if k != "model_type"}
+        self.use_task_id = bool(mtl.get("use_task_id"))
+        self.program, self.fwd = build_forward_program(self.model_type, self.arch, self.tasks,
+                                                       use_task_id=self.use_task_id)
+        if self.fwd.name_map != raw["name_map"]:
             raise ConfigError([f"{checkpoint}: its name map does not match the network rebuilt from its own record "
-                               "(written by another version?); evaluate its exported model instead"])
-        from ernie_mtl.program.cpu_kernels import use_onednn_ops
-
-        types, why = checkpoint_forward_types(raw, cpu_kernels)
-        changed = use_onednn_ops(program, types) if types else {}
-        if log:
-            log(f"evaluation: the checkpoint's forward program with oneDNN on {sum(changed.values())} ops "
-                f"({', '.join(sorted(changed)) or 'none'}: {why}), {process_threads()[0]} threads")
-        exe = paddle.static.Executor(paddle.CPUPlace())
+                               "(written by another version?); use its exported model instead"])
+        self.exe = paddle.static.Executor(paddle.CPUPlace())
         try:
             state = merged_state(checkpoint, verify=False)  # verified above
         except Exception:  # noqa: BLE001  (a file that passed the checks but paddle cannot read)
@@ -379,24 +381,59 @@ def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str, *, cpu
                                      sorted((checkpoint / STATE_DIR).glob("rank_*.pdparams")))), None)
             if bad is None:
                 raise
-            raise ConfigError([f"--checkpoint {checkpoint}: {bad[0]} is damaged ({bad[1]}), although its size and "
-                               "SHA-1 are the ones recorded at save time: it was written damaged; evaluate another "
-                               "checkpoint or the exported model (without --checkpoint)"]) from None
-        scope = float32_scope(state, fwd.name_map, use_ema=bool(mtl.get("use_ema")), place=exe.place)
-        preds = fwd.predictions[task_name]
-        block = program.global_block()
+            raise ConfigError([f"{flag} {checkpoint}: {bad[0]} is damaged ({bad[1]}), although its size and "
+                               f"SHA-1 are the ones recorded at save time: it was written damaged; {what} another "
+                               "checkpoint or the exported model"]) from None
+        self.scope = float32_scope(state, self.fwd.name_map, use_ema=bool(mtl.get("use_ema")), place=self.exe.place)
+
+    def predict(self, data) -> Dict[str, List[np.ndarray]]:
+        """The task's prediction variables over `data`, per batch."""
+        import paddle
+
+        preds = self.fwd.predictions[self.task.spec.name]
+        block = self.program.global_block()
 
         def feed_of(batch):
-            feed = make_feed(tasks, names.index(task_name), batch, use_task_id=use_task_id)
+            feed = make_feed(self.tasks, self.index, batch, use_task_id=self.use_task_id)
             return {k: v for k, v in feed.items() if block.has_var(k)}
 
-        run = executor_runner(exe, program, [v.name for v in preds.values()], feed_of)
-        with paddle.static.scope_guard(scope):
-            outputs = by_name(predict_batches(task, data, run, list(preds)), list(preds))
+        run = executor_runner(self.exe, self.program, [v.name for v in preds.values()], feed_of)
+        with paddle.static.scope_guard(self.scope):
+            return by_name(predict_batches(self.task, data, run, list(preds)), list(preds))
+
+
+def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str, *, cpu_kernels="auto",
+                        log=None) -> Dict[str, Any]:
+    """The report of the checkpoint's forward program on `eval_file`, run with the forward kernels its run
+    recorded (`cpu_kernels` "auto"; an explicit mode is obeyed: `checkpoint_forward_types`), on this
+    process's threads."""
+    from ernie_mtl.program.cpu_kernels import use_onednn_ops
+
+    with _static():
+        model = CheckpointModel(checkpoint, task_name, what="evaluate", data_file=eval_file)
+        types, why = checkpoint_forward_types(model.raw, cpu_kernels)
+        changed = use_onednn_ops(model.program, types) if types else {}
+        if log:
+            log(f"evaluation: the checkpoint's forward program with oneDNN on {sum(changed.values())} ops "
+                f"({', '.join(sorted(changed)) or 'none'}: {why}), {process_threads()[0]} threads")
+        data = _labelled(model.task, eval_file)
+        outputs = model.predict(data)
+    return _report(model.task, data, model.task.evaluate(data, outputs), source=str(checkpoint),
+                   step=model.raw.get("step"))
+
+
+@contextlib.contextmanager
+def _static():
+    """Static mode for the block; the caller's mode afterwards."""
+    import paddle
+
+    was_dynamic = paddle.in_dynamic_mode()
+    paddle.enable_static()
+    try:
+        yield
     finally:
         if was_dynamic:
             paddle.disable_static()
-    return _report(task, data, task.evaluate(data, outputs), source=str(checkpoint), step=raw.get("step"))
 
 
 def _labelled(task, eval_file: str):

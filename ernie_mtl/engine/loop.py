@@ -17,24 +17,29 @@ and `print`.
 """
 from __future__ import annotations
 
+import time
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ernie_mtl.checkpoint.layout import LAST, kept_name
+from ernie_mtl.dist import preemption
+from ernie_mtl.dist.watchdog import job_endpoints
+from ernie_mtl.engine.anomaly import AnomalyPolicy
 from ernie_mtl.engine.callbacks import Callback, built_in_callbacks
 from ernie_mtl.engine.feeding import Feeder
 from ernie_mtl.engine.evaluation import Evaluator, final_test
 from ernie_mtl.engine.exporter import Exporter
 from ernie_mtl.engine.metrics import MetricWriter, Window
 from ernie_mtl.engine.reporting import reporter_for
+from ernie_mtl.engine.stragglers import StragglerWatch
 from ernie_mtl.engine.state import ResumeState, clear_previous_run, restore, resume_checks, train_state
 
 
 class Trainer:
     """The loop over optimizer steps of a `Session` (ernie_mtl/engine/session.py)."""
 
-    def __init__(self, session, *, callbacks: Sequence[Callback] = ()):
+    def __init__(self, session, *, callbacks: Sequence[Callback] = (), preempt_signals: Sequence[str] = ()):
         s = self.session = session
         self.cfg, self.info, self.topo, self.plan = s.cfg, s.info, s.topo, s.plan
         self.p, self.exe, self.barrier, self.log, self.scope = s.programs, s.exe, s.barrier, s.log, s.scope
@@ -52,6 +57,12 @@ class Trainer:
         self.callbacks: List[Callback] = built_in_callbacks(self.setup.mtl, self.writer) + list(callbacks)
         self.checkpointer = s.checkpointer(log=self.print)
         self.resume_checks = resume_checks(s.cfg, s.plan)
+        self.signals, self.previous_handlers = tuple(preempt_signals), {}
+        self.anomaly = AnomalyPolicy(self)
+        t = s.cfg.train
+        self.stragglers = StragglerWatch(s.barrier, s.info.rank, s.info.world_size, factor=t.slow_rank_factor,
+                                         windows=t.slow_rank_windows, endpoints=job_endpoints())
+        self.stop = preemption.StopAgreement(s.info.rank, s.info.world_size, s.barrier.store) if self.signals else None
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self) -> Dict:
@@ -94,24 +105,31 @@ class Trainer:
                 self.bar.update(1)
             if self.step % t.logging_freq == 0 or self.schedule.done:
                 self.log_window()
-            if self.step % t.eval_freq == 0:
-                self.evaluate()
-            self.exporter.export_due()
-            if self.step % t.checkpoint_steps == 0 or self.schedule.done:
-                self.save_checkpoint(LAST)
-            if self.step % t.save_steps == 0:
-                self.save_checkpoint(kept_name(self.step))
+            with self.window.shared():  # every rank together: not a rank's own work (engine/stragglers.py)
+                if self.step % t.eval_freq == 0:
+                    self.evaluate()
+                self.exporter.export_due()
+                if self.step % t.checkpoint_steps == 0 or self.schedule.done:
+                    self.save_checkpoint(LAST)
+                if self.step % t.save_steps == 0:
+                    self.save_checkpoint(kept_name(self.step))
+            self.anomaly.stop_now(saved=self.step % t.checkpoint_steps == 0 or self.schedule.done)
+            if self.stop is not None and not self.schedule.done and self.stop.at_boundary(self.step):
+                self.preempt(saved=self.step % t.checkpoint_steps == 0)
         self.emit("on_train_end")
         if self.step % t.eval_freq:
             self.evaluate()
         self.exporter.export_due(final=True)
-        for line in self.reporter.finished_lines(self):
-            self.print(line)
+        for line in self.reporter.finished_lines(self) + [self.anomaly.summary()]:
+            if line:
+                self.print(line)
 
     def start(self) -> None:
         """The start-up lines, hyperparameters and progress bar (rank 0), then on_train_begin."""
         if self.is_rank0:
             self.bar = self.reporter.start(self)
+        self.previous_handlers = preemption.install(self.signals)
+        self.anomaly.start()
         self.emit("on_train_begin")
         self.window.reset()
 
@@ -120,15 +138,11 @@ class Trainer:
         """One optimizer step: the schedule's next `accumulate_steps` micro-batches."""
         read = list(self.schedule.counts)  # per task: micro-batches read before this step
         drawn = [self.schedule.next_task() for _ in range(self.topo.accumulate_steps)]
-        extra = [self.p.lr] + ([self.p.loss_scaling] if self.p.loss_scaling is not None else [])
-        for micro in self.feeder.step(self.step, drawn, read):
-            scalars = self.p.fwd.task_scalars[micro.task]
-            values = self.exe.run(self.p.main, feed=micro.feed,
-                                  fetch_list=[self.p.fwd.task_losses[micro.task], *scalars.values(), *extra])
-            values = [float(np.asarray(v).reshape(-1)[0]) for v in values]
-            self.window.add_micro(micro.task, values[0], dict(zip(scalars, values[1:1 + len(scalars)])),
-                                  tokens=micro.tokens)
-            lr_and_scale = values[1 + len(scalars):]
+        records = self.run_micro_batches(drawn, read)
+        if self.anomaly.every_step:  # --on_anomaly stop / replay (engine/anomaly.py)
+            records = self.anomaly.after_step(drawn, read, lambda: self.run_micro_batches(drawn, read)) or records
+        for task, loss, scalars, tokens, lr_and_scale in records:
+            self.window.add_micro(task, loss, scalars, tokens=tokens)
         self.p.lr_scheduler.step()
         if self.ema is not None:
             self.ema.update(self.exe, self.step)  # update number = steps completed before this one
@@ -137,8 +151,30 @@ class Trainer:
                              lr=lr_and_scale[0], loss_scale=lr_and_scale[1] if len(lr_and_scale) > 1 else None)
         return [self.tasks[i].spec.name for i in drawn]
 
+    def run_micro_batches(self, drawn: List[int], read: List[int]) -> List:
+        """Run the step's micro-batches; [(task, loss, scalars, tokens, [lr, loss scale])] of each."""
+        extra = [self.p.lr] + ([self.p.loss_scaling] if self.p.loss_scaling is not None else [])
+        records = []
+        for micro in self.feeder.step(self.step, drawn, read):
+            scalars = self.p.fwd.task_scalars[micro.task]
+            started = time.perf_counter()
+            values = self.exe.run(self.p.main, feed=micro.feed,
+                                  fetch_list=[self.p.fwd.task_losses[micro.task], *scalars.values(), *extra])
+            self.window.run_s += time.perf_counter() - started
+            values = [float(np.asarray(v).reshape(-1)[0]) for v in values]
+            records.append((micro.task, values[0], dict(zip(scalars, values[1:1 + len(scalars)])), micro.tokens,
+                            values[1 + len(scalars):]))
+        return records
+
     def log_window(self) -> None:
         lines, logs = self.reporter.window(self, self.window)
+        logs.update(self.anomaly.window({task: self.window.mean_loss(task) for task in self.window.count}))
+        if self.stragglers.enabled:  # every rank, at the same steps
+            w = self.window  # step times without the shared work (a checkpoint is not a slow step)
+            scalars, warning = self.stragglers.window(w.steps, w.elapsed - w.shared_s, w.own_s)
+            logs.update(scalars)
+            if warning and self.is_rank0:
+                self.log.warning(warning)
         for i, task in enumerate(self.tasks):  # e.g. samples read per corpus of a mixture
             logs.update(task.data_scalars(self.schedule.counts[i] * task.spec.batch_size * self.topo.data_world_size))
         for line in lines:
@@ -166,6 +202,17 @@ class Trainer:
         if note:
             self.print(f"{note}: {path}")
         self.emit("on_save", str(path))
+
+    def preempt(self, *, saved: bool) -> None:
+        """A preemption signal (ernie_mtl/dist/preemption.py): save model_last at this step on every rank
+        (unless it was just saved), then stop the run with `Preempted`."""
+        if not saved:
+            self.save_checkpoint(LAST)
+        path = str(self.checkpointer.root / LAST)
+        signal_name = preemption.requested() or "TERM (on another rank)"
+        self.print(f"preempted (SIG{signal_name}): stopped at step {self.step} with {path} saved; run the same "
+                   "command again to resume")
+        raise preemption.Preempted(self.step, signal_name, path)
 
     def finish_task(self, name: str, reason: str) -> None:
         """End a target early (early stopping): it leaves the sampler, is no longer evaluated and is
@@ -205,6 +252,7 @@ class Trainer:
             getattr(cb, hook)(self, *args)
 
     def close(self) -> None:
+        preemption.restore(self.previous_handlers)
         if self.bar is not None:
             self.bar.close()
         self.writer.close()

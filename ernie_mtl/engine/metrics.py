@@ -6,6 +6,7 @@ units are in the names where they are not obvious. Every sink is rank 0's only: 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -34,7 +35,23 @@ class Window:
         self.samples = 0
         self.lr = 0.0
         self.loss_scale: Optional[float] = None
+        self.run_s = 0.0  # seconds inside Executor.run
+        self.shared_s = 0.0  # seconds in work every rank does together (evaluation, checkpoints, exports)
         self.started = time.perf_counter()
+
+    @property
+    def own_s(self) -> float:
+        """This process's own work in the window: what is neither the program nor shared work."""
+        return max(self.elapsed - self.run_s - self.shared_s, 0.0)
+
+    @contextlib.contextmanager
+    def shared(self):
+        """Time the block as shared work (not counted as this rank's own)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.shared_s += time.perf_counter() - started
 
     def add_micro(self, task: str, loss: float, scalars: Mapping[str, float], *, tokens: int) -> None:
         """One micro-batch of `task` (this rank's loss and scalars; `tokens`: non-pad tokens of all ranks)."""

@@ -39,8 +39,10 @@ class PrebuildResult:
 
 
 def train(cfg, *, callbacks: Sequence = (), on_distributed: Optional[Callable[[ProcessInfo], None]] = None,
-          notes: Sequence[str] = ()) -> RunResult:
-    """Train as `cfg` says (resume, train, test, export); `callbacks`: extra Callback objects."""
+          notes: Sequence[str] = (), preempt_signals: Sequence[str] = ()) -> RunResult:
+    """Train as `cfg` says (resume, train, test, export); `callbacks`: extra Callback objects;
+    `preempt_signals` ("TERM", "USR1", ...): handled during the loop (ernie_mtl/dist/preemption.py:
+    save at the next step boundary on every rank, then `Preempted` is raised)."""
     from ernie_mtl.engine.callbacks import Callback
     from ernie_mtl.engine.loop import Trainer
     from ernie_mtl.engine.session import open_session
@@ -50,7 +52,7 @@ def train(cfg, *, callbacks: Sequence = (), on_distributed: Optional[Callable[[P
             raise TypeError(f"callbacks: {cb!r} is not an ernie_mtl Callback instance")
     session = open_session(cfg, on_distributed=on_distributed, notes=notes)
     with session.scope_guard():
-        trainer = Trainer(session, callbacks=callbacks)
+        trainer = Trainer(session, callbacks=callbacks, preempt_signals=preempt_signals)
         test = trainer.run()
     session.log.info(trainer.reporter.closing(cfg.train.output_dir))
     out = Path(cfg.train.output_dir)

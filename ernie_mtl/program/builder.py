@@ -37,6 +37,7 @@ from ernie_mtl.program.optim import WarmupLinearDecay, make_lr_schedule, make_op
 from ernie_mtl.dist.topology import Topology
 from ernie_mtl.program.randomness import seed_initializers, strip_dropout_seeds, wire_dropout_seeds
 from ernie_mtl.tasks.base import TaskType
+from ernie_mtl.program.anomaly import AnomalyGuard, add_anomaly_guard
 from ernie_mtl.program.edits import declare_sub_block_inputs, live_blocks
 from ernie_mtl.tasks.base import remove_variable
 from ernie_mtl.dist.topology import build_strategy
@@ -66,7 +67,8 @@ class Programs:
     dropout_seeds: int = 0  # length of the `dropout_seeds` feed (ernie_mtl/program/randomness.py)
     freeze: Optional[FreezePlan] = None  # idle parameter groups (ernie_mtl/program/idle_heads.py)
     ema: Optional[DeviceEMA] = None  # use_ema (ernie_mtl/program/ema.py)
-    pretrained_heads: Dict[str, str] = field(default_factory=dict)  # e.g. cls.* -> a pretrain head's parameters
+    pretrained_heads: Dict[str, str] = field(default_factory=dict)
+    anomaly: Optional[AnomalyGuard] = None  # non-finite updates skipped on the device (program/anomaly.py)  # e.g. cls.* -> a pretrain head's parameters
     _amp_optimizer: Any = None
 
     @property
@@ -94,7 +96,8 @@ class Programs:
 
 def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Union[StrategyBuilder, Any],
                    topo: Topology, tasks: Sequence[TaskType], *, seed: int, amp_cfg: Optional[AmpConfig] = None,
-                   use_task_id: bool = False, ema_decay: Optional[float] = None) -> Programs:
+                   use_task_id: bool = False, ema_decay: Optional[float] = None,
+                   anomaly_guard: bool = False) -> Programs:
     """The programs of a run (fleet initialised first: `parallel.init_fleet`, or
     `compat.emulate_gpu_program` for GPU programs on CPU; static mode).
 
@@ -107,7 +110,8 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
     `seed` seeds initialisation (each parameter its own seed, from its structured name) and is the
     base of the dropout seeds fed per micro-batch; give every rank the same seed (data
     parallelism broadcasts rank 0's initial values but sharding keeps each owner's).
-    `ema_decay`: keep an EMA of the weights on the device."""
+    `ema_decay`: keep an EMA of the weights on the device. `anomaly_guard`: skip (and count) an update
+    whose global gradient norm is not finite, on the device (ernie_mtl/program/anomaly.py)."""
     import paddle.distributed.fleet as fleet
 
     if paddle.in_dynamic_mode():
@@ -134,6 +138,7 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
         test = forward_only(main, fwd.loss)
     declare_sub_block_inputs(main)
     check_coverage(main, freeze)
+    anomaly = add_anomaly_guard(main, startup) if anomaly_guard else None  # after the check: it only adds skips
     fetched = [v.name for v in fwd.task_losses.values()] + [fwd.loss.name]
     fetched += [v.name for scalars in fwd.task_scalars.values() for v in scalars.values()]
     prune_unused_forward_ops(main, keep=fetched)
@@ -152,7 +157,7 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
         main=main, startup=startup, test=test, forward=forward, fwd=fwd, export_fwd=export_fwd, lr=minimized.lr_var,
         loss_scaling=minimized.loss_scaling, lr_scheduler=minimized.lr_scheduler, strategy=minimized.strategy,
         topo=topo, arch=resolved.arch, weights=resolved.weights, amp_level=minimized.amp_level,
-        dropout_seeds=n_seeds, freeze=freeze, ema=ema, pretrained_heads=pretrained_heads,
+        dropout_seeds=n_seeds, freeze=freeze, ema=ema, pretrained_heads=pretrained_heads, anomaly=anomaly,
         _amp_optimizer=minimized.amp_optimizer)
 
 
@@ -169,7 +174,8 @@ def build_run_programs(cfg, topo: Topology, tasks: Sequence[TaskType], *, total_
     strategy = functools.partial(build_strategy, topo, cfg.parallel, cfg.amp)
     return build_programs(cfg.model, replace(cfg.optim, max_steps=total_steps), strategy, topo, tasks,
                           seed=cfg.train.seed, amp_cfg=cfg.amp, use_task_id=m.use_task_id,
-                          ema_decay=m.ema_decay if m.use_ema else None)
+                          ema_decay=m.ema_decay if m.use_ema else None,
+                          anomaly_guard=cfg.train.on_anomaly != "none")
 
 
 def build_forward_program(model_type: str, arch: Dict[str, Any], tasks: Sequence[TaskType], *, seed: int = 0,

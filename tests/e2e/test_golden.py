@@ -30,54 +30,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import ok, run_cli
-from helpers import write_topic_lm_tasks
+from helpers import GOLDEN_CASES, GOLDEN_COMMON, api_script, flags_as_kwargs, golden_data, logged_losses, ok, run_cli
 
 EXCLUSIVE = {"2proc"}  # these launch several processes: run alone (tests/conftest.py)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE = os.environ.get("ERNIE_MTL_UPDATE_GOLDEN") == "1"
 RTOL = 2e-5  # see the module docstring: holds across CPU vendors
-CHARS = [chr(0x4E00 + i) for i in range(80)]
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from data_tools import create_pretraining_data
-
-    root = tmp_path_factory.mktemp("golden")
-    rng = np.random.default_rng(2026)
-    (root / "vocab.txt").write_text("\n".join(["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"] + CHARS) + "\n",
-                                    encoding="utf-8")
-    docs = ["\n".join("".join(rng.choice(CHARS, int(rng.integers(6, 14)))) + "。" for _ in range(6))
-            for _ in range(80)]
-    (root / "docs.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-    assert create_pretraining_data.main(["--input", str(root / "docs.txt"), "--vocab_file", str(root / "vocab.txt"),
-                                         "--output_prefix", str(root / "corpus"), "--workers", "1"]) == 0
-    write_topic_lm_tasks(root, rng, CHARS, rows=48, width=10, batch_size=4, num_epochs=2)
-    return root
+    return golden_data(tmp_path_factory.mktemp("golden"))
 
 
-COMMON = ["--device", "cpu", "--model_name_or_path", "ernie-tiny-test", "--vocab_size", str(5 + len(CHARS)),
-          "--num_workers", "0", "--logging_freq", "1", "--eval_freq", "1000", "--checkpoint_steps", "1000",
-          "--save_steps", "1000", "--hidden_dropout_prob", "0.1", "--attention_probs_dropout_prob", "0.1",
-          "--max_lr", "5e-3", "--min_lr", "1e-4", "--warmup_rate", "0.2", "--seed", "7",
-          "--cpu_kernels", "plain"]  # the numerical reference, whatever kernels this machine would pick
-CASES = {
-    "flag_1proc": (0, ["--input_dir", "corpus", "--split", "80,10,10", "--max_seq_len", "32", "--max_steps", "8",
-                       "--micro_batch_size", "4", "--global_batch_size", "8"]),
-    "flag_2proc": (2, ["--input_dir", "corpus", "--split", "80,10,10", "--max_seq_len", "32", "--max_steps", "8",
-                       "--micro_batch_size", "2", "--global_batch_size", "8"]),
-    "multitask_1proc": (0, ["--config", "global.yaml", "--micro_batch_size", "4", "--global_batch_size", "8"]),
-    "multitask_2proc": (2, ["--config", "global.yaml", "--micro_batch_size", "4", "--global_batch_size", "16"]),
-}
-
-
-def losses(out: Path):
-    """{step: {tag: loss}} of every train/*loss tag, logged every step (full precision)."""
-    rows = [json.loads(line) for line in open(out / "train_metrics.jsonl", encoding="utf-8")]
-    return {str(r["step"]): {k: v for k, v in r.items() if k.startswith("train/") and k.endswith("loss")}
-            for r in rows if any(k.startswith("train/") and k.endswith("loss") for k in r)}
+COMMON, CASES, losses = GOLDEN_COMMON, GOLDEN_CASES, logged_losses
+LAUNCHED = {}  # case -> losses of its command-line run in this session (the API cases compare with them)
 
 
 @pytest.mark.slow
@@ -88,6 +56,7 @@ def test_losses_equal_the_golden_file(case, data, tmp_path):
     ok(run_cli(["--tokenizer_name_or_path", data / "vocab.txt", *COMMON, *argv, "--output_dir", out], cwd=data,
                launch_procs=procs, log_dir=tmp_path / "logs", env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}))
     got = losses(out)
+    LAUNCHED[case] = got
     path = GOLDEN / f"{case}.json"
     if UPDATE:
         GOLDEN.mkdir(exist_ok=True)
@@ -102,3 +71,27 @@ def test_losses_equal_the_golden_file(case, data, tmp_path):
                 pytest.fail(f"{case}: the first differing step is {step} ({tag}: golden {value!r}, now "
                             f"{got[step][tag]!r}); if the change of numerics is intended, regenerate "
                             "tests/golden (see tests/golden/README.md)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["multitask_1proc", "multitask_2proc"])
+def test_the_python_api_trains_what_the_command_line_trains(case, data, tmp_path):
+    """The same configuration through `ernie_mtl.train(...)` in a user's script (flags as keyword
+    arguments; launched on 2 processes for the 2-process case, every rank running the script): the
+    golden losses, and bitwise the command line's when both ran in this session."""
+    procs, argv = CASES[case]
+    out = tmp_path / "out"
+    flags = flags_as_kwargs(["--tokenizer_name_or_path", data / "vocab.txt", *COMMON, *argv[2:], "--output_dir", out])
+    script = api_script(tmp_path / "train.py", f"result = ernie_mtl.train({argv[1]!r}, **{flags!r})\n"
+                                               "print('RESULT', json.dumps({'steps': result.steps}))")
+    proc = ok(run_cli([], entry=script, cwd=data, launch_procs=procs, log_dir=tmp_path / "logs",
+                      env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}))
+    got = losses(out)
+    expected = json.loads((GOLDEN / f"{case}.json").read_text())
+    assert sorted(got, key=int) == sorted(expected, key=int)
+    for step in expected:
+        for tag, value in expected[step].items():
+            assert math.isclose(got[step][tag], value, rel_tol=RTOL), (case, step, tag)
+    if case in LAUNCHED:
+        assert got == LAUNCHED[case]  # bitwise: the same machine, the same configuration
+    assert 'RESULT {"steps": ' in proc.stdout or procs  # the launcher keeps rank 0's stdout in its log

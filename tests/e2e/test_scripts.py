@@ -127,6 +127,14 @@ def test_cpu_command_never_passes_devices(config):
     assert dry("run_cpu", {"CONFIG": str(config)}).startswith(f"+ {LAUNCH} --nproc_per_node 2 ")
 
 
+def test_max_restarts_runs_the_launch_under_the_supervisor(config):
+    out = dry("run_cpu", {"CONFIG": str(config), "MAX_RESTARTS": "3"}, "--max_steps", "2")
+    assert out == (f"+ python3 -m ernie_mtl.dist.supervisor --max_restarts 3 -- {LAUNCH} --nproc_per_node 2 "
+                   f"--log_dir output/launch_log {ENTRY} --config {config} --output_dir output --device cpu "
+                   "--max_steps 2\n")
+    assert dry("run_cpu", {"CONFIG": str(config), "MAX_RESTARTS": "0"}).startswith(f"+ {LAUNCH} ")
+
+
 def test_default_interpreter(config):
     proc = run("run_cpu", {"DRY_RUN": "1", "CONFIG": str(config)})
     venv = ROOT / ".venv" / "bin" / "python"
@@ -169,6 +177,7 @@ def test_default_interpreter(config):
     ("run_single_node", {"GPUS": "1,1"}, [], "GPUS='1,1' lists a GPU twice"),
     ("run_single_node", {"GPUS": "0"}, ["--gpus"], "--gpus needs a value"),
     ("run_cpu", {"NPROC": "two"}, [], "run_cpu.sh: error: NPROC='two' must be a positive integer"),
+    ("run_cpu", {"MAX_RESTARTS": "three"}, [], "run_cpu.sh: error: MAX_RESTARTS='three' must be a whole number"),
     ("run_cpu", {"CONFIG": ""}, [], "run_cpu.sh: error: CONFIG is unset or empty"),
     ("run_cpu", {"CONFIG": "/nonexistent/run.yaml"}, [], "CONFIG='/nonexistent/run.yaml': no such file"),
 ])

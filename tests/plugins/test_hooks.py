@@ -5,6 +5,17 @@ this lives in the production loop).
   $ERNIE_MTL_TEST_KILL_AT_STEP is written, like a crashed node (exact-resume tests).
 - `dump_state`: every rank saves its final program state to $ERNIE_MTL_TEST_DUMP_DIR/rank_<r>
   (without sharding checkpoints hold rank 0's state only; this shows the other ranks' copies).
+- `signal_at_step`: after step $ERNIE_MTL_TEST_SIGNAL_AT_STEP, the rank(s) in
+  $ERNIE_MTL_TEST_SIGNAL_RANKS (default all) send themselves $ERNIE_MTL_TEST_SIGNAL (default TERM),
+  $ERNIE_MTL_TEST_SIGNAL_TIMES times (preemption tests).
+- `kill_once`: SIGKILLs rank $ERNIE_MTL_TEST_KILL_ONCE_RANK (default 0) after step
+  $ERNIE_MTL_TEST_KILL_ONCE_AT_STEP, once: a marker file $ERNIE_MTL_TEST_KILL_ONCE_MARKER remembers
+  it across restarts (supervisor tests).
+- `sleep_on_rank`: rank $ERNIE_MTL_TEST_SLEEP_RANK sleeps $ERNIE_MTL_TEST_SLEEP_S seconds after each
+  step (a straggler on purpose).
+- `poison_step`: a fault injected into step $ERNIE_MTL_TEST_POISON_STEP: the word embedding holds an
+  infinity while the step's micro-batches run ($ERNIE_MTL_TEST_POISON=always: every time the step is
+  run, as bad data would; once: only the first time, as a transient hardware fault would).
 - `eval_at_start`: evaluates every task with a dev file before the first step and writes what
   each rank got to <output_dir>/eval_at_start_rank<r>.json (distributed-evaluation tests).
 """
@@ -42,3 +53,62 @@ class EvalAtStart(Callback):
         path = os.path.join(trainer.cfg.train.output_dir, f"eval_at_start_rank{trainer.info.rank}.json")
         with open(path, "w") as f:
             json.dump(results, f, sort_keys=True)
+
+
+@register_callback("signal_at_step")
+class SignalAtStep(Callback):
+    def on_step_end(self, trainer, step, tasks):
+        at = int(os.environ.get("ERNIE_MTL_TEST_SIGNAL_AT_STEP", "0") or 0)
+        ranks = os.environ.get("ERNIE_MTL_TEST_SIGNAL_RANKS", "")
+        if step == at and (not ranks or str(trainer.info.rank) in ranks.split(",")):
+            signum = getattr(signal, "SIG" + os.environ.get("ERNIE_MTL_TEST_SIGNAL", "TERM"))
+            for _ in range(int(os.environ.get("ERNIE_MTL_TEST_SIGNAL_TIMES", "1"))):
+                os.kill(os.getpid(), signum)
+
+
+@register_callback("kill_once")
+class KillOnce(Callback):
+    def on_step_end(self, trainer, step, tasks):
+        marker = os.environ.get("ERNIE_MTL_TEST_KILL_ONCE_MARKER")
+        at = int(os.environ.get("ERNIE_MTL_TEST_KILL_ONCE_AT_STEP", "0") or 0)
+        if marker and step == at and trainer.info.rank == int(os.environ.get("ERNIE_MTL_TEST_KILL_ONCE_RANK", "0")) \
+                and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@register_callback("sleep_on_rank")
+class SleepOnRank(Callback):
+    def on_step_end(self, trainer, step, tasks):
+        if str(trainer.info.rank) == os.environ.get("ERNIE_MTL_TEST_SLEEP_RANK"):
+            import time
+
+            time.sleep(float(os.environ.get("ERNIE_MTL_TEST_SLEEP_S", "0.2")))
+
+
+@register_callback("poison_step")
+class PoisonStep(Callback):
+    def on_train_begin(self, trainer):
+        import numpy as np
+        import paddle
+
+        at = int(os.environ.get("ERNIE_MTL_TEST_POISON_STEP", "0") or 0)
+        always = os.environ.get("ERNIE_MTL_TEST_POISON", "always") == "always"
+        run, state = trainer.exe.run, {"done": False}
+        table = trainer.p.name_map["ernie.embeddings.word_embeddings.weight"]
+
+        def poisoned_run(program, *args, **kwargs):
+            if program is not trainer.p.main or trainer.step + 1 != at or (state["done"] and not always):
+                return run(program, *args, **kwargs)
+            tensor = trainer.scope.find_var(table).get_tensor()
+            clean = np.array(tensor)
+            bad = clean.copy()
+            bad[:, 0] = np.inf
+            tensor.set(bad, paddle.CPUPlace())
+            try:
+                return run(program, *args, **kwargs)
+            finally:
+                tensor.set(clean, paddle.CPUPlace())
+                state["done"] = True
+
+        trainer.exe.run = poisoned_run

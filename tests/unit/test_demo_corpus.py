@@ -236,3 +236,81 @@ def test_cli_writes_everything_and_prints_stats(tmp_path, capsys, monkeypatch):
     assert printed == {"corpus": {"documents": 1},
                        "sentiment": {"train": 2, "seed": 5, "dir": str(tmp_path / "tasks" / "sentiment")},
                        "wordseg": {"train": 3, "dir": str(tmp_path / "tasks" / "wordseg")}}
+
+
+# --- scoring by hand and trivial baselines (the demo's report, benchmarks/bench_quality.py) -------------------
+@pytest.mark.parametrize("tags, words", [
+    ("BMESBE", {(0, 2), (3, 3), (4, 5)}),
+    ("SSS", {(0, 0), (1, 1), (2, 2)}),
+    ("BMBE", {(2, 3)}),        # a word left open is no word
+    ("MES", {(2, 2)}),         # nor one that never began
+    ("BSE", {(1, 1)}),         # S inside B..E breaks it
+    ("", set()),
+])
+def test_bmes_words_read_strictly(tags, words):
+    assert dc.bmes_words(list(tags)) == words
+
+
+def test_word_scores_by_hand_equal_seqeval_strict_iobes():
+    """The hand count is an independent check of the pipeline's seqeval figures: it must agree with
+    seqeval's strict IOBES reading (M as I) on well- and ill-formed sequences alike."""
+    import random
+
+    import seqeval.metrics as sm
+    from seqeval.scheme import IOBES
+
+    rng = random.Random(0)
+    gold = [[rng.choice("BMES") for _ in range(rng.randint(1, 12))] for _ in range(300)]
+    pred = [[t if rng.random() < 0.7 else rng.choice("BMES") for t in g] for g in gold]
+    mine = dc.word_prf(gold, pred)
+    as_iobes = [[[{"M": "I"}.get(t, t) + "-W" for t in s] for s in seqs] for seqs in (gold, pred)]
+    kw = dict(mode="strict", scheme=IOBES, zero_division=0)
+    assert mine["precision"] == pytest.approx(sm.precision_score(*as_iobes, **kw), abs=1e-12)
+    assert mine["recall"] == pytest.approx(sm.recall_score(*as_iobes, **kw), abs=1e-12)
+    assert mine["f1"] == pytest.approx(sm.f1_score(*as_iobes, **kw), abs=1e-12)
+    assert min(mine["precision"], mine["recall"]) <= mine["f1"] <= max(mine["precision"], mine["recall"])
+
+
+def test_binary_scores_by_hand_equal_scikit_learn():
+    from sklearn.metrics import accuracy_score, precision_recall_fscore_support
+
+    gold, pred = [1, 0, 1, 1, 0, 0, 1], [1, 1, 0, 1, 0, 0, 0]
+    p, r, f1, _ = precision_recall_fscore_support(gold, pred, pos_label=1, average="binary")
+    assert dc.binary_prf(gold, pred) == pytest.approx({"acc": accuracy_score(gold, pred), "precision": p,
+                                                       "recall": r, "f1": f1})
+    assert dc.binary_prf([1, 0], [0, 0]) == {"acc": 0.5, "precision": 0.0, "recall": 0.0, "f1": 0.0}
+
+
+def test_trivial_baselines(tmp_path):
+    for task, header, rows in (("sentiment", "label\ttext_a", {"train": ["0\ta", "0\tb", "1\tc"],
+                                                               "test": ["1\td", "0\te", "0\tf", "0\tg"]}),
+                               ("wordseg", "text_a\tlabel", {"test": ["中\x02国\x02人\tB\x02E\x02S"]})):
+        for split, lines in rows.items():
+            (tmp_path / task).mkdir(exist_ok=True)
+            (tmp_path / task / f"{split}.tsv").write_text(header + "\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    base = dc.trivial_baselines(tmp_path)
+    assert base["sentiment"] == {"majority_label": 0, "acc": 0.75, "precision": 0.0, "recall": 0.0, "f1": 0.0}
+    # all S: 3 predicted words, 1 right (人) of 2 gold words
+    assert base["wordseg"] == pytest.approx({"precision": 1 / 3, "recall": 0.5, "f1": 0.4, "accuracy": 1 / 3})
+
+
+def test_sentence_pieces_cut_the_segmentation_sentences_out_of_their_paragraph():
+    paragraph = "他说：“好。”然后走了！最后一句没有句号"
+    assert dc.sentence_pieces(paragraph) == ["他说：“好。”", "然后走了！", "最后一句没有句号"]
+    assert "".join(dc.sentence_pieces(paragraph)) == paragraph
+
+
+def test_demo_sequence_labeling_config_keeps_the_sentences_whole(demo_dir):
+    """Tokens beyond a seq_label task's max_seq_len are predicted as the fallback tag and counted as errors.
+    The demo's word segmentation ran at 64, which cut 19% of the sentences (12% of the test characters
+    scored as single-character words): its printed F1 measured the cut more than the model."""
+    from pathlib import Path
+
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "scripts/demo/tasks/wordseg.yaml").read_text())
+    out, _ = demo_dir
+    for split in ("train", "test"):
+        lengths = [len(r[0].split("\x02")) for r in dc.read_task_rows(out / "wordseg" / f"{split}.tsv")]
+        cut = sum(n > config["max_seq_len"] - 2 for n in lengths) / len(lengths)  # [CLS] and [SEP] take 2
+        assert cut < 0.03, (split, config["max_seq_len"], cut)

@@ -76,13 +76,38 @@ def build(tasks, *, rank, sharding, acc, amp):
     topo = Topology.from_config(parallel, 2)
     strategy = functools.partial(build_strategy, topo, parallel, amp_cfg)
     with emulate_gpu_program(rank, 2):
-        return build_programs(model, optim, strategy, topo, tasks, seed=1, amp_cfg=amp_cfg)
+        return build_programs(model, optim, strategy, topo, tasks, seed=1, amp_cfg=amp_cfg, anomaly_guard=True)
 
 
 def parameter_users(*args):
     from ernie_mtl.program.idle_heads import parameter_users as users
 
     return users(*args)
+
+
+def assert_defined_before_use(program, where):
+    """Every input of every live op is persistable, fed, or written earlier (in its block or, for a
+    sub-block, before the control-flow op that runs it): an update reading a flag computed after it
+    reads an empty tensor at run time."""
+    from ernie_mtl.program.edits import live_blocks
+
+    persistable = {v.name for v in program.list_vars() if v.persistable}
+    fed = {v.name for v in program.list_vars() if getattr(v.desc, "need_check_feed", lambda: False)()}
+    fed |= {n for op in program.global_block().ops if op.type == "feed" for n in op.output_arg_names}
+    written_before_sub = {}
+    for block in live_blocks(program):
+        written = set(written_before_sub.get(block.idx, set()))
+        for op in block.ops:
+            for name in op.input_arg_names:
+                var = block._find_var_recursive(name)
+                if name in persistable or name in fed or name in written or var is None:
+                    continue
+                if var.desc.need_check_feed() or block.idx == 0 and not any(name in o.output_arg_names for o in block.ops):
+                    continue  # a data variable
+                assert False, (where, f"block {block.idx}: {op.type} reads {name} before it is written")
+            if op.has_attr("sub_block"):
+                written_before_sub[op._block_attr_id("sub_block")] = set(written)
+            written.update(op.output_arg_names)
 
 
 def outer_reads(program, sub):
@@ -122,11 +147,17 @@ def test_every_topology_builds_for_every_rank_with_the_freeze_covering_the_optim
             frozen = {q: g for g in p.freeze.groups for q in g.params}
             assert {g.name for g in p.freeze.groups} >= {"main", partner[1]}, where
             ors = {op.output("Out")[0]: set(op.input_arg_names) for op in ops if op.type == "logical_or"}
-            for op in updates:
+
+            def gated_by(var):  # the flags a SkipUpdate variable ORs together
+                return {var} | set().union(*(gated_by(v) for v in ors.get(var, ())))
+
+            for op in updates:  # every update skips a non-finite step; a frozen one also its idle group
+                gates = gated_by(op.input("SkipUpdate")[0])
+                assert p.anomaly is not None and p.anomaly.flag in gates, (where, op.input("Param"))
                 group = frozen.get(op.input("Param")[0])
                 if group is not None:
-                    flag, skip = p.freeze.flag_vars[group.name], op.input("SkipUpdate")[0]
-                    assert skip == flag or flag in ors.get(skip, ()), (where, op.input("Param"))
+                    assert p.freeze.flag_vars[group.name] in gates, (where, op.input("Param"))
+            assert_defined_before_use(p.main, where)
             # the topology really is in the program
             if acc > 1:
                 cond = [op for op in p.main.global_block().ops if op.type == "conditional_block"]

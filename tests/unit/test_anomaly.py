@@ -1,0 +1,82 @@
+"""A non-finite step never reaches the weights (ernie_mtl/program/anomaly.py): the update is skipped
+on the device -- every persistable variable but the counter bitwise unchanged -- and counted; a
+finite step then trains as usual. Also the GPU programs (sharding, accumulation) carry the gate on
+every update and the counter in the update's block."""
+import zlib  # noqa: F401  (before paddle)
+
+import numpy as np
+import pytest
+
+from ernie_mtl.config import ModelConfig, OptimConfig, ParallelConfig
+from helpers import make_batch
+
+pytestmark = pytest.mark.usefixtures("static_mode")
+
+
+def persistables(p, scope):
+    return {v.name: np.array(scope.find_var(v.name).get_tensor()) for v in p.main.list_vars()
+            if v.persistable and v.name not in ("feed", "fetch") and scope.find_var(v.name) is not None
+            and scope.find_var(v.name).get_tensor()._is_initialized()}
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_nan_step_is_skipped_bitwise_and_counted(build_programs, accumulate):
+    import paddle
+
+    from ernie_mtl.program.anomaly import COUNTER, skipped_steps
+
+    p = build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test", hidden_dropout_prob=0.0,
+                                         attention_probs_dropout_prob=0.0),
+                       optim=OptimConfig(max_lr=1e-3, min_lr=1e-4, max_steps=100, warmup_rate=0.0, grad_clip=1.0),
+                       parallel=ParallelConfig(micro_batch_size=4, global_batch_size=4 * accumulate),
+                       anomaly_guard=True)
+    assert p.anomaly is not None and p.anomaly.counter == COUNTER
+    scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
+    p.initialize(exe, scope)
+
+    def step():
+        for micro in range(accumulate):
+            exe.run(p.main, feed=p.feed(make_batch(seed=micro), micro=micro), fetch_list=[p.loss], scope=scope)
+
+    # a fault in one value (a flipped bit, a bad kernel): the word embedding holds an infinity for one step
+    table = scope.find_var(p.name_map["ernie.embeddings.word_embeddings.weight"]).get_tensor()
+    clean = np.array(table)
+    poisoned = clean.copy()
+    poisoned[:, 0] = np.inf
+    table.set(poisoned, paddle.CPUPlace())
+    before = persistables(p, scope)
+    step()
+    after = persistables(p, scope)
+    changed = sorted(k for k in after if not np.array_equal(after[k], before[k], equal_nan=True))
+    assert changed == [COUNTER] and skipped_steps(scope) == 1.0
+    table.set(clean, paddle.CPUPlace())
+    after = persistables(p, scope)
+    step()
+    trained = persistables(p, scope)
+    moved = [k for k in trained if not np.array_equal(trained[k], after[k])]
+    assert len(moved) > 20 and skipped_steps(scope) == 1.0  # a finite step updates and is not counted
+    assert all(np.isfinite(v).all() for k, v in trained.items() if v.dtype.kind == "f")
+
+
+def test_without_clipping_there_is_no_norm_to_read(build_programs):
+    p = build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test"),
+                       optim=OptimConfig(max_steps=100, grad_clip=0.0), anomaly_guard=True)
+    assert p.anomaly is None
+
+
+def test_the_gpu_program_gates_every_update_with_sharding_and_accumulation(build_programs):
+    from ernie_mtl.program.edits import live_blocks
+
+    p = build_programs(world=2, rank=1, model=ModelConfig(model_name_or_path="ernie-tiny-test"),
+                       optim=OptimConfig(max_steps=100, grad_clip=1.0), anomaly_guard=True,
+                       parallel=ParallelConfig(use_sharding=True, sharding_degree=2, micro_batch_size=2,
+                                               global_batch_size=8))
+    blocks = live_blocks(p.main)
+    update_block = next(b for b in blocks if any(op.type == "adamw" for op in b.ops))
+    assert update_block.idx != 0  # the gradient-merge block: counted once per optimizer step
+    ops = update_block.ops
+    bad = p.anomaly.flag
+    ors = {op.output("Out")[0] for op in ops if op.type == "logical_or" and bad in op.input_arg_names}
+    adamw = [op for op in ops if op.type == "adamw"]
+    assert adamw and all(op.input("SkipUpdate")[0] in ors | {bad} for op in adamw)
+    assert any(op.type == "isfinite_v2" for op in ops)

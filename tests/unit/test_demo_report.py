@@ -1,0 +1,55 @@
+"""scripts/demo/report.py: the demo's figures next to trivial baselines, the sentiment accuracy
+recounted from the exported model's predictions."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORT = ROOT / "scripts" / "demo" / "report.py"
+
+
+def _tasks(root: Path) -> Path:
+    tasks = root / "tasks"
+    for task, header, splits in (("sentiment", "label\ttext_a", {"train": ["0\ta", "0\tb", "1\tc"],
+                                                                 "test": ["1\td", "0\te", "0\tf", "1\tg"]}),
+                                 ("wordseg", "text_a\tlabel", {"test": ["中\x02国\x02人\tB\x02E\x02S"]})):
+        (tasks / task).mkdir(parents=True)
+        for split, rows in splits.items():
+            (tasks / task / f"{split}.tsv").write_text(header + "\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return tasks
+
+
+def _report(run, tasks):
+    return subprocess.run([sys.executable, str(REPORT), "--run_dir", str(run), "--tasks_dir", str(tasks)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_figures_baselines_and_the_recount(tmp_path):
+    tasks, run = _tasks(tmp_path), tmp_path / "run"
+    (run / "sentiment").mkdir(parents=True)
+    # predictions 1, 0, 1, 0 against gold 1, 0, 0, 1: accuracy 0.5, precision 0.5, recall 0.5
+    (run / "sentiment" / "predictions.json").write_text(json.dumps([{"index": i, "label": v, "probs": [0.5, 0.5]}
+                                                                    for i, v in enumerate([1, 0, 1, 0])]))
+    results = {"sentiment": {"best": {"step": 8, "metrics": {"acc": 0.5, "f1": 0.5}},
+                             "last": {"step": 9, "metrics": {"acc": 0.25, "f1": 0.0}}},
+               "wordseg": {"best": {"step": 9, "metrics": {"f1": 0.7, "precision": 0.7, "recall": 0.7}}}}
+    (run / "test_results.json").write_text(json.dumps(results))
+    proc = _report(run, tasks)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "sentiment: accuracy on 4 test rows: best weights (step 8) 0.5000, last weights (step 9) 0.2500" in out
+    assert "always the majority class of train.tsv (0): accuracy 0.5000, F1 0.0000" in out
+    assert "accuracy 0.5000, F1 0.5000 (precision 0.5000, recall 0.5000): equal to the run's figures" in out
+    assert "wordseg: word F1 on 1 test rows: best weights (step 9) 0.7000" in out
+    assert "every character a word (all S): word F1 0.4000" in out
+    assert "docs/quality.md" in out
+    # a recount that disagrees with the run is said, not hidden
+    results["sentiment"]["best"]["metrics"]["acc"] = 0.75
+    (run / "test_results.json").write_text(json.dumps(results))
+    assert "DIFFERENT from the run's accuracy 0.7500" in _report(run, tasks).stdout
+
+
+def test_no_run_yet(tmp_path):
+    proc = _report(tmp_path / "nothing", _tasks(tmp_path))
+    assert proc.returncode == 2 and "run the demo first (make demo)" in proc.stderr
