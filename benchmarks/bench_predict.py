@@ -18,6 +18,7 @@ import zlib  # noqa: F401  (before paddle)
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -95,22 +96,25 @@ def main():
             lines = []
             cpu_predictor(model_dir, manifest, task, data, cpu_kernels="auto", threads=cpus, log=lines.append)
             configs = [(t, k) for t in counts for k in (False, True)]
-            runners = {c: predictor_runner(model_dir, manifest, threads=c[0], onednn=c[1])[0] for c in configs}
-            for run in runners.values():  # warm-up: primitives, allocations
-                predict_batches(task, data, run, names, batch_size=args.batch)
             rates = {c: [] for c in configs}
-            others = []
+            others, peak_rss = [], 0
             for r in range(args.rounds):
                 order = configs[r % len(configs):] + configs[:r % len(configs)]
                 for c in order:
+                    # one predictor alive at a time: at ERNIE-base size, the 4 predictors held together grew this
+                    # process past 20 GB; each is created, warmed up (primitives, allocations) and dropped
+                    run = predictor_runner(model_dir, manifest, threads=c[0], onednn=c[1])[0]
+                    predict_batches(task, data, run, names, batch_size=args.batch)
                     with sp.OtherLoad() as other:
                         start = time.perf_counter()
-                        predict_batches(task, data, runners[c], names, batch_size=args.batch)
+                        predict_batches(task, data, run, names, batch_size=args.batch)
                         rates[c].append(len(data) / (time.perf_counter() - start))
                     others.append(other.cores)
+                    del run
+                    peak_rss = max(peak_rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20)
             print(f"\n{model} ({sp.MODELS[model]}), {len(data)} examples x {args.seq} tokens, batch {args.batch}, "
                   f"{args.rounds} rounds; other processes used {statistics.median(others):.2f} cores (median), "
-                  f"{max(others):.2f} at most")
+                  f"{max(others):.2f} at most; peak resident memory of this process {peak_rss:.1f} GB")
             print(f"what --do_predict chooses here: {lines[0]}")
             print("\n| threads | plain kernels (disable_mkldnn), samples/s | oneDNN (enable_mkldnn), samples/s | oneDNN / plain |")
             print("|---|---|---|---|")
