@@ -39,6 +39,8 @@ from ernie_mtl.config import ConfigError, RunConfig
 from ernie_mtl.engine import run as engine
 from ernie_mtl.engine.callbacks import Callback, register_callback
 from ernie_mtl.engine.run import PrebuildResult, RunResult
+from ernie_mtl.engine.run import flags_restored as _flags_restored
+from ernie_mtl.engine.run import static_mode_restored as _static_mode_restored
 from ernie_mtl.engine.validate import HOOKS
 from ernie_mtl.tasks.base import TaskType, register_task_type
 
@@ -174,35 +176,6 @@ def _flag_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ", ".join(_flag_value(v) for v in value)
     return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
-
-
-@contextlib.contextmanager
-def _static_mode_restored() -> Iterator[None]:
-    """Leave Paddle in the mode the caller had (the engine switches to static mode)."""
-    import paddle
-
-    dynamic = paddle.in_dynamic_mode()
-    try:
-        yield
-    finally:
-        if dynamic and not paddle.in_dynamic_mode():
-            paddle.disable_static()
-        elif not dynamic and paddle.in_dynamic_mode():
-            paddle.enable_static()
-
-
-@contextlib.contextmanager
-def _flags_restored() -> Iterator[None]:
-    """Paddle flags the engine sets for a topology (ernie_mtl/dist/topology.required_flags) go back."""
-    import paddle
-
-    from ernie_mtl.dist.topology import RUN_FLAGS
-
-    before = paddle.get_flags(list(RUN_FLAGS))
-    try:
-        yield
-    finally:
-        paddle.set_flags(before)
 
 
 @contextlib.contextmanager

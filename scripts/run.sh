@@ -17,7 +17,10 @@
 #   IPS        --ips         node IPs, comma-separated, the same list and order on every node (instead of
 #                            MASTER)
 #   GPUS       --gpus        GPU ids on each node, e.g. 0,1,2,3 (required)
-#   CONFIG     --config      YAML file of training flags (required)
+#   CONFIG     --config      YAML file of training flags (required, unless SCRIPT)
+#   SCRIPT     --script      a Python script to launch instead of run_multitask_static.py (every rank
+#                            runs it: a script using ernie_mtl.train or ernie_mtl.palm); it reads its
+#                            own configuration: CONFIG, INPUT_DIR and OUTPUT_DIR are not passed to it
 #   OUTPUT_DIR --output_dir  checkpoints, VisualDL logs, metrics (default: output)
 #   LOG_DIR    --log_dir     the launcher's per-process logs workerlog.N (default: OUTPUT_DIR/launch_log)
 #   INPUT_DIR  --input_dir   corpus prefix (path without .bin/.idx); default: input_dir in CONFIG
@@ -34,7 +37,7 @@
 # PORT_RANGE: a value you set (LOW:HIGH, 1 <= LOW < HIGH <= 65535, at least processes + 2 ports) is
 # checked and kept; otherwise the launcher's ports are taken above the kernel's range for outgoing
 # connections (`python -m ernie_mtl.dist.ports`), printed before the command.
-# Every other argument is passed to run_multitask_static.py unchanged (after `--`, everything is).
+# Every other argument is passed to run_multitask_static.py (or SCRIPT) unchanged (after `--`, everything is).
 # If a node fails, run the same command again on every node: training resumes from OUTPUT_DIR/model_last.
 #
 # scripts/run_single_node.sh and scripts/run_cpu.sh run this file with another launch mode.
@@ -62,6 +65,7 @@ NODE_RANK="${NODE_RANK-}"
 GPUS="${GPUS-}"
 NPROC="${NPROC-2}"
 CONFIG="${CONFIG-}"
+SCRIPT="${SCRIPT-}"
 OUTPUT_DIR="${OUTPUT_DIR:-output}"
 LOG_DIR="${LOG_DIR-}"
 INPUT_DIR="${INPUT_DIR-}"
@@ -70,11 +74,11 @@ START_PORT="${START_PORT-}"
 train_args=()
 
 # Script options are consumed; anything else is a training flag passed through verbatim.
-options="ips master nnodes node_rank gpus nproc_per_node config output_dir log_dir input_dir host start_port"
+options="ips master nnodes node_rank gpus nproc_per_node config script output_dir log_dir input_dir host start_port"
 set_option() {  # set_option NAME VALUE
     case "$1" in
         ips) IPS="$2" ;; master) MASTER="$2" ;; nnodes) NNODES="$2" ;; node_rank) NODE_RANK="$2" ;;
-        gpus) GPUS="$2" ;; nproc_per_node) NPROC="$2" ;; config) CONFIG="$2" ;; output_dir) OUTPUT_DIR="$2" ;;
+        gpus) GPUS="$2" ;; nproc_per_node) NPROC="$2" ;; config) CONFIG="$2" ;; script) SCRIPT="$2" ;; output_dir) OUTPUT_DIR="$2" ;;
         log_dir) LOG_DIR="$2" ;; input_dir) INPUT_DIR="$2" ;; host) HOST="$2" ;; start_port) START_PORT="$2" ;;
     esac
 }
@@ -165,19 +169,26 @@ else
         die "GPUS='$GPUS' lists a GPU twice; give each GPU id once"
     fi
 fi
-[[ -n "$CONFIG" ]] || die "CONFIG is unset or empty: set CONFIG (or --config) to the YAML file of training flags"
-[[ -f "$CONFIG" ]] || die "CONFIG='$CONFIG': no such file; give the YAML file of training flags"
-# A multi-task config (task_instance:) names its data in the task files, which the trainer checks;
-# a pretraining config needs the corpus.
-if ! grep -q -E '^task_instance:' "$CONFIG"; then
-    corpus="$INPUT_DIR"
-    if [[ -z "$corpus" ]]; then  # a plain `input_dir: PATH` line of the YAML (as args.py reads it)
-        corpus="$(sed -n -E 's/^input_dir:[[:space:]]*["'\'']?([^"'\''#]*[^"'\''#[:space:]])["'\'']?[[:space:]]*(#.*)?$/\1/p' "$CONFIG" | tail -n1)"
-        [[ -n "$corpus" ]] || die "no corpus: CONFIG='$CONFIG' has no input_dir line; set INPUT_DIR (or --input_dir) to the corpus prefix (path without .bin/.idx)"
+if [[ -n "$SCRIPT" ]]; then  # a Python script (ernie_mtl.train / ernie_mtl.palm) instead of the CLI
+    [[ -z "$CONFIG" ]] || die "CONFIG='$CONFIG' and SCRIPT='$SCRIPT' are both set: SCRIPT reads its own configuration; unset CONFIG (or pass it to the script after --)"
+    [[ -z "$INPUT_DIR" ]] || die "INPUT_DIR='$INPUT_DIR' applies to run_multitask_static.py, not to SCRIPT='$SCRIPT'; unset INPUT_DIR (or pass it to the script after --)"
+    [[ -f "$SCRIPT" ]] || die "SCRIPT='$SCRIPT': no such file; give the Python script every rank runs"
+else
+    [[ -n "$CONFIG" ]] || die "CONFIG is unset or empty: set CONFIG (or --config) to the YAML file of training flags"
+    [[ -f "$CONFIG" ]] || die "CONFIG='$CONFIG': no such file; give the YAML file of training flags"
+    # A multi-task config (task_instance:) names its data in the task files, which the trainer checks;
+    # a pretraining config needs the corpus.
+    if ! grep -q -E '^task_instance:' "$CONFIG"; then
+        corpus="$INPUT_DIR"
+        if [[ -z "$corpus" ]]; then  # a plain `input_dir: PATH` line of the YAML (as args.py reads it)
+            corpus="$(sed -n -E 's/^input_dir:[[:space:]]*["'\'']?([^"'\''#]*[^"'\''#[:space:]])["'\'']?[[:space:]]*(#.*)?$/\1/p' "$CONFIG" | tail -n1)"
+            [[ -n "$corpus" ]] || die "no corpus: CONFIG='$CONFIG' has no input_dir line; set INPUT_DIR (or --input_dir) to the corpus prefix (path without .bin/.idx)"
+        fi
+        for ext in .bin .idx; do
+            [[ -f "$corpus$ext" ]] || die "corpus '$corpus' is missing $corpus$ext: INPUT_DIR / input_dir is the path of the tokenized corpus without .bin/.idx (python -m data_tools.create_pretraining_data writes it)"
+        done
     fi
-    for ext in .bin .idx; do
-        [[ -f "$corpus$ext" ]] || die "corpus '$corpus' is missing $corpus$ext: INPUT_DIR / input_dir is the path of the tokenized corpus without .bin/.idx (python -m data_tools.create_pretraining_data writes it)"
-    done
+
 fi
 
 # --- the command ---
@@ -221,9 +232,13 @@ elif [[ -n "${PORT_RANGE-}" ]]; then
         || die "PORT_RANGE='$PORT_RANGE' holds $((port_hi - port_lo + 1)) port(s), but the launcher needs $port_need on this node ($nproc_local process(es) + its store + the pod); widen it, e.g. PORT_RANGE=$port_lo:$((port_lo + 999 > 65535 ? 65535 : port_lo + 999)), or unset PORT_RANGE"
 fi
 
-cmd=("${launch[@]}" --log_dir "$LOG_DIR" "$ROOT/run_multitask_static.py" --config "$CONFIG" --output_dir "$OUTPUT_DIR")
-[[ -z "$INPUT_DIR" ]] || cmd+=(--input_dir "$INPUT_DIR")
-cmd+=(--device "$device" ${train_args[@]+"${train_args[@]}"})
+if [[ -n "$SCRIPT" ]]; then
+    cmd=("${launch[@]}" --log_dir "$LOG_DIR" "$SCRIPT" ${train_args[@]+"${train_args[@]}"})
+else
+    cmd=("${launch[@]}" --log_dir "$LOG_DIR" "$ROOT/run_multitask_static.py" --config "$CONFIG" --output_dir "$OUTPUT_DIR")
+    [[ -z "$INPUT_DIR" ]] || cmd+=(--input_dir "$INPUT_DIR")
+    cmd+=(--device "$device" ${train_args[@]+"${train_args[@]}"})
+fi
 
 # --- threads per process, decided for this node before the launcher starts (it imports paddle,
 # which sets OMP_NUM_THREADS=1 for every rank it starts). A value the user set is never changed:

@@ -6,7 +6,9 @@
 #
 # Settings (environment variable or script option; the option wins):
 #   NPROC      --nproc_per_node  number of processes on this node (default: 2)
-#   CONFIG     --config          YAML file of training flags (required)
+#   CONFIG     --config          YAML file of training flags (required, unless SCRIPT)
+#   SCRIPT     --script          a Python script every rank runs instead (ernie_mtl.train / ernie_mtl.palm),
+#                                e.g. SCRIPT=examples/palm/classification/run.py; CONFIG/INPUT_DIR/OUTPUT_DIR not passed
 #   OUTPUT_DIR --output_dir      checkpoints, VisualDL logs, metrics (default: output)
 #   LOG_DIR    --log_dir         the launcher's per-process logs workerlog.N (default: OUTPUT_DIR/launch_log)
 #   INPUT_DIR  --input_dir       corpus prefix (path without .bin/.idx); default: input_dir in CONFIG

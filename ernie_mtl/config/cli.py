@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ernie_mtl.config import palm
 from ernie_mtl.config.errors import ConfigError
+from ernie_mtl.config.model import is_static_params_dir
 from ernie_mtl.config.hooks import ParseHooks
 from ernie_mtl.config.multitask import MTL_DEFAULTS, MTL_KEYS, RUN_WIDE_KEYS, MultiTaskConfig, MultiTaskSetup
 from ernie_mtl.config.run import SLICES, RunConfig
@@ -369,7 +370,15 @@ def _absolute_paths(cfg: RunConfig, hooks: ParseHooks, base: Optional[str] = Non
 
 
 def _model_dir(name_or_path: str) -> Optional[str]:
-    return name_or_path if os.path.isdir(name_or_path) else None
+    """Where the vocabulary of a model directory is: the directory, or for a static parameter
+    directory without one (PALM's pretrain/<model>/params) its parent."""
+    if not os.path.isdir(name_or_path):
+        return None
+    parent = os.path.dirname(os.path.abspath(name_or_path))
+    if (is_static_params_dir(name_or_path) and not os.path.isfile(os.path.join(name_or_path, "vocab.txt"))
+            and os.path.isfile(os.path.join(parent, "vocab.txt"))):
+        return parent
+    return name_or_path
 
 
 def validate(cfg: RunConfig, *, hooks: ParseHooks, world_size: Optional[int] = None) -> RunConfig:

@@ -5,7 +5,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ernie_mtl.config.errors import ConfigError, raise_if as _raise_if
 from ernie_mtl.config.values import cfg_field as _f
@@ -67,6 +67,46 @@ ARCH_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_
                "max_position_embeddings", "type_vocab_size", "hidden_act")
 WEIGHTS_FILE = "model_state.pdparams"
 CONFIG_FILES = ("config.json", "model_config.json")  # PaddleNLP >= 2.5, older PaddleNLP
+# A static parameter directory (ERNIE 1.0's / PaddlePALM's `params/`: one file per variable) holds this
+# file; its architecture is an ERNIE config JSON in the directory or beside it (PALM's
+# pretrain/<model>/{params/, ernie_config.json, vocab.txt}); ernie_mtl/program/static_params.py reads it.
+STATIC_PARAMS_MARKER = "word_embedding"
+STATIC_CONFIG_FILES = ("ernie_config.json", "bert_config.json", "config.json")
+
+
+def is_static_params_dir(path: os.PathLike) -> bool:
+    """Whether `path` is an ERNIE 1.0 / PALM static parameter directory (it holds `word_embedding`)."""
+    return os.path.isfile(os.path.join(path, STATIC_PARAMS_MARKER))
+
+
+def static_config_file(path: os.PathLike) -> Optional[Path]:
+    """The ERNIE config JSON of a static parameter directory: in it, else in its parent folder."""
+    for folder in (Path(path), Path(path).parent):
+        for name in STATIC_CONFIG_FILES:
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def palm_arch(config: Mapping[str, Any], where: str) -> Dict[str, Any]:
+    """The architecture of an ERNIE/BERT config JSON as ERNIE 1.0 and PaddlePALM write it
+    (`ernie_config.json`), in PaddleNLP's keys: `sent_type_vocab_size` is `type_vocab_size`, and an
+    absent `intermediate_size` is 4 x hidden_size (the FFN those models build). Dropout rates are not
+    architecture (they are flags). ConfigError for keys of the wrong type."""
+    raw = dict(config)
+    if "type_vocab_size" not in raw and "sent_type_vocab_size" in raw:
+        raw["type_vocab_size"] = raw["sent_type_vocab_size"]
+    if "intermediate_size" not in raw and isinstance(raw.get("hidden_size"), int):
+        raw["intermediate_size"] = 4 * raw["hidden_size"]
+    arch = {k: raw[k] for k in ARCH_FIELDS if raw.get(k) is not None}
+    bad = [f"{k}: {v!r}" for k, v in arch.items() if (k == "hidden_act") != isinstance(v, str)
+           or isinstance(v, bool)]
+    if bad:
+        raise ConfigError([f"{where}: {', '.join(bad)} (integers, and a string for hidden_act, expected)"])
+    for key in ("initializer_range", "pad_token_id", "task_type_vocab_size"):
+        if raw.get(key) is not None:
+            arch[key] = raw[key]
+    return arch
 
 
 @dataclass(frozen=True)
@@ -122,7 +162,9 @@ class ModelConfig:
         self.validate()
         source = self.model_name_or_path
         weights: Optional[Path] = None
-        if os.path.isdir(source):  # a directory wins over a same-named architecture: it has weights
+        if os.path.isdir(source) and is_static_params_dir(source):  # ERNIE 1.0 / PALM params/
+            arch, weights = _read_static_dir(Path(source)), Path(source)
+        elif os.path.isdir(source):  # a directory wins over a same-named architecture: it has weights
             arch, weights = _read_model_dir(Path(source))
         elif source in ARCHITECTURES:
             arch = dict(ARCHITECTURES[source])
@@ -152,6 +194,10 @@ class ModelConfig:
         arch.update(model_type=self.model_type, hidden_dropout_prob=self.hidden_dropout_prob,
                     attention_probs_dropout_prob=self.attention_probs_dropout_prob)
         missing = [n for n in ARCH_FIELDS if arch.get(n) is None]
+        if missing and weights is not None and is_static_params_dir(source) and static_config_file(source) is None:
+            raise ConfigError([f"--model_name_or_path {source}: a static parameter directory without an "
+                               f"{' / '.join(STATIC_CONFIG_FILES)} in it or beside it, so its architecture is unknown; "
+                               f"put the model's ernie_config.json beside it or pass {missing} as flags"])
         if missing:
             raise ConfigError([f"--model_name_or_path {source}: its config lacks {missing}; add them to the "
                                "config file or pass them as flags"])
@@ -169,6 +215,21 @@ class ResolvedModel:
     arch: Dict[str, Any]
     weights: Optional[Path]
     source: str
+
+
+def _read_static_dir(path: Path) -> Dict[str, Any]:
+    """The architecture of a static parameter directory, from its ERNIE config JSON ({} without one:
+    the flags must then give it)."""
+    config_file = static_config_file(path)
+    if config_file is None:
+        return {}
+    try:
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError([f"--model_name_or_path {path}: cannot read {config_file}: {e}"]) from e
+    if not isinstance(raw, dict):
+        raise ConfigError([f"--model_name_or_path {path}: {config_file} is not a JSON object"])
+    return palm_arch(raw, str(config_file))
 
 
 def _read_model_dir(path: Path) -> Tuple[Dict[str, Any], Path]:

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ernie_mtl.config.errors import ConfigError
 from ernie_mtl.config.hooks import ParseHooks
+from ernie_mtl.config.model import palm_arch
 from ernie_mtl.config.multitask import MTL_DEFAULTS, MTL_KEYS, MultiTaskConfig, MultiTaskSetup
 from ernie_mtl.config.task import TaskSpec
 from ernie_mtl.config.values import coerce as _coerce
@@ -41,8 +42,6 @@ PALM_ALIASES: Dict[str, str] = {
 }
 # PALM keys with no equivalent here, and what to do instead.
 PALM_UNSUPPORTED: Dict[str, str] = {
-    "backbone_config_path": "the architecture comes from --model_name_or_path (a PaddleNLP directory with "
-                            "config.json, or a known name); remove it",
     "use_gpu": "use device: gpu or device: cpu",
     "save_infermodel_every_n_steps": "inference models are exported when a target reaches its quota and at "
                                      "the end; remove it",
@@ -319,6 +318,9 @@ class _Loader:
     # -- keys that are run flags (global file, command line or, PALM-style, a task file) ----------------
     def _global_setting(self, key: str, value: Any, where: str, src: str) -> bool:
         """Handle `key` if it is a run flag, a PALM alias or `optimizer`; False if it is neither."""
+        if key == "backbone_config_path":
+            self._backbone_config(value, where, src)
+            return True
         if key == "optimizer":
             if str(value).strip().lower() != "adam":
                 self.problems.append(f"{where}: optimizer {value!r} is not available; only adam (AdamW with "
@@ -342,6 +344,37 @@ class _Loader:
         if self._set_flag(flag, value, where, src):
             self.reports.append(f"{where}: PALM's {key} sets --{flag} {value}")
         return True
+
+    def _backbone_config(self, value: Any, where: str, src: str) -> None:
+        """PALM's `backbone_config_path` (an ernie_config.json): its architecture and dropout rates become
+        the flags --hidden_size, --num_hidden_layers, ... (config/model.palm_arch translates its keys)."""
+        import json
+
+        path, note = _resolve(str(value), self.base)
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = json.load(f)
+        except (OSError, ValueError) as e:
+            self.problems.append(f"{where}: backbone_config_path {value}: cannot read {path} ({e}); give the "
+                                 "model's ernie_config.json")
+            return
+        if not isinstance(raw, dict):
+            self.problems.append(f"{where}: backbone_config_path {path} is not a JSON object")
+            return
+        if note:
+            self.reports.append(f"{where}: {note}")
+        try:
+            values = palm_arch(raw, path)
+        except ConfigError as e:
+            self.problems.extend(f"{where}: {p}" for p in e.problems)
+            return
+        values = {k: v for k, v in values.items() if k in self.flags}
+        values.update({k: raw[k] for k in ("hidden_dropout_prob", "attention_probs_dropout_prob")
+                       if raw.get(k) is not None and k in self.flags})
+        for flag, v in values.items():
+            self._set_flag(flag, v, where, src)
+        self.reports.append(f"{where}: PALM's backbone_config_path sets "
+                            + ", ".join(f"--{k} {v}" for k, v in values.items()))
 
     def _set_flag(self, flag: str, value: Any, where: str, src: str) -> bool:
         """Record run flag `flag`; a second, different value from the same layer is an error."""

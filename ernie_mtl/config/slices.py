@@ -88,6 +88,8 @@ class OptimConfig:
     max_lr: float = _f(1e-4, "Peak learning rate, reached at the end of warm-up.")
     min_lr: float = _f(1e-5, "Final learning rate, reached at --decay_steps and held after.")
     warmup_rate: float = _f(0.01, "Fraction of --max_steps spent warming up linearly from 0 to --max_lr.")
+    warmup_steps: Optional[int] = _f(None, "Warm-up length in optimizer steps; when set it replaces --warmup_rate "
+                                           "(PALM's schedulers and PaddleNLP's Trainer count warm-up in steps).")
     decay_steps: Optional[int] = _f(None, "Step at which linear decay reaches --min_lr; default: --max_steps.")
     max_steps: int = _f(500000, "Total optimizer steps.")
     weight_decay: float = _f(0.01, "AdamW decoupled weight decay (never applied to biases and norms).")
@@ -97,9 +99,9 @@ class OptimConfig:
     adam_epsilon: float = _f(1e-8, "AdamW epsilon.")
 
     @property
-    def warmup_steps(self) -> int:
-        """Warm-up length in optimizer steps."""
-        return int(self.warmup_rate * self.max_steps)
+    def resolved_warmup_steps(self) -> int:
+        """Warm-up length in optimizer steps: --warmup_steps, else --warmup_rate x --max_steps."""
+        return self.warmup_steps if self.warmup_steps is not None else int(self.warmup_rate * self.max_steps)
 
     @property
     def resolved_decay_steps(self) -> int:
@@ -119,11 +121,14 @@ class OptimConfig:
             problems.append(f"--decay_steps {self.decay_steps} must be >= 1 (or unset: --max_steps)")
         if not 0 <= self.warmup_rate < 1:
             problems.append(f"--warmup_rate {self.warmup_rate} must be within [0, 1), e.g. 0.01")
+        elif self.warmup_steps is not None and self.warmup_steps < 0:
+            problems.append(f"--warmup_steps {self.warmup_steps} must be >= 0 (or unset: --warmup_rate)")
         elif self.max_steps >= 1 and (self.decay_steps is None or self.decay_steps >= 1) \
-                and self.resolved_decay_steps <= self.warmup_steps:
+                and self.resolved_decay_steps <= self.resolved_warmup_steps:
+            source = (f"--warmup_steps {self.warmup_steps}" if self.warmup_steps is not None else
+                      f"--warmup_rate {self.warmup_rate} x --max_steps {self.max_steps}")
             problems.append(f"--decay_steps {self.resolved_decay_steps} must be greater than the warm-up "
-                            f"steps {self.warmup_steps} (--warmup_rate {self.warmup_rate} x --max_steps "
-                            f"{self.max_steps})")
+                            f"steps {self.resolved_warmup_steps} ({source})")
         if self.weight_decay < 0:
             problems.append(f"--weight_decay {self.weight_decay} must be >= 0, e.g. 0.01")
         if self.grad_clip < 0:

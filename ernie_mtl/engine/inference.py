@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -82,14 +83,15 @@ def read_manifest(model_dir: os.PathLike) -> Dict[str, Any]:
 
 
 def load_task_from_manifest(manifest: Mapping[str, Any], model_dir: os.PathLike, *, pred_file: Optional[str] = None,
-                            dev_file: Optional[str] = None, seed: int = 0) -> TaskType:
+                            dev_file: Optional[str] = None, seed: int = 0,
+                            overrides: Optional[Mapping[str, Any]] = None) -> TaskType:
     """The task type instance of an exported model, reading `pred_file` (prediction) or `dev_file`
-    (evaluation on a labelled file)."""
+    (evaluation on a labelled file); `overrides`: task keys read differently (`max_seq_len`)."""
     _import_plugins(manifest.get("plugins", ()), where="the exported model's manifest (plugins)",
                     fix="the exported model needs its plugin's task type")
     spec_data = dict(manifest["spec"])
     spec_data.update(train_file=None, dev_file=os.path.abspath(dev_file) if dev_file else None, test_file=None,
-                     pred_file=os.path.abspath(pred_file) if pred_file else None)
+                     pred_file=os.path.abspath(pred_file) if pred_file else None, **_checked(overrides))
     spec = TaskSpec(**spec_data)
     ctx = TaskContext(vocab_file=str(Path(model_dir) / manifest.get("vocab", "vocab.txt")), seed=seed,
                       model_type=manifest.get("model_type", "ernie"))
@@ -274,23 +276,71 @@ def infer(model_dir: Path, manifest: Mapping[str, Any], task: TaskType, data, *,
                    names)
 
 
+@dataclass
+class Predicted:
+    """A task's prediction over a file: the task type instance, the featurized file (`pred` split) and
+    the prediction variables per batch (what `TaskType.predictions` / `evaluate` take)."""
+
+    task: TaskType
+    data: Any  # TaskData
+    outputs: Dict[str, List[np.ndarray]]
+    step: Optional[int] = None  # the weights' optimizer step, when known
+
+    @property
+    def records(self) -> Any:
+        """The task's prediction records (what --do_predict writes)."""
+        return self.task.predictions(self.data, self.outputs)
+
+
+def predict_exported(model_dir: os.PathLike, pred_file: str, *, batch_size: Optional[int] = None,
+                     overrides: Optional[Mapping[str, Any]] = None, use_gpu: bool = False,
+                     flag: str = "--pred_file", cpu_kernels="auto", threads: Optional[int] = None,
+                     log=None) -> Predicted:
+    """An exported task model (Paddle Inference) over `pred_file`; `overrides`: task keys read
+    differently from training (e.g. `max_seq_len`). CPU: `threads` (default: the process's thread
+    budget) and `cpu_kernels` as the module docstring says; `log` gets the line saying what was used."""
+    model_dir = Path(model_dir)
+    manifest = read_manifest(model_dir)
+    if not os.path.isfile(pred_file):
+        raise ConfigError([f"{flag} {pred_file}: not found"])
+    task = load_task_from_manifest(manifest, model_dir, pred_file=pred_file, overrides=overrides)
+    data = _predictable(task, pred_file, flag)
+    outputs = infer(model_dir, manifest, task, data, batch_size=batch_size, use_gpu=use_gpu, cpu_kernels=cpu_kernels,
+                    threads=threads, log=log)
+    return Predicted(task, data, outputs, step=manifest.get("step"))
+
+
+def predict_checkpoint(checkpoint: os.PathLike, task_name: str, pred_file: str, *, batch_size: Optional[int] = None,
+                       overrides: Optional[Mapping[str, Any]] = None, flag: str = "--pred_file") -> Predicted:
+    """The weights of `checkpoint` (verified; EMA averages when the run kept them) over `pred_file`,
+    through the checkpoint's forward program rebuilt (`CheckpointModel`): every task type, the
+    exportable ones or not. `overrides`: task keys read differently from training (`max_seq_len`)."""
+    if not os.path.isfile(pred_file):
+        raise ConfigError([f"{flag} {pred_file}: not found"])
+    with _static():
+        model = CheckpointModel(Path(checkpoint), task_name, what="predict", pred_file=pred_file,
+                                overrides=overrides)
+        data = _predictable(model.task, pred_file, flag)
+        outputs = model.predict(data, batch_size=batch_size)
+    return Predicted(model.task, data, outputs, step=model.raw.get("step"))
+
+
+def _predictable(task: TaskType, pred_file: str, flag: str):
+    data = task.load("pred")
+    if len(data) == 0:
+        raise ConfigError([f"{flag} {pred_file}: no examples to predict (only a header?)"])
+    return data
+
+
 def predict(model_dir: os.PathLike, pred_file: str, output: os.PathLike, *, batch_size: Optional[int] = None,
             use_gpu: bool = False, log=print, cpu_kernels="auto", threads: Optional[int] = None) -> Path:
     """Run an exported task model on `pred_file` with Paddle Inference; write the task's predictions
     (JSON) to `output` atomically. Returns the output path. CPU: `threads` (default: the process's thread
     budget) and `cpu_kernels` as the module docstring says."""
-    model_dir = Path(model_dir)
-    manifest = read_manifest(model_dir)
-    if not os.path.isfile(pred_file):
-        raise ConfigError([f"--pred_file {pred_file}: not found"])
-    task = load_task_from_manifest(manifest, model_dir, pred_file=pred_file)
-    data = task.load("pred")
-    if len(data) == 0:
-        raise ConfigError([f"--pred_file {pred_file}: no examples to predict (only a header?)"])
-    outputs = infer(model_dir, manifest, task, data, batch_size=batch_size, use_gpu=use_gpu, cpu_kernels=cpu_kernels,
-                    threads=threads, log=log)
-    output = write_json_atomic(output, task.predictions(data, outputs), indent=1, sort_keys=False)
-    log(f"wrote {len(data)} predictions of task {task.spec.name} to {output}")
+    result = predict_exported(model_dir, pred_file, batch_size=batch_size, use_gpu=use_gpu, cpu_kernels=cpu_kernels,
+                              threads=threads, log=log)
+    output = write_json_atomic(output, result.records, indent=1, sort_keys=False)
+    log(f"wrote {len(result.data)} predictions of task {result.task.spec.name} to {output}")
     return output
 
 
@@ -332,7 +382,8 @@ class CheckpointModel:
     ("evaluate", "export"); `data_file`: the labelled file the task will read (its dev split)."""
 
     def __init__(self, checkpoint: Path, task_name: str, *, what: str, flag: str = "--checkpoint",
-                 data_file: Optional[str] = None):
+                 data_file: Optional[str] = None, pred_file: Optional[str] = None,
+                 overrides: Optional[Mapping[str, Any]] = None):
         import paddle
 
         from ernie_mtl.engine.exporter import float32_scope
@@ -363,6 +414,10 @@ class CheckpointModel:
             spec = dict(r["spec"])
             if r["name"] == task_name and data_file is not None:
                 spec.update(dev_file=str(Path(data_file).resolve()) if Path(data_file).exists() else data_file)
+            if r["name"] == task_name and pred_file is not None:
+                spec.update(pred_file=str(Path(pred_file).resolve()))
+            if r["name"] == task_name:
+                spec.update(_checked(overrides))
             self.tasks.append(get_task_type(r["reader"])(TaskSpec(**spec), ctx))
         self.index = names.index(task_name)
         self.task = self.tasks[self.index]
@@ -386,8 +441,8 @@ class CheckpointModel:
                                "checkpoint or the exported model"]) from None
         self.scope = float32_scope(state, self.fwd.name_map, use_ema=bool(mtl.get("use_ema")), place=self.exe.place)
 
-    def predict(self, data) -> Dict[str, List[np.ndarray]]:
-        """The task's prediction variables over `data`, per batch."""
+    def predict(self, data, batch_size: Optional[int] = None) -> Dict[str, List[np.ndarray]]:
+        """The task's prediction variables over `data`, per batch (of `batch_size`, default the task's)."""
         import paddle
 
         preds = self.fwd.predictions[self.task.spec.name]
@@ -399,7 +454,17 @@ class CheckpointModel:
 
         run = executor_runner(self.exe, self.program, [v.name for v in preds.values()], feed_of)
         with paddle.static.scope_guard(self.scope):
-            return by_name(predict_batches(self.task, data, run, list(preds)), list(preds))
+            return by_name(predict_batches(self.task, data, run, list(preds), batch_size=batch_size), list(preds))
+
+
+_OVERRIDABLE = ("max_seq_len",)  # task keys a saved model may read a file with differently
+
+
+def _checked(overrides: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    bad = sorted(set(overrides or {}) - set(_OVERRIDABLE))
+    if bad:
+        raise ValueError(f"task keys {bad} cannot change after training; only {list(_OVERRIDABLE)} can")
+    return dict(overrides or {})
 
 
 def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str, *, cpu_kernels="auto",

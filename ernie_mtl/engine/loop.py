@@ -18,6 +18,7 @@ and `print`.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -27,13 +28,23 @@ from ernie_mtl.dist import preemption
 from ernie_mtl.dist.watchdog import job_endpoints
 from ernie_mtl.engine.anomaly import AnomalyPolicy
 from ernie_mtl.engine.callbacks import Callback, built_in_callbacks
-from ernie_mtl.engine.feeding import Feeder
+from ernie_mtl.engine.feeding import Feeder, MicroBatch
 from ernie_mtl.engine.evaluation import Evaluator, final_test
 from ernie_mtl.engine.exporter import Exporter
 from ernie_mtl.engine.metrics import MetricWriter, Window
 from ernie_mtl.engine.reporting import reporter_for
 from ernie_mtl.engine.stragglers import StragglerWatch
 from ernie_mtl.engine.state import ResumeState, clear_previous_run, restore, resume_checks, train_state
+
+
+@dataclass
+class PreparedStep:
+    """An optimizer step drawn from the schedule, not yet trained: its tasks and micro-batches."""
+
+    step: int  # optimizer steps completed before it
+    drawn: List[int]  # task index of each micro-batch
+    read: List[int]  # per task: micro-batches read before this step
+    micro: List[MicroBatch]
 
 
 class Trainer:
@@ -48,6 +59,7 @@ class Trainer:
         self.freeze, self.ema = s.programs.freeze, s.programs.ema  # on the device (program/idle_heads.py, ema.py)
         self.group_of = {t: g.name for g in s.programs.groups for t in g.tasks}
         self.step = 0
+        self.last_losses: Dict[str, float] = {}  # task -> its mean loss in the latest step
         self.evaluated_at: Dict[str, int] = {}  # task -> step of its latest evaluation
         self.latest_eval: Dict[str, Dict[str, float]] = {}  # task -> its latest dev metrics
         self.reporter = reporter_for(s.cfg)
@@ -96,28 +108,39 @@ class Trainer:
                 cb.load_state_dict(state.callbacks[type(cb).__name__])
 
     def train(self) -> None:
-        t = self.cfg.train
         self.start()
         while not self.schedule.done:
-            drawn = self.train_step()
-            self.emit("on_step_end", self.step, drawn)
-            if self.bar is not None:
-                self.bar.update(1)
-            if self.step % t.logging_freq == 0 or self.schedule.done:
-                self.log_window()
-            with self.window.shared():  # every rank together: not a rank's own work (engine/stragglers.py)
-                if self.step % t.eval_freq == 0:
-                    self.evaluate()
-                self.exporter.export_due()
-                if self.step % t.checkpoint_steps == 0 or self.schedule.done:
-                    self.save_checkpoint(LAST)
-                if self.step % t.save_steps == 0:
-                    self.save_checkpoint(kept_name(self.step))
-            self.anomaly.stop_now(saved=self.step % t.checkpoint_steps == 0 or self.schedule.done)
-            if self.stop is not None and not self.schedule.done and self.stop.at_boundary(self.step):
-                self.preempt(saved=self.step % t.checkpoint_steps == 0)
+            self.advance()
+        self.end()
+
+    def advance(self, prepared: Optional["PreparedStep"] = None) -> List[str]:
+        """One optimizer step (`prepared`: the one `prepare_step` drew; default: draw it now) and what
+        follows it: callbacks, logging, evaluation, exports and checkpoints that are due, then a stop
+        the anomaly guard or a preemption signal asks for (`AnomalyStop`, `Preempted`)."""
+        t = self.cfg.train
+        drawn = self.train_step(prepared)
+        self.emit("on_step_end", self.step, drawn)
+        if self.bar is not None:
+            self.bar.update(1)
+        if self.step % t.logging_freq == 0 or self.schedule.done:
+            self.log_window()
+        with self.window.shared():  # every rank together: not a rank's own work (engine/stragglers.py)
+            if self.step % t.eval_freq == 0:
+                self.evaluate()
+            self.exporter.export_due()
+            if self.step % t.checkpoint_steps == 0 or self.schedule.done:
+                self.save_checkpoint(LAST)
+            if self.step % t.save_steps == 0:
+                self.save_checkpoint(kept_name(self.step))
+        self.anomaly.stop_now(saved=self.step % t.checkpoint_steps == 0 or self.schedule.done)
+        if self.stop is not None and not self.schedule.done and self.stop.at_boundary(self.step):
+            self.preempt(saved=self.step % t.checkpoint_steps == 0)
+        return drawn
+
+    def end(self) -> None:
+        """After the last step: on_train_end, the last evaluation and the exports still due."""
         self.emit("on_train_end")
-        if self.step % t.eval_freq:
+        if self.step % self.cfg.train.eval_freq:
             self.evaluate()
         self.exporter.export_due(final=True)
         for line in self.reporter.finished_lines(self) + [self.anomaly.summary()]:
@@ -134,15 +157,31 @@ class Trainer:
         self.window.reset()
 
     # -- one step ------------------------------------------------------------------------------------
-    def train_step(self) -> List[str]:
-        """One optimizer step: the schedule's next `accumulate_steps` micro-batches."""
+    def prepare_step(self) -> "PreparedStep":
+        """Draw the next optimizer step from the schedule and build its micro-batches (what
+        `train_step` runs next). The schedule moves on: the step must be trained before another is drawn."""
         read = list(self.schedule.counts)  # per task: micro-batches read before this step
         drawn = [self.schedule.next_task() for _ in range(self.topo.accumulate_steps)]
-        records = self.run_micro_batches(drawn, read)
-        if self.anomaly.every_step:  # --on_anomaly stop / replay (engine/anomaly.py)
-            records = self.anomaly.after_step(drawn, read, lambda: self.run_micro_batches(drawn, read)) or records
+        return PreparedStep(step=self.step, drawn=drawn, read=read,
+                            micro=list(self.feeder.step(self.step, drawn, read)))
+
+    def train_step(self, prepared: Optional["PreparedStep"] = None) -> List[str]:
+        """One optimizer step: the schedule's next `accumulate_steps` micro-batches (`prepared`: drawn
+        by `prepare_step` for this step). `last_losses` then holds each drawn task's mean loss."""
+        prepared = prepared if prepared is not None else self.prepare_step()
+        if prepared.step != self.step:
+            raise ValueError(f"the micro-batches of step {prepared.step + 1} cannot train step {self.step + 1}: "
+                             "train every prepared step once, in order")
+        drawn = prepared.drawn
+        records = self.run_micro_batches(prepared.micro)
+        if self.anomaly.every_step:  # --on_anomaly stop / replay (engine/anomaly.py): a replay runs the same feeds
+            records = self.anomaly.after_step(drawn, prepared.read,
+                                              lambda: self.run_micro_batches(prepared.micro)) or records
+        losses: Dict[str, List[float]] = {}
         for task, loss, scalars, tokens, lr_and_scale in records:
             self.window.add_micro(task, loss, scalars, tokens=tokens)
+            losses.setdefault(task, []).append(loss)
+        self.last_losses = {task: float(np.mean(v)) for task, v in losses.items()}
         self.p.lr_scheduler.step()
         if self.ema is not None:
             self.ema.update(self.exe, self.step)  # update number = steps completed before this one
@@ -151,11 +190,11 @@ class Trainer:
                              lr=lr_and_scale[0], loss_scale=lr_and_scale[1] if len(lr_and_scale) > 1 else None)
         return [self.tasks[i].spec.name for i in drawn]
 
-    def run_micro_batches(self, drawn: List[int], read: List[int]) -> List:
+    def run_micro_batches(self, micro_batches: Sequence[MicroBatch]) -> List:
         """Run the step's micro-batches; [(task, loss, scalars, tokens, [lr, loss scale])] of each."""
         extra = [self.p.lr] + ([self.p.loss_scaling] if self.p.loss_scaling is not None else [])
         records = []
-        for micro in self.feeder.step(self.step, drawn, read):
+        for micro in micro_batches:
             scalars = self.p.fwd.task_scalars[micro.task]
             started = time.perf_counter()
             values = self.exe.run(self.p.main, feed=micro.feed,

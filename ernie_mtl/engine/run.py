@@ -6,9 +6,10 @@ the message the command line prints.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence
 
 from ernie_mtl.checkpoint.layout import best_dir, export_dir, is_complete, last_dir
 from ernie_mtl.dist.process import ProcessInfo, resolve_device
@@ -55,7 +56,13 @@ def train(cfg, *, callbacks: Sequence = (), on_distributed: Optional[Callable[[P
         trainer = Trainer(session, callbacks=callbacks, preempt_signals=preempt_signals)
         test = trainer.run()
     session.log.info(trainer.reporter.closing(cfg.train.output_dir))
-    out = Path(cfg.train.output_dir)
+    return run_result(trainer, test)
+
+
+def run_result(trainer, test: Dict[str, Any]) -> RunResult:
+    """The `RunResult` of a finished `Trainer` (`test`: what its final test returned)."""
+    session = trainer.session
+    out = Path(session.cfg.train.output_dir)
     targets = [t.spec.name for t in session.plan.tasks if t.spec.is_target]
     return RunResult(output_dir=out, steps=trainer.step, eval=dict(trainer.latest_eval), test=test,
                      best_checkpoints={n: best_dir(out, n) for n in targets if is_complete(best_dir(out, n))},
@@ -108,3 +115,33 @@ def predict(cfg) -> Path:
     output = t.predict_output or os.path.join(t.output_dir, t.task, "predictions.json")
     return predict_file(export_dir(t.output_dir, t.task), t.pred_file, output,
                         use_gpu=resolve_device(t.device) == "gpu", cpu_kernels=t.cpu_kernels)
+
+
+# -- what a call leaves behind: nothing (the Python faces wrap every engine call in these) ---------------
+@contextlib.contextmanager
+def static_mode_restored() -> Iterator[None]:
+    """Leave Paddle in the mode the caller had (the engine switches to static mode)."""
+    import paddle
+
+    dynamic = paddle.in_dynamic_mode()
+    try:
+        yield
+    finally:
+        if dynamic and not paddle.in_dynamic_mode():
+            paddle.disable_static()
+        elif not dynamic and paddle.in_dynamic_mode():
+            paddle.enable_static()
+
+
+@contextlib.contextmanager
+def flags_restored() -> Iterator[None]:
+    """Paddle flags the engine sets for a topology (ernie_mtl/dist/topology.required_flags) go back."""
+    import paddle
+
+    from ernie_mtl.dist.topology import RUN_FLAGS
+
+    before = paddle.get_flags(list(RUN_FLAGS))
+    try:
+        yield
+    finally:
+        paddle.set_flags(before)

@@ -33,7 +33,8 @@ def resume_checks(cfg, plan) -> Dict[str, Any]:
     return {"seed": cfg.train.seed, "tasks": [t.spec.to_json() for t in plan.tasks],
             "data": {t.spec.name: data_identity(t.spec.train_file) for t in plan.tasks},
             "vocab": data_identity(str(cfg.data.vocab_file)),
-            "total_steps": plan.planned.total_steps, "warmup_rate": o.warmup_rate, "decay_steps": o.decay_steps}
+            "total_steps": plan.planned.total_steps, "warmup_rate": o.warmup_rate, "decay_steps": o.decay_steps,
+            "warmup_steps": o.warmup_steps}  # a checkpoint written before --warmup_steps lacks it: not compared
 
 
 def train_state(trainer) -> TrainState:

@@ -36,6 +36,7 @@ from ernie_mtl.program.idle_heads import FreezePlan, check_coverage, plan_freeze
 from ernie_mtl.program.optim import WarmupLinearDecay, make_lr_schedule, make_optimizer
 from ernie_mtl.dist.topology import Topology
 from ernie_mtl.program.randomness import seed_initializers, strip_dropout_seeds, wire_dropout_seeds
+from ernie_mtl.program.static_params import is_static_params_dir, static_name, structured_state
 from ernie_mtl.tasks.base import TaskType
 from ernie_mtl.program.anomaly import AnomalyGuard, add_anomaly_guard
 from ernie_mtl.program.edits import declare_sub_block_inputs, live_blocks
@@ -314,7 +315,8 @@ def load_pretrained_into_scope(path: Union[str, Path], name_map: Mapping[str, st
                                scope: paddle.static.Scope, *,
                                program: Optional[paddle.static.Program] = None, place: Any = None,
                                optional: Optional[Mapping[str, str]] = None) -> List[str]:
-    """Copy PaddleNLP weights (a model directory or its `model_state.pdparams`) into `scope`.
+    """Copy PaddleNLP weights (a model directory or its `model_state.pdparams`) or an ERNIE 1.0 / PALM
+    static parameter directory (one file per variable, ernie_mtl/program/static_params.py) into `scope`.
 
     Keys are structured names (`ernie.encoder.layers.0.linear1.weight`); a tied parameter may
     appear under any of its names; files saved from the backbone alone (keys without the
@@ -324,17 +326,22 @@ def load_pretrained_into_scope(path: Union[str, Path], name_map: Mapping[str, st
     for a `pretrain` task's head), and skipped otherwise. With `program`, only parameters that
     program holds are written (a sharded rank holds its own shard only). Returns the static names
     written. Run it after the startup program and before AMP O2's `amp_init`. `place`: where the
-    parameters live (default: the current device).
+    parameters live (default: the current device). A static directory's variables are mapped by name;
+    a variable no parameter takes is an error too (ERNIE's pretraining heads aside, see `_static_state`).
     """
     path = Path(path)
-    weights_file = path / "model_state.pdparams" if path.is_dir() else path
-    if not weights_file.is_file():
+    static_dir = path.is_dir() and is_static_params_dir(path) and not (path / "model_state.pdparams").is_file()
+    weights_file = path if static_dir else path / "model_state.pdparams" if path.is_dir() else path
+    if not weights_file.exists():
         raise ConfigError([f"pretrained weights {weights_file} not found; copy PaddleNLP's model_state.pdparams "
                            "there (save_pretrained() writes it)"])
     from paddle.base.data_feeder import convert_dtype
 
     place = place if place is not None else paddle.framework._current_expected_place()
-    state = paddle.load(str(weights_file), return_numpy=True)
+    if static_dir:
+        state, extra = _static_state(path, name_map, optional)
+    else:
+        state, extra = paddle.load(str(weights_file), return_numpy=True), []
     if optional and all(k in state for k in optional):
         name_map = {**name_map, **optional}
     by_static: Dict[str, List[str]] = {}
@@ -366,9 +373,30 @@ def load_pretrained_into_scope(path: Union[str, Path], name_map: Mapping[str, st
             continue
         assignments.append((static, tensor, array))
     if missing:
-        problems.insert(0, f"{weights_file} lacks {len(missing)} of the model's parameters: {', '.join(missing)}")
+        what = (" (variables named as in ERNIE 1.0 / PALM: " + ", ".join(static_name(m) or m for m in missing)
+                + "); the architecture (flags or ernie_config.json) does not match these weights") if static_dir else ""
+        problems.insert(0, f"{weights_file} lacks {len(missing)} of the model's parameters: {', '.join(missing)}"
+                           f"{what}")
+    if extra:
+        problems.append(f"{weights_file} holds {len(extra)} variable(s) the model has no parameter for: "
+                        f"{', '.join(extra)}; the architecture (flags or ernie_config.json: layers, task embedding) "
+                        "does not match these weights, or the directory holds other files (it must hold the "
+                        "model's parameters only)")
     if problems:  # checked before writing anything, so a failed load leaves the scope as it was
         raise ConfigError(problems)
     for _, tensor, array in assignments:
         tensor.set(array.astype(convert_dtype(tensor._dtype())), place)
     return [static for static, _, _ in assignments]
+
+
+def _static_state(path: Path, name_map: Mapping[str, str], optional: Optional[Mapping[str, str]]):
+    """(state under structured names, variables nothing takes) of an ERNIE 1.0 / PALM static parameter
+    directory (ernie_mtl/program/static_params.py). A variable is taken when the model has its parameter
+    (with or without the `ernie.`/`bert.` prefix); ERNIE's pretraining heads (`mask_lm_*`, `next_sent_fc`)
+    are taken by a pretraining head of the run (`optional`) and otherwise skipped, as every fine-tuning of
+    ERNIE's published parameters does; anything else is an extra variable (an error)."""
+    state, unknown = structured_state(path)
+    wanted = {k.split(".", 1)[1] if k.split(".", 1)[0] in MODEL_FAMILIES else k for k in name_map}
+    wanted |= set(optional or ())
+    extra = [static_name(k) or k for k in state if k not in wanted and not k.startswith("cls.")]
+    return state, sorted(unknown + extra)

@@ -47,7 +47,7 @@ class WarmupLinearDecay(LRScheduler):
     def __init__(self, cfg: OptimConfig, last_epoch: int = -1):
         self.max_lr = cfg.max_lr
         self.min_lr = cfg.min_lr
-        self.warmup_steps = cfg.warmup_steps
+        self.warmup_steps = cfg.resolved_warmup_steps
         self.decay_steps = cfg.resolved_decay_steps
         self.replan_step: Optional[int] = None  # last step computed with the previous plan
         self.replan_lr: Optional[float] = None

@@ -2,6 +2,7 @@
 
 Data: TSV with a header `text_a<TAB>label`; the tokens of `text_a` and their tags are each joined by
 "\\x02" (PaddleNLP's lexical-analysis convention), e.g. `中\\x02国\\tB\\x02E`. A pred file needs only `text_a`.
+A trailing "\\x02" after the last token and the last tag (PALM's ATIS files) is accepted.
 
 Alignment. Every file token is tokenized to word pieces; its tag goes on the *first* piece. The softmax
 loss and the metrics read first pieces only (continuation pieces get weight 0, i.e. are ignored); so a
@@ -62,10 +63,16 @@ class SeqLabelFeature:
     num_tokens: int
 
 
+_PADDING_TAGS = {"PAD", "[PAD]", "<PAD>"}  # a label map's padding entry (PALM's ATIS map has "PAD": 0)
+
+
 def parse_tag(tag: str) -> Tuple[str, Optional[str]]:
-    """A chunk tag -> (prefix letter, chunk type or None): `B-PER`, `PER-B` and bare `B` are understood."""
+    """A chunk tag -> (prefix letter, chunk type or None): `B-PER`, `PER-B` and bare `B` are understood;
+    a padding tag (`PAD`, `[PAD]`, `<PAD>`) is outside any chunk, like `O`."""
     if tag in _PREFIXES:
         return tag, None
+    if tag.upper() in _PADDING_TAGS:
+        return "O", None
     if "-" in tag:
         head, rest = tag.split("-", 1)
         if head in _PREFIXES and rest:
@@ -261,10 +268,14 @@ class SeqLabelTask(TaskType):
         examples, features = [], []
         truncated_tokens = truncated_rows = 0
         for line, row in rows:
-            tokens = row["text_a"].split(SEP)
-            if not row["text_a"]:
+            text, label = row["text_a"], row.get("label")
+            if text.endswith(SEP) and (label is None or label.endswith(SEP)):
+                # PALM's ATIS files end every token and tag with \x02: the empty last pair is no token
+                text, label = text[:-1], None if label is None else label[:-1]
+            tokens = text.split(SEP)
+            if not text:
                 raise ConfigError([f"{path}:{line}: text_a is empty; every row needs at least one token"])
-            tags = self._tags(path, line, tokens, row["label"]) if "label" in row else None
+            tags = self._tags(path, line, tokens, label) if label is not None else None
             ids, labels, starts = [tokenizer.cls_token_id], [0], []
             for k, token in enumerate(tokens):
                 room = budget - (len(ids) - 1)

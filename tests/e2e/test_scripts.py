@@ -3,6 +3,7 @@ modes), input checks (message, exit status 2, nothing launched), the per-node th
 and one real two-process CPU run through scripts/run_cpu.sh (two real nodes: tests/e2e/test_multinode.py)."""
 import zlib  # noqa: F401  (before paddle)
 
+import json
 import os
 import subprocess
 import sys
@@ -135,6 +136,19 @@ def test_max_restarts_runs_the_launch_under_the_supervisor(config):
     assert dry("run_cpu", {"CONFIG": str(config), "MAX_RESTARTS": "0"}).startswith(f"+ {LAUNCH} ")
 
 
+def test_a_python_script_is_launched_instead_of_the_command_line(tmp_path):
+    """SCRIPT (--script): every rank runs the user's script (ernie_mtl.train / ernie_mtl.palm), with the
+    arguments after the script options, no CONFIG needed and nothing of the CLI's added."""
+    script = tmp_path / "train.py"
+    script.write_text("")
+    out = dry("run_cpu", {"SCRIPT": str(script), "MAX_RESTARTS": "2"}, "--nproc_per_node", "2", "--", "--lr", "1e-4")
+    assert out == (f"+ python3 -m ernie_mtl.dist.supervisor --max_restarts 2 -- {LAUNCH} --nproc_per_node 2 "
+                   f"--log_dir output/launch_log {script} --lr 1e-4\n")
+    out = dry("run", {"MASTER": "10.0.0.1:8090", "NNODES": "2", "GPUS": "0,1"}, "--script", str(script),
+              "--log_dir", "/shared/logs")
+    assert out == f"+ {LAUNCH} --master 10.0.0.1:8090 --nnodes 2 --gpus 0,1 --log_dir /shared/logs {script}\n"
+
+
 def test_default_interpreter(config):
     proc = run("run_cpu", {"DRY_RUN": "1", "CONFIG": str(config)})
     venv = ROOT / ".venv" / "bin" / "python"
@@ -180,6 +194,11 @@ def test_default_interpreter(config):
     ("run_cpu", {"MAX_RESTARTS": "three"}, [], "run_cpu.sh: error: MAX_RESTARTS='three' must be a whole number"),
     ("run_cpu", {"CONFIG": ""}, [], "run_cpu.sh: error: CONFIG is unset or empty"),
     ("run_cpu", {"CONFIG": "/nonexistent/run.yaml"}, [], "CONFIG='/nonexistent/run.yaml': no such file"),
+    ("run_cpu", {"SCRIPT": "/nonexistent/train.py", "CONFIG": ""}, [],
+     "run_cpu.sh: error: SCRIPT='/nonexistent/train.py': no such file; give the Python script every rank runs"),
+    ("run_cpu", {"SCRIPT": __file__}, [], "and SCRIPT='%s' are both set: SCRIPT reads its own configuration" % __file__),
+    ("run_single_node", {"GPUS": "0", "CONFIG": "", "INPUT_DIR": "data/corpus"}, ["--script", __file__],
+     "INPUT_DIR='data/corpus' applies to run_multitask_static.py, not to SCRIPT="),
 ])
 def test_bad_input_is_refused(config, name, env, args, message):
     env = {"CONFIG": str(config), "PYTHON": "python3", **env}
@@ -223,8 +242,8 @@ def test_syntax_and_help(name):
 
 
 @pytest.mark.slow
-def test_real_two_process_cpu_run(tmp_path):
-    """scripts/run_cpu.sh really trains: 2 gloo processes, tiny ERNIE, 2 steps, a checkpoint at the end."""
+def tiny_pretraining_config(tmp_path) -> Path:
+    """A 2-step flag-mode run of a tiny ERNIE on a small generated corpus."""
     from data_tools import prepare_demo_data
 
     data = tmp_path / "demo"
@@ -237,6 +256,12 @@ def test_real_two_process_cpu_run(tmp_path):
         f"model_name_or_path: ernie-tiny-test\nvocab_size: {vocab_size}\nmax_seq_len: 64\nsplit: '90,5,5'\n"
         "micro_batch_size: 2\nmax_steps: 2\neval_freq: 2\neval_iters: 1\nlogging_freq: 1\ncheckpoint_steps: 2\n"
         "save_steps: 2\nnum_workers: 0\nwarmup_rate: 0.0\n")
+    return config
+
+
+def test_real_two_process_cpu_run(tmp_path):
+    """scripts/run_cpu.sh really trains: 2 gloo processes, tiny ERNIE, 2 steps, a checkpoint at the end."""
+    config = tiny_pretraining_config(tmp_path)
     out = tmp_path / "out"
     proc = run("run_cpu", {"CONFIG": str(config), "OUTPUT_DIR": str(out), "PYTHONPATH": str(ROOT),
                            "PYTHON": sys.executable, "PORT_RANGE": None}, "--seed", "7",
@@ -270,3 +295,24 @@ def test_sh_invocation_and_multitask_config_without_corpus(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == (f"+ {LAUNCH} --ips 10.0.0.1,10.0.0.2 --gpus 0,1 --log_dir /shared/run/launch_log {ENTRY} "
                            f"--config {cfg} --output_dir /shared/run --device gpu --max_steps 5\n")
+
+
+def test_real_two_process_api_script_run(tmp_path):
+    """SCRIPT=train.py bash scripts/run_cpu.sh: both ranks run a script calling ernie_mtl.train, which
+    trains the data-parallel job the command line would (2 steps, a checkpoint) and returns on each rank."""
+    from helpers import api_script
+
+    config = tiny_pretraining_config(tmp_path)
+    out = tmp_path / "out"
+    script = api_script(tmp_path / "train.py",
+                        "result = ernie_mtl.train(sys.argv[1], output_dir=sys.argv[2], seed=7)\n"
+                        "print('returned steps', result.steps, flush=True)\n")
+    proc = run("run_cpu", {"SCRIPT": str(script), "OUTPUT_DIR": str(out), "PYTHONPATH": str(ROOT),
+                           "PYTHON": sys.executable, "PORT_RANGE": None}, "--", str(config), str(out),
+               timeout=180, cwd=tmp_path)
+    logs = {p.name: p.read_text(errors="replace") for p in sorted((out / "launch_log").glob("workerlog.*"))}
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + "".join(v[-2000:] for v in logs.values())
+    assert sorted(logs) == ["workerlog.0", "workerlog.1"]
+    assert all("returned steps 2" in text for text in logs.values()), logs
+    assert (out / "model_last" / "train_state.json").is_file()
+    assert json.loads((out / "model_last" / "train_state.json").read_text())["world_size"] == 2

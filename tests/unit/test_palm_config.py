@@ -187,6 +187,24 @@ def test_run_flag_in_task_file_palm_style(demo):
     assert any("sets --seed 5 but" in p and "keep one" in p for p in problems_of(demo))
 
 
+def test_backbone_config_path_sets_the_architecture_flags(demo):
+    """PALM 1.x's backbone_config_path (an ernie_config.json with ERNIE 1.0's keys) gives the flags."""
+    (demo.parent / "ernie_config.json").write_text(json.dumps({
+        "attention_probs_dropout_prob": 0.1, "hidden_act": "relu", "hidden_dropout_prob": 0.05, "hidden_size": 64,
+        "initializer_range": 0.02, "max_position_embeddings": 513, "num_attention_heads": 4,
+        "num_hidden_layers": 3, "sent_type_vocab_size": 2, "vocab_size": 18000}))
+    demo.write_text(demo.read_text().replace("backbone: ernie", "backbone: ernie\nbackbone_config_path: ernie_config.json"))
+    setup = load(demo)
+    assert {k: setup.run_flags[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                            "intermediate_size", "type_vocab_size", "hidden_act", "vocab_size",
+                                            "max_position_embeddings", "hidden_dropout_prob",
+                                            "attention_probs_dropout_prob")} == {
+        "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "intermediate_size": 256,
+        "type_vocab_size": 2, "hidden_act": "relu", "vocab_size": 18000, "max_position_embeddings": 513,
+        "hidden_dropout_prob": 0.05, "attention_probs_dropout_prob": 0.1}
+    assert any("PALM's backbone_config_path sets --vocab_size 18000" in r for r in setup.reports)
+
+
 @pytest.mark.parametrize("edit, expected", [
     (("mix_ratio: 1.0, 0.5, 0.5", "mix_ratio: 1.0, 0.5"),
      "{cfg}: key 'mix_ratio' has 2 values but task_instance has 3 tasks"),
@@ -198,8 +216,8 @@ def test_run_flag_in_task_file_palm_style(demo):
     (("batch_size: 32", "batch_size: 0"), "global {cfg}: key 'batch_size': 0 is not an integer >= 1"),
     (("optimizer: adam", "optimizer: sgd"), "{cfg}: key 'optimizer': optimizer 'sgd' is not available"),
     (("backbone: ernie", "backbone: gpt"), "{cfg}: key 'backbone': backbone 'gpt' is not supported"),
-    (("backbone: ernie", "backbone_config_path: x.json"), "{cfg}: key 'backbone_config_path': PALM's "
-                                                          "backbone_config_path is not supported"),
+    (("backbone: ernie", "backbone_config_path: x.json"), "{cfg}: key 'backbone_config_path': "
+                                                          "backbone_config_path x.json: cannot read"),
     (("backbone: ernie", "train_file: a.tsv"), "{cfg}: key 'train_file': train_file is a task key"),
     (("task_dir: tasks", "task_dir: nowhere"), "{cfg}: key 'task_dir' 'nowhere': no such directory"),
     (("task_instance: \"senti, topic, mlm\"", "task_instance: \"senti, topic, ner\""),

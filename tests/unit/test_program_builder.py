@@ -4,6 +4,7 @@ import zlib  # noqa: F401  (before paddle)
 
 import json
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -192,7 +193,8 @@ def test_global_norm_clipping_only_when_grad_clip_is_positive(build_programs, ti
 
 def test_learning_rate_schedule_values_and_exact_resume():
     cfg = OptimConfig(max_lr=1e-3, min_lr=1e-4, warmup_rate=0.1, max_steps=100, decay_steps=60)
-    assert cfg.warmup_steps == 10
+    assert cfg.resolved_warmup_steps == 10
+    assert replace(cfg, warmup_steps=3).resolved_warmup_steps == 3  # --warmup_steps wins over the rate
     expected = {0: 1e-4, 4: 5e-4, 9: 1e-3, 10: 1e-4 + 9e-4 * 49 / 50, 34: 1e-4 + 9e-4 * 25 / 50,
                 58: 1e-4 + 9e-4 / 50, 59: 1e-4, 99: 1e-4, 500: 1e-4}
     for step, lr in expected.items():

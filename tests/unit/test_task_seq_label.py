@@ -43,6 +43,24 @@ def make_task(tmp_path, *, label_map=BMES, name="seg", index=0, files=None, log=
 
 
 # -- reader --------------------------------------------------------------------------------------------
+def test_a_padding_tag_in_the_label_map_is_outside_any_chunk(tmp_path):
+    """PALM's ATIS label map starts with "PAD": 0; it is no chunk tag, and scored as O."""
+    task = make_task(tmp_path, label_map={"PAD": 0, "O": 1, "B-PER": 2, "I-PER": 3})
+    assert task.scheme == "IOB2"
+    m = chunk_metrics([["B-PER", "I-PER", "O"]], [["B-PER", "I-PER", "PAD"]], task.scheme)
+    assert (m["f1"], m["accuracy"]) == (1.0, 2 / 3)
+
+
+def test_a_trailing_separator_after_the_last_token_and_tag_is_no_token(tmp_path):
+    """PALM's ATIS files (examples/multi-task/process.py) end every token and every tag with \x02."""
+    train = write(tmp_path / "train.tsv", "text_a\tlabel\na\x02b\x02c\x02\tB\x02E\x02S\x02\n")
+    pred = write(tmp_path / "pred.tsv", "text_a\na\x02b\x02\n")
+    task = make_task(tmp_path, files={"train_file": train, "pred_file": pred})
+    data = task.load("train")
+    assert data.examples[0].tokens == ["a", "b", "c"] and data.examples[0].tags == ["B", "E", "S"]
+    assert task.load("pred").examples[0].tokens == ["a", "b"]
+
+
 def test_reader_aligns_labels_to_first_pieces_of_multi_piece_words(tmp_path):
     train = write(tmp_path / "train.tsv", "text_a\tlabel\n"
                   + row(["Johnson", "lives", "in", "Newer"], ["B-PER", "O", "O", "B-LOC"]) + "\n")
