@@ -1,9 +1,11 @@
-"""Training throughput on CPU: our static program vs the same ERNIE in a plain paddlenlp dygraph loop,
-and the model's FLOP/s as a fraction of Paddle's own matmul speed measured in the same process.
+"""Training throughput on CPU: our static program vs the same ERNIE in a plain paddlenlp dygraph loop (and,
+with --paddlenlp, PaddleNLP's run_pretrain_static.py step rebuilt), and the model's FLOP/s as a fraction of
+the fastest matmul this machine offers on the model's shapes, measured in the same process.
 
     python benchmarks/bench_train.py                                   # small and base, 3 runs each
-    python benchmarks/bench_train.py --models base --variants threads1,plain,serial+onednn
-    python benchmarks/bench_train.py --models base --paired --variants serial,serial+onednn,serial+fusedadam
+    python benchmarks/bench_train.py --models base --runs 2 --paddlenlp plain,serial
+    python benchmarks/bench_train.py --models base --variants threads1,plain,serial+onednn+biasgrad,serial+auto
+    python benchmarks/bench_train.py --models base --paired --variants serial,serial+onednn+biasgrad,serial+auto
     python benchmarks/bench_train.py --models base --short_docs        # padding to the longest sample
     python benchmarks/bench_train.py --models base --real_loop         # the real training loop vs the raw program
 
@@ -15,17 +17,19 @@ its steps while measuring the CPU other processes used (/proc/stat minus this pr
 steps are repeated (up to 3x) and the least disturbed kept. Tokens/s is the median over the kept
 steps of all runs; the range is the spread of the runs' medians.
 
-The ceiling: before building the static program, its process times `paddle.matmul` on the model's
-matmul shapes (forward, input-gradient and weight-gradient forms of every linear layer, and the
-batched attention products), median of `--matmul_repeats`, and combines them with the model's
-FLOP mix into one rate: the time the step's matmuls alone would take at Paddle's measured speed.
-"of ceiling" = achieved FLOP/s / that rate. FLOPs per token = 6 x non-embedding parameters +
-12 x layers x hidden x seq (attention), counted on padded tokens (the work done).
+The honest ceiling: before building the static program, its process times three float32 matmul
+kernels on each of the model's matmul forms (forward, input-gradient and weight-gradient forms of every
+linear layer, and the batched attention products): Paddle's plain `matmul_v2` (MKL), Paddle's oneDNN
+`matmul_v2` (the same op with `use_mkldnn`), and NumPy's BLAS; median of `--matmul_repeats`, each
+printed. The ceiling is the FLOP-weighted rate of the fastest kernel per form: the time the step's
+matmuls alone would take on the best this machine offers. "of ceiling" = achieved FLOP/s / that rate
+(also shown against Paddle's MKL alone, the previous, flattering ceiling). FLOPs per token = 6 x
+non-embedding parameters + 12 x layers x hidden x seq (attention), counted on padded tokens.
 
 Variants of the static side (benchmarks/step_programs.py): plain (threads only), threads1 (Paddle's
-default: one thread), serial (FLAGS_new_executor_serial_run), inplace, onednn[=types], seed (dropout
-seeds as Seed inputs), nodrop; joined with `+`. Benchmarks print ratios; they are not tests. Take
-figures on a quiet machine: the load average is printed before and after.
+default: one thread), serial (FLAGS_new_executor_serial_run), inplace, onednn[=types], biasgrad, auto
+(what --cpu_kernels auto chooses here), seed, nodrop; joined with `+`. Benchmarks print ratios; they
+are not tests. Take figures on a quiet machine: the load average is printed before and after.
 """
 import zlib  # noqa: F401  (before paddle)
 
@@ -45,7 +49,7 @@ import step_programs as sp  # noqa: E402  (also puts the repository on sys.path)
 
 PLAN = {"tiny": dict(b=4, steps=10, warmup=2), "small": dict(b=16, steps=12, warmup=2),
         "base": dict(b=8, steps=4, warmup=1)}
-DEFAULT_VARIANT = "serial+onednn+biasgrad"  # what a --device cpu training run applies
+DEFAULT_VARIANT = "serial+auto"  # what a --device cpu training run applies (--cpu_kernels auto)
 
 
 def loadavg() -> str:
@@ -72,33 +76,71 @@ def matmul_forms(arch, b, seq):
     return forms
 
 
+def _form_flops(xs, ys, tx, ty):
+    m, k = (xs[-1], xs[-2]) if tx else (xs[-2], xs[-1])
+    n = ys[-2] if ty else ys[-1]
+    batch = xs[0] if len(xs) == 3 else 1
+    return 2.0 * batch * m * k * n
+
+
+def _rates(run, flops, repeats):
+    """[GFLOP/s of each repeat] of `run()` (one product), about 2 GFLOP per repeat, after one warm-up call."""
+    calls = max(1, int(2e9 // flops))
+    run()
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        rates.append(flops * calls / (time.perf_counter() - start) / 1e9)
+    return rates
+
+
 def matmul_ceiling(arch, b, seq, repeats=5):
-    """Paddle's float32 matmul speed on the model's forms, in this process (dygraph kernels: the same
-    phi matmul the static program runs). Returns {"forms": [...], "ceiling": FLOP/s of the mix}."""
+    """The fastest float32 matmul this process has on the model's forms, from three kernels timed in turn on
+    each form: Paddle's plain `matmul_v2` (MKL) and Paddle's oneDNN `matmul_v2` (static programs of the one
+    op, `use_mkldnn` off/on, the executor training uses), and NumPy's BLAS (OpenBLAS in the NumPy wheel).
+    Median GFLOP/s of `repeats`. Returns {"forms": [...], "mix": {kernel: FLOP-weighted rate}, "ceiling":
+    the FLOP-weighted rate of the fastest kernel per form} (rates in FLOP/s): the time the step's matmuls
+    alone would take on the best this machine offers."""
     import paddle
 
-    rows, total_flops, total_time = [], 0.0, 0.0
+    paddle.enable_static()
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    rng = np.random.RandomState(0)
+    kernels = ("mkl", "onednn", "numpy")
+    rows, total_flops = [], 0.0
+    time_at = {k: 0.0 for k in kernels + ("best",)}
     for label, xs, ys, tx, ty, uses in matmul_forms(arch, b, seq):
-        x, y = paddle.rand(xs, "float32"), paddle.rand(ys, "float32")
-        out = paddle.matmul(x, y, transpose_x=tx, transpose_y=ty)
-        m, k = (xs[-1], xs[-2]) if tx else (xs[-2], xs[-1])
-        n = ys[-2] if ty else ys[-1]
-        batch = xs[0] if len(xs) == 3 else 1
-        flops = 2.0 * batch * m * k * n
-        calls = max(1, int(2e9 // flops))  # about 2 GFLOP per repeat
-        rates = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(calls):
+        x_np, y_np = rng.uniform(-1, 1, xs).astype("float32"), rng.uniform(-1, 1, ys).astype("float32")
+        flops = _form_flops(xs, ys, tx, ty)
+        row = {"form": label, "uses": uses}
+        for kernel in ("mkl", "onednn"):
+            main, startup = paddle.static.Program(), paddle.static.Program()
+            with paddle.static.program_guard(main, startup):
+                x = paddle.static.data("x", xs, "float32")
+                y = paddle.static.data("y", ys, "float32")
                 out = paddle.matmul(x, y, transpose_x=tx, transpose_y=ty)
-            float(out.flatten()[0])
-            rates.append(flops * calls / (time.perf_counter() - start))
-        rate = statistics.median(rates)
-        rows.append({"form": label, "uses": uses, "gflops_median": rate / 1e9, "gflops_min": min(rates) / 1e9,
-                     "gflops_max": max(rates) / 1e9})
+            for op in main.global_block().ops:
+                if op.type == "matmul_v2":
+                    op._set_attr("use_mkldnn", kernel == "onednn")
+            scope = paddle.static.Scope()
+            for name, value in (("x", x_np), ("y", y_np)):
+                scope.var(name).get_tensor().set(value, paddle.CPUPlace())
+            main.global_block().var("x").persistable = main.global_block().var("y").persistable = True
+            rates = _rates(lambda: exe.run(main, scope=scope, fetch_list=[]), flops, repeats)
+            row[kernel] = (statistics.median(rates), min(rates), max(rates))
+        a = x_np.swapaxes(-1, -2) if tx else x_np
+        c = y_np.swapaxes(-1, -2) if ty else y_np
+        rates = _rates(lambda: np.matmul(a, c), flops, repeats)
+        row["numpy"] = (statistics.median(rates), min(rates), max(rates))
+        row["best"] = max(row[k][0] for k in kernels)
+        rows.append(row)
         total_flops += flops * uses
-        total_time += flops * uses / rate
-    return {"forms": rows, "ceiling": total_flops / total_time}
+        for k in kernels:
+            time_at[k] += flops * uses / (row[k][0] * 1e9)
+        time_at["best"] += flops * uses / (row["best"] * 1e9)
+    return {"forms": rows, "mix": {k: total_flops / time_at[k] for k in kernels}, "ceiling": total_flops / time_at["best"]}
 
 
 # --- the two sides --------------------------------------------------------------------------------
@@ -112,6 +154,7 @@ def run_static(args) -> dict:
     arch = sp._model_cfg(args.model, False).resolve().arch
     ceiling = matmul_ceiling(arch, plan["b"], args.seq, args.matmul_repeats) if args.with_ceiling else None
     step = sp.build_step("pretrain", args.model, plan["b"], args.seq, variant)
+    paddle.enable_static()
     scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
     step.initialize(exe, scope)
     def train_step(i):
@@ -123,7 +166,7 @@ def run_static(args) -> dict:
     kept, _ = sp.timed_steps(train_step, plan["steps"], start=plan["warmup"])
     times, others = [t for t, _ in kept], [c for _, c in kept]
     return {"times": times, "other_cores": others, "threads": threads, "ceiling": ceiling, "flops_per_token": step.flops_per_token(),
-            "tokens_per_step": plan["b"] * args.seq, "arch": _arch_summary(arch)}
+            "tokens_per_step": plan["b"] * args.seq, "arch": _arch_summary(arch), "applied": step.applied}
 
 
 def run_dygraph(args) -> dict:
@@ -160,6 +203,85 @@ def run_dygraph(args) -> dict:
     kept, _ = sp.timed_steps(lambda i: train_step(feeds[i % 4]), plan["steps"], start=plan["warmup"])
     times, others = [t for t, _ in kept], [c for _, c in kept]
     return {"times": times, "other_cores": others, "threads": threads, "tokens_per_step": plan["b"] * args.seq}
+
+
+def run_paddlenlp_static(args) -> dict:
+    """PaddleNLP's ERNIE 1.0 `run_pretrain_static.py` step, rebuilt from its description (the script is not
+    in the paddlenlp wheel): paddlenlp's `ErnieForPretraining` and `ErniePretrainingCriterion` in a static
+    program (its feeds: int32 flattened masked positions padded to a multiple of 8, labels -1 there), loss =
+    MLM + SOP, AdamW over `LinearAnnealingWithWarmupDecay` with global-norm clipping and its weight-decay filter
+    (no decay on names with "bias" or "norm"), `fleet.distributed_optimizer` with its strategy (execution
+    threads 1, fuse_broadcast_ops, inplace), `exe.run(..., use_program_cache=True)` fetching the losses and
+    the LR, and the scheduler stepped per run, as the script does. Its best CPU settings: the threads of
+    this machine (the script leaves Paddle's 1), and with `serial` in the variant the serial executor."""
+    variant = sp.parse_variant(args.variant)
+    threads = sp.prepare_env({k: v for k, v in variant.items() if k in ("threads1", "serial")})
+    import paddle
+    import paddle.distributed.fleet as fleet
+    from paddlenlp.transformers import (ErnieConfig, ErnieForPretraining, ErniePretrainingCriterion,
+                                        LinearAnnealingWithWarmupDecay)
+
+    plan = PLAN[args.model]
+    arch = sp._model_cfg(args.model, False).resolve().arch
+    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "max_position_embeddings", "type_vocab_size", "hidden_act", "hidden_dropout_prob",
+            "attention_probs_dropout_prob")
+    paddle.enable_static()
+    fleet.init(is_collective=True)
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        ids = paddle.static.data("input_ids", [-1, -1], "int64")
+        seg = paddle.static.data("segment_ids", [-1, -1], "int64")
+        mask = paddle.static.data("input_mask", [-1, 1, 1, -1], "float32")
+        pos = paddle.static.data("masked_lm_positions", [-1], "int32")
+        labels = paddle.static.data("masked_lm_labels", [-1, 1], "int64")
+        nsp = paddle.static.data("next_sentence_labels", [-1, 1], "int64")
+        model = ErnieForPretraining(ErnieConfig(**{k: arch[k] for k in keys}))
+        scores, rel = model(input_ids=ids, token_type_ids=seg, position_ids=None, attention_mask=mask,
+                            masked_positions=pos)
+        lm_loss, sop_loss = ErniePretrainingCriterion(with_nsp_loss=True)(scores, rel, labels, nsp)
+        loss = lm_loss + sop_loss
+        scheduler = LinearAnnealingWithWarmupDecay(1e-4, 1e-5, warmup_step=0, decay_step=sp.LR_HORIZON)
+        decay = [p.name for n, p in model.named_parameters() if not any(t in n for t in ("bias", "norm"))]
+        opt = paddle.optimizer.AdamW(learning_rate=scheduler, beta1=0.9, beta2=0.999, epsilon=1e-8,
+                                     grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0), weight_decay=0.01,
+                                     apply_decay_param_fun=lambda name: name in decay)
+        opt.apply_optimize = opt._apply_optimize
+        strategy = fleet.DistributedStrategy()
+        exec_strategy = paddle.static.ExecutionStrategy()
+        exec_strategy.num_threads = 1
+        exec_strategy.num_iteration_per_drop_scope = 10000
+        build = paddle.static.BuildStrategy()
+        build.fuse_broadcast_ops = True
+        build.enable_inplace = True
+        strategy.execution_strategy, strategy.build_strategy = exec_strategy, build
+        fleet.distributed_optimizer(opt, strategy=strategy).minimize(loss)
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(startup)
+    lr_var = main.global_block().vars["learning_rate_0"]
+    rng = np.random.RandomState(0)
+    feeds = []
+    for _ in range(4):
+        batch = sp.pretrain_batch(rng, plan["b"], args.seq, arch["vocab_size"])
+        n = len(batch["masked_lm_positions"])
+        size = n + (-n) % 8
+        positions = np.zeros(size, "int32")
+        positions[:n] = batch["masked_lm_positions"]
+        mlm = np.full([size, 1], -1, "int64")
+        mlm[:n] = batch["masked_lm_labels"]
+        feeds.append({"input_ids": batch["input_ids"], "segment_ids": batch["segment_ids"],
+                      "input_mask": batch["input_mask"], "masked_lm_positions": positions, "masked_lm_labels": mlm,
+                      "next_sentence_labels": batch["next_sentence_labels"]})
+
+    def train_step(i):
+        exe.run(main, feed=feeds[i % 4], fetch_list=[loss, lm_loss, sop_loss, lr_var], use_program_cache=True)
+        scheduler.step()
+
+    for i in range(plan["warmup"]):
+        train_step(i)
+    kept, _ = sp.timed_steps(train_step, plan["steps"], start=plan["warmup"])
+    return {"times": [t for t, _ in kept], "other_cores": [c for _, c in kept], "threads": threads,
+            "tokens_per_step": plan["b"] * args.seq}
 
 
 def run_paired(args) -> dict:
@@ -285,15 +407,16 @@ class BenchStepTimer(Callback):
 
 def real_loop_settings(variant) -> tuple:
     """(extra CLI flags, environment) giving the real loop the raw program's `variant`."""
-    unsupported = sorted(set(variant) - {"threads1", "serial", "onednn", "biasgrad", "seed", "nodrop"})
-    if unsupported or ("onednn" in variant) != ("biasgrad" in variant) or variant.get("onednn"):
-        raise SystemExit(f"--real_loop: the training CLI has the CPU rewrites all on (--cpu_kernels true: the exact "
-                         f"oneDNN ops + bias gradients by matmul) or all off; compare a variant with both onednn and "
-                         f"biasgrad or neither, without {unsupported or 'onednn=<types>'}, e.g. serial+onednn+biasgrad")
+    unsupported = sorted(set(variant) - {"threads1", "serial", "onednn", "biasgrad", "seed", "nodrop", "auto"})
+    if unsupported or ("onednn" in variant) != ("biasgrad" in variant) or variant.get("onednn") or \
+            ("auto" in variant and "onednn" in variant):
+        raise SystemExit(f"--real_loop: the training CLI's kernels are --cpu_kernels auto (variant auto), exact "
+                         f"(onednn+biasgrad) or plain (neither); without {unsupported or 'onednn=<types>'}, e.g. "
+                         "serial+auto")
     env = {"FLAGS_new_executor_serial_run": "1" if "serial" in variant else "0"}
     if "threads1" in variant:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
-    flags = ["--cpu_kernels", "true" if "onednn" in variant else "false"]
+    flags = ["--cpu_kernels", "auto" if "auto" in variant else "exact" if "onednn" in variant else "plain"]
     if "nodrop" in variant:
         flags += ["--hidden_dropout_prob", "0", "--attention_probs_dropout_prob", "0"]
     return flags, env
@@ -418,6 +541,10 @@ def main():
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--runs", type=int, default=3, help="processes per side and variant (default 3)")
     p.add_argument("--no_dygraph", action="store_true", help="static variants only")
+    p.add_argument("--paddlenlp", default="",
+                   help="also run PaddleNLP's run_pretrain_static.py step (rebuilt: run_paddlenlp_static) with these "
+                        "settings, comma-separated (e.g. plain,serial: its threads set, Paddle's default or the serial "
+                        "executor); the table gets static / PaddleNLP against the fastest of them")
     p.add_argument("--matmul_repeats", type=int, default=5)
     p.add_argument("--short_docs", action="store_true",
                    help="instead: real tokens/s with samples of U[short_min, seq] real tokens, padded to seq vs "
@@ -440,7 +567,7 @@ def main():
     args = p.parse_args()
     if args._child:
         fn = {"static": run_static, "dygraph": run_dygraph, "short_docs": run_short_docs, "paired": run_paired,
-              "real_loop": time_real_loop}[args._child]
+              "real_loop": time_real_loop, "paddlenlp": run_paddlenlp_static}[args._child]
         print(json.dumps(fn(args)))
         return
 
@@ -503,8 +630,9 @@ def main():
         return
 
     rows, ceilings = [], {}
+    pnlp_variants = [v for v in args.paddlenlp.split(",") if v]
     for name in models:
-        dygraph_runs = {}
+        dygraph_runs, pnlp_runs = {}, {v: [] for v in pnlp_variants}
         for variant in variants:
             static_runs = []
             for k in range(args.runs):
@@ -512,31 +640,47 @@ def main():
                 threads_key = "threads1" if "threads1" in sp.parse_variant(variant) else "auto"
                 if not args.no_dygraph and len(dygraph_runs.setdefault(threads_key, [])) < args.runs:
                     dygraph_runs[threads_key].append(child_run("dygraph", name, variant, args))
+                for v in pnlp_variants:  # alternating with the static runs, so drifting load hits both
+                    if len(pnlp_runs[v]) < args.runs:
+                        pnlp_runs[v].append(child_run("paddlenlp", name, v, args))
             first = static_runs[0]
             ceilings.setdefault(name, first["ceiling"])
             tps = first["tokens_per_step"]
             static = summarize(static_runs, tps)
             dyg = summarize(dygraph_runs[threads_key], tps) if not args.no_dygraph else None
-            rows.append((name, variant, first, static, dyg))
-            print(f"# {name} / {variant}: {first['threads']}; load {loadavg()}", file=sys.stderr)
+            pnlp = {v: summarize(r, tps) for v, r in pnlp_runs.items() if r}
+            rows.append((name, variant, first, static, dyg, pnlp))
+            print(f"# {name} / {variant}: {first['threads']}; {first.get('applied', '')}; load {loadavg()}",
+                  file=sys.stderr)
 
     for name, c in ceilings.items():
-        print(f"\nPaddle float32 matmul on {name}'s shapes (batch {PLAN[name]['b']} x seq {args.seq}), "
-              f"GFLOP/s median (min-max) of {args.matmul_repeats}:")
+        print(f"\nfloat32 matmul on {name}'s shapes (batch {PLAN[name]['b']} x seq {args.seq}), GFLOP/s median "
+              f"(min-max) of {args.matmul_repeats}: Paddle MKL | Paddle oneDNN | NumPy BLAS")
         for f in c["forms"]:
-            print(f"  {f['form']:<34} x{f['uses']}: {f['gflops_median']:6.1f} ({f['gflops_min']:.1f}-{f['gflops_max']:.1f})")
-        print(f"  FLOP-weighted ceiling: {c['ceiling'] / 1e9:.1f} GFLOP/s")
+            cells = " | ".join(f"{f[k][0]:6.1f} ({f[k][1]:.0f}-{f[k][2]:.0f})" for k in ("mkl", "onednn", "numpy"))
+            print(f"  {f['form']:<34} x{f['uses']}: {cells}")
+        mix = c["mix"]
+        print(f"  FLOP-weighted: Paddle MKL {mix['mkl'] / 1e9:.1f}, Paddle oneDNN {mix['onednn'] / 1e9:.1f}, "
+              f"NumPy {mix['numpy'] / 1e9:.1f} GFLOP/s; honest ceiling (fastest per form) {c['ceiling'] / 1e9:.1f} GFLOP/s")
     print("\n| model | batch x seq | static variant | static tokens/s (runs) | dygraph tokens/s (runs) | static / dygraph "
-          "| static GFLOP/s | of Paddle matmul ceiling |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, variant, first, static, dyg in rows:
+          "| PaddleNLP static tokens/s (runs) | static / PaddleNLP | static GFLOP/s | honest ceiling | of ceiling "
+          "| of Paddle MKL's |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, variant, first, static, dyg, pnlp in rows:
         a = first["arch"]
         gflops = static[0] * first["flops_per_token"] / 1e9
         dyg_text = f"{dyg[0]:,.0f} ({dyg[1]:,.0f}-{dyg[2]:,.0f})" if dyg else "-"
         ratio = f"{static[0] / dyg[0]:.2f}x" if dyg else "-"
+        best = max(pnlp.items(), key=lambda kv: kv[1][0]) if pnlp else None
+        pnlp_text = f"{best[1][0]:,.0f} ({best[1][1]:,.0f}-{best[1][2]:,.0f}) [{best[0]}]" if best else "-"
+        pnlp_ratio = f"{static[0] / best[1][0]:.2f}x" if best else "-"
+        c = ceilings[name]
         print(f"| {name} (h{a['hidden_size']}, L{a['num_hidden_layers']}) | {PLAN[name]['b']} x {args.seq} | {variant} | "
-              f"{static[0]:,.0f} ({static[1]:,.0f}-{static[2]:,.0f}) | {dyg_text} | {ratio} | {gflops:.1f} | "
-              f"{gflops * 1e9 / ceilings[name]['ceiling']:.0%} |")
+              f"{static[0]:,.0f} ({static[1]:,.0f}-{static[2]:,.0f}) | {dyg_text} | {ratio} | {pnlp_text} | {pnlp_ratio} | "
+              f"{gflops:.1f} | {c['ceiling'] / 1e9:.1f} | {gflops * 1e9 / c['ceiling']:.0%} | "
+              f"{gflops * 1e9 / c['mix']['mkl']:.0%} |")
+        for v, r in pnlp.items():
+            print(f"#   PaddleNLP static [{v}]: {r[0]:,.0f} tokens/s ({r[1]:,.0f}-{r[2]:,.0f})", file=sys.stderr)
     print(f"\nload average after: {loadavg()}")
 
 

@@ -15,9 +15,11 @@ Variants (a `+`-joined list, applied by `prepare_env` before paddle is imported 
     (default)  threads from ernie_mtl.dist.threads (cores / ranks on this node)
     serial     FLAGS_new_executor_serial_run=1 (ops run in order on the calling thread)
     inplace    FLAGS_new_executor_use_inplace=1
-    onednn     ernie_mtl.program.cpu_kernels.use_onednn_ops(main): the exact oneDNN op types
+    onednn     ernie_mtl.program.cpu_kernels.use_onednn_ops(main): the fixed `exact` list (measured on Intel)
     onednn=T1:T2  oneDNN on the listed op types (candidates under study; `:`-separated)
     biasgrad   bias gradients by matmul (ernie_mtl.program.cpu_kernels.bias_grads_by_matmul)
+    auto       what `--cpu_kernels auto` applies: the op types kernel_choice.measure_choice picks on this
+               machine (the user's kernel cache first), then bias gradients by matmul
     fusedadam  the per-parameter adamw ops replaced by one fused_adam op per (decay, no decay) group
                (Paddle's multi-tensor op; its CPU kernel loops over the same AdamW kernel)
     seed       kept for old command lines: the engine's programs already read every dropout seed from
@@ -139,7 +141,7 @@ def parse_variant(text: str) -> Dict[str, Optional[str]]:
     out: Dict[str, Optional[str]] = {}
     for part in filter(None, (text or "plain").split("+")):
         key, _, value = part.partition("=")
-        if key not in ("plain", "threads1", "serial", "inplace", "onednn", "seed", "nodrop", "fusedadam", "biasgrad"):
+        if key not in ("plain", "threads1", "serial", "inplace", "onednn", "seed", "nodrop", "fusedadam", "biasgrad", "auto"):
             raise SystemExit(f"unknown variant part {part!r} in {text!r}")
         if key != "plain":
             out[key] = value or None
@@ -198,6 +200,8 @@ class Step:
     task_types: List[Any] = field(default_factory=list)  # the engine's task objects (ernie_mtl.tasks)
     dropout_seeds: int = 0  # length of the engine's `dropout_seeds` feed (ernie_mtl/program/randomness.py)
     seed: int = 1
+    kernels: Any = None  # variant `auto`: the KernelChoice applied
+    applied: str = ""  # what apply_variant did
 
     def flops_per_token(self) -> float:
         """6 x non-embedding parameters + 12 x layers x hidden x seq (attention scores and values):
@@ -414,6 +418,13 @@ def fuse_adamw(program) -> Dict[str, int]:
 def apply_variant(step: Step, variant: Dict[str, Optional[str]]) -> str:
     """Program-level parts of `variant` (oneDNN ops, dropout seeds); returns what was done."""
     done = []
+    if "auto" in variant:
+        from ernie_mtl.program.cpu_kernels import tune_for_cpu
+        from ernie_mtl.program.kernel_choice import KernelCache, machine_identity, measure_choice
+
+        choice = measure_choice(step.main, batch=step.batch, seq=step.seq, cache=KernelCache(machine=machine_identity()))
+        step.kernels = choice
+        done.append(f"auto: {choice.describe()}; {tune_for_cpu(step.main, onednn_types=choice.onednn)}")
     if "onednn" in variant:
         from ernie_mtl.program.cpu_kernels import use_onednn_ops
 
@@ -435,5 +446,5 @@ def apply_variant(step: Step, variant: Dict[str, Optional[str]]) -> str:
 def build_step(kind: str, name: str, b: int, seq: int, variant: Dict[str, Optional[str]], **kw) -> Step:
     builder = build_pretrain_step if kind == "pretrain" else build_multitask_step
     step = builder(name, b, seq, nodrop="nodrop" in variant, **kw)
-    apply_variant(step, variant)
+    step.applied = apply_variant(step, variant)
     return step

@@ -8,12 +8,22 @@
 - `job`: processes of a multi-process test, all killed afterwards."""
 import zlib  # noqa: F401  (before paddle: paddle 2.6.2 exports clashing zlib symbols)
 
+import atexit
 import functools
 import os
+import shutil
+import tempfile
 
 import pytest
 
 from ernie_mtl.dist import ports
+
+# The kernel cache of `--cpu_kernels auto` (ernie_mtl/program/kernel_choice.py) goes to a folder of this
+# test process (each pytest-xdist worker its own, removed at exit), inherited by every run the tests start:
+# the user's cache is never read or written, and runs of one test decide from the same measurements.
+_CACHE = tempfile.mkdtemp(prefix="ernie_mtl_test_cache_")
+os.environ["XDG_CACHE_HOME"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 # Every job the tests launch takes its ports above the kernel's range for outgoing connections
 # (ernie_mtl/dist/ports.py): with Paddle's default range a chosen port was now and then taken by an

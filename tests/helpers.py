@@ -568,7 +568,8 @@ GOLDEN_CHARS = [chr(0x4E00 + i) for i in range(80)]
 GOLDEN_COMMON = ["--device", "cpu", "--model_name_or_path", "ernie-tiny-test", "--vocab_size", str(5 + len(GOLDEN_CHARS)),
                  "--num_workers", "0", "--logging_freq", "1", "--eval_freq", "1000", "--checkpoint_steps", "1000",
                  "--save_steps", "1000", "--hidden_dropout_prob", "0.1", "--attention_probs_dropout_prob", "0.1",
-                 "--max_lr", "5e-3", "--min_lr", "1e-4", "--warmup_rate", "0.2", "--seed", "7"]
+                 "--max_lr", "5e-3", "--min_lr", "1e-4", "--warmup_rate", "0.2", "--seed", "7",
+                 "--cpu_kernels", "plain"]  # the numerical reference, whatever kernels this machine would pick
 GOLDEN_CASES = {  # name: (processes, arguments after GOLDEN_COMMON)
     "flag_1proc": (0, ["--input_dir", "corpus", "--split", "80,10,10", "--max_seq_len", "32", "--max_steps", "8",
                        "--micro_batch_size", "4", "--global_batch_size", "8"]),

@@ -18,11 +18,13 @@ from ernie_mtl.config.model import (ARCH_FIELDS, ARCHITECTURES, MODEL_FAMILIES, 
                                     ModelFamily, ResolvedModel, model_family)
 from ernie_mtl.config.multitask import MultiTaskConfig, MultiTaskSetup
 from ernie_mtl.config.run import SLICES, RunConfig
-from ernie_mtl.config.slices import (AMP_DTYPES, AMP_LEVELS, DEVICES, RESUME_WORDS, AmpConfig, DataConfig, OptimConfig,
-                                     ParallelConfig, TrainConfig, field_help)
+from ernie_mtl.config.slices import (AMP_DTYPES, AMP_LEVELS, CPU_KERNEL_MODES, DEVICES, RESUME_WORDS, AmpConfig,
+                                     DataConfig, OptimConfig, ParallelConfig, TrainConfig, canonical_cpu_kernels,
+                                     field_help, parse_cpu_kernels)
 from ernie_mtl.config.task import SPLITS, TaskSpec
 
-__all__ = ["ARCH_FIELDS", "ARCHITECTURES", "AMP_DTYPES", "AMP_LEVELS", "ConfigError", "DEVICES", "MODEL_FAMILIES",
+__all__ = ["ARCH_FIELDS", "ARCHITECTURES", "AMP_DTYPES", "AMP_LEVELS", "CPU_KERNEL_MODES", "ConfigError", "DEVICES",
+           "MODEL_FAMILIES", "canonical_cpu_kernels", "parse_cpu_kernels",
            "MODEL_TYPES", "ModelFamily", "model_family",
            "AmpConfig", "DataConfig", "ModelConfig", "MultiTaskConfig", "MultiTaskSetup", "OptimConfig",
            "ParallelConfig", "RESUME_WORDS", "ResolvedModel", "RunConfig", "SLICES", "SPLITS", "TaskSpec",

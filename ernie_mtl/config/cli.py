@@ -31,7 +31,8 @@ from ernie_mtl.config.model import is_static_params_dir
 from ernie_mtl.config.hooks import ParseHooks
 from ernie_mtl.config.multitask import MTL_DEFAULTS, MTL_KEYS, RUN_WIDE_KEYS, MultiTaskConfig, MultiTaskSetup
 from ernie_mtl.config.run import SLICES, RunConfig
-from ernie_mtl.config.slices import DataConfig, DEVICES, LOG_LEVELS, OptimConfig, RESUME_WORDS, TrainConfig, field_help
+from ernie_mtl.config.slices import (DataConfig, DEVICES, LOG_LEVELS, OptimConfig, RESUME_WORDS, TrainConfig,
+                                     canonical_cpu_kernels, field_help, parse_cpu_kernels)
 from ernie_mtl.config.task import TaskSpec
 from ernie_mtl.config.values import EXPECTED, NONE_WORDS, coerce, read_yaml, suggest
 
@@ -75,8 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# flags that were booleans and take a word now: alone on the command line they keep their old meaning
+_BARE_VALUE = {"cpu_kernels": "auto"}
+
+
 def _add(group, name: str, kind: type, text: str) -> None:
-    if kind is bool:
+    if name in _BARE_VALUE:
+        group.add_argument(f"--{name}", nargs="?", const=_BARE_VALUE[name], metavar="VALUE", help=text)
+    elif kind is bool:
         group.add_argument(f"--{name}", nargs="?", const="true", metavar="BOOL", help=text)
     elif kind is tuple:
         group.add_argument(f"--{name}", metavar="A,B,...", help=text)
@@ -345,7 +352,11 @@ def _absolute_paths(cfg: RunConfig, hooks: ParseHooks, base: Optional[str] = Non
                    tokenizer_name_or_path=absolute(cfg.data.tokenizer_name_or_path
                                                    or _model_dir(cfg.model.model_name_or_path)))
     resume = cfg.train.resume if cfg.train.resume in RESUME_WORDS else absolute(cfg.train.resume)
-    train = replace(cfg.train, output_dir=absolute(cfg.train.output_dir), resume=resume,
+    try:  # one spelling per choice in the recorded config (a YAML `false` arrives as "False")
+        cpu_kernels = canonical_cpu_kernels(cfg.train.cpu_kernels)
+    except ValueError:  # validate() reports it
+        cpu_kernels = cfg.train.cpu_kernels
+    train = replace(cfg.train, output_dir=absolute(cfg.train.output_dir), resume=resume, cpu_kernels=cpu_kernels,
                     init_from=absolute(cfg.train.init_from),
                     checkpoint=absolute(cfg.train.checkpoint), eval_file=absolute(cfg.train.eval_file))
     model = cfg.model
@@ -538,4 +549,8 @@ def _train_problems(train: TrainConfig, optim: OptimConfig) -> List[str]:
         problems.append(f"--init_from {train.init_from}: no such directory; give a checkpoint folder (model_last, "
                         "model_<step>, best_<task>) or a PaddleNLP model directory (config.json + "
                         "model_state.pdparams)")
+    try:
+        parse_cpu_kernels(train.cpu_kernels)
+    except ValueError as e:
+        problems.append(str(e))
     return problems

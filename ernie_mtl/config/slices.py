@@ -7,6 +7,7 @@ Defaults follow PaddleNLP's ERNIE 1.0 reference launch (`run_gb512_s1m_static.sh
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Dict, Optional, Tuple
@@ -181,6 +182,37 @@ class DataConfig:
         return path / "vocab.txt" if path.is_dir() else path
 
 
+CPU_KERNEL_MODES = ("auto", "exact", "plain")
+_CPU_KERNEL_ALIASES = {"true": "auto", "yes": "auto", "on": "auto", "1": "auto",
+                       "false": "plain", "no": "plain", "off": "plain", "0": "plain"}
+_OP_TYPE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def parse_cpu_kernels(value) -> Tuple[str, Tuple[str, ...]]:
+    """(mode, op types) of a --cpu_kernels value: ("auto" | "exact" | "plain", ()) or ("list", the op types
+    in order, without repeats). true/false (a YAML boolean, or the words) are the old boolean flag:
+    true -> auto (it was the default), false -> plain. ValueError with the message otherwise."""
+    if isinstance(value, bool):
+        return ("auto" if value else "plain"), ()
+    text = str(value).strip().lower()
+    text = _CPU_KERNEL_ALIASES.get(text, text)
+    if text in CPU_KERNEL_MODES:
+        return text, ()
+    types = tuple(dict.fromkeys(t for t in re.split(r"[,\s]+", text) if t))
+    bad = [t for t in types if not _OP_TYPE.match(t) or t in CPU_KERNEL_MODES]
+    if not types or bad:
+        raise ValueError(f"--cpu_kernels {value!r} is not auto, exact, plain (or true/false) or a comma-separated "
+                         "list of op types such as matmul_v2,matmul_v2_grad" + (f" ({bad[0]!r} is not an op type)"
+                                                                                 if bad else ""))
+    return "list", types
+
+
+def canonical_cpu_kernels(value) -> str:
+    """The --cpu_kernels value as recorded: a mode word, or the op types joined by commas."""
+    mode, types = parse_cpu_kernels(value)
+    return ",".join(types) if mode == "list" else mode
+
+
 DEVICES = ("auto", "cpu", "gpu")
 LOG_LEVELS = ("info", "debug")
 RESUME_WORDS = ("auto", "none")
@@ -204,11 +236,18 @@ class TrainConfig:
     eval_iters: int = _f(10, "Global batches per evaluation; the final test split uses 10x as many.")
     seed: int = _f(1234, "Seed of initialisation, dropout, sample order and masking (same on every rank).")
     device: str = _f("auto", 'Device: "gpu", "cpu", or "auto" (gpu when paddle is built with CUDA).')
-    cpu_kernels: bool = _f(True, "CPU runs: rewrite the training program for faster CPU kernels before it first runs "
-                                 "(oneDNN on the op types measured bitwise exact, and bias gradients by matmul, equal "
-                                 "to float32 rounding: docs/performance.md); the evaluation program gets the oneDNN part. "
-                                 "false: the programs as built. No effect on GPU. (CPU runs also use Paddle's serial "
-                                 "executor, bitwise equal; set FLAGS_new_executor_serial_run=0 to keep the threaded one.)")
+    cpu_kernels: str = _f("auto", "CPU runs: which op types run on oneDNN's kernels instead of Paddle's plain ones "
+                                  "(MKL for matmul). auto: time both on this run's op shapes at start-up and take the "
+                                  "faster per op type (matmul_v2 and its gradient, elementwise_add, scale, sum, "
+                                  "transpose2(_grad)); cached per machine in $XDG_CACHE_HOME/ernie_mtl/cpu_kernels.json "
+                                  "(~/.cache/...) and recorded in checkpoints, so a resume continues with the same "
+                                  "kernels. exact: the fixed list measured bitwise exact on an Intel machine. plain: "
+                                  "the programs as built (the numerical reference). Or a comma-separated list of op "
+                                  "types. Every mode but plain also computes bias gradients by matmul. true = auto, "
+                                  "false = plain. Results differ from plain by float32 rounding (docs/performance.md). "
+                                  "The start-up log line 'CPU kernels:' says what ran and the measured rates. No "
+                                  "effect on GPU. (CPU runs also use Paddle's serial executor, bitwise equal; set "
+                                  "FLAGS_new_executor_serial_run=0 to keep the threaded one.)")
     overwrite_output_dir: bool = _f(False, "With --resume none: replace the checkpoints already in --output_dir "
                                            "(without it such a run is refused rather than overwrite them).")
     resume: str = _f("auto", '"auto": continue from the newest complete checkpoint in --output_dir if any; '

@@ -268,6 +268,29 @@ def device_hint(argv: Sequence[str], *, gpu_build: Optional[bool] = None) -> str
     return "gpu" if gpu_build else "cpu"
 
 
+_DECIDED: List[int] = []  # the thread count configure_threads decided in this process (at most one entry)
+
+
+def process_threads(env: Optional[Mapping[str, str]] = None, *, budget: Optional[CpuBudget] = None) -> Tuple[int, str]:
+    """(threads, why) for this process's CPU work that does not read OMP_NUM_THREADS itself -- Paddle
+    Inference's predictor runs its math library on 1 thread unless told (`set_cpu_math_library_num_threads`).
+    The same rule as training: the number `configure_threads` decided at start-up (the entry points call
+    it), else a value the user set (paddle's import writes `OMP_NUM_THREADS=1` when it was unset, so a 1
+    cannot be told from paddle's own and is not taken as the user's), else this process's share of the
+    cores (`plan_threads`)."""
+    if env is None and _DECIDED:
+        return _DECIDED[-1], "the thread budget decided at start-up"
+    env = os.environ if env is None else env
+    user = env.get(OMP, "").strip()
+    if user and user != "1":
+        try:
+            return max(1, int(user)), f"{OMP}={user} from the environment"
+        except ValueError:
+            pass
+    plan = plan_threads({k: v for k, v in env.items() if k not in (OMP, MKL)}, budget or cpu_budget())
+    return plan.threads, plan.basis
+
+
 def configure_threads(env: Optional[MutableMapping[str, str]] = None, *, device: str = "cpu",
                       local_size: Optional[int] = None, budget: Optional[CpuBudget] = None,
                       modules: Optional[Mapping[str, object]] = None) -> str:
@@ -282,6 +305,8 @@ def configure_threads(env: Optional[MutableMapping[str, str]] = None, *, device:
                            f"already set {OMP}={env.get(OMP)}; call it at the top of the entry point")
     plan = plan_threads(env, budget or cpu_budget(), device=device, local_size=local_size)
     env.update(plan.to_set)
+    if env is os.environ:
+        _DECIDED[:] = [plan.threads]
     return plan.description
 
 

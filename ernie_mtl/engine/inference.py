@@ -14,21 +14,35 @@ training executor), featurizes the file with the task's own reader and writes th
 can be evaluated from a checkpoint; with an exported model every exportable one (`mlm` and
 `pretrain` have no inference model). All three run the batches through the one prediction loop
 (ernie_mtl/engine/prediction.py).
+
+**CPU threads and kernels.** Paddle Inference's predictor runs its math library on one thread unless
+`set_cpu_math_library_num_threads` is called; it gets the process's thread budget, the rule training
+uses (`dist.threads.process_threads`). Its kernels follow `--cpu_kernels`: `plain` turns oneDNN off
+(`disable_mkldnn`: Paddle's native kernels, MKL for matmul), `exact` or a list of op types restricts
+oneDNN to the forward ones (`set_mkldnn_op`), and `auto` (the default) times both predictors on the
+first examples of the file at start-up (`choose_predictor_kernels`) and keeps oneDNN (`enable_mkldnn`:
+Paddle 2.6.2's default, with its fusion passes) only where it is faster and its outputs agree with the
+plain predictor's within `PREDICTOR_RTOL`; the measurement is cached per machine and model like the
+training kernels' (ernie_mtl/program/kernel_choice.py). A checkpoint evaluated with `--do_eval
+--checkpoint` runs its forward program with the forward op types its run recorded, so it reproduces the
+run's own evaluation; one line on the console says what was used.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ernie_mtl.checkpoint.io import write_json_atomic
 from ernie_mtl.checkpoint.layout import MANIFEST, MODEL_PREFIX, STATE_DIR, best_dir, export_dir, last_dir
 from ernie_mtl.config import ConfigError, TaskSpec
+from ernie_mtl.dist.threads import process_threads
 from ernie_mtl.engine.prediction import by_name, executor_runner, predict_batches
 from ernie_mtl.tasks.base import TaskContext, TaskType, get_task_type
 from ernie_mtl.checkpoint.store import CheckpointError, merged_state, unreadable_state_file, verified_state
@@ -93,8 +107,11 @@ def _import_plugins(paths: Sequence[str], *, where: str, fix: str = "") -> None:
         raise ConfigError([p + (f"; {fix}" if fix else "") for p in problems])
 
 
-def predictor_runner(model_dir: Path, manifest: Mapping[str, Any], *, use_gpu: bool = False):
-    """(runner, names): an exported model as a runner of the prediction loop, through Paddle Inference."""
+def predictor_runner(model_dir: Path, manifest: Mapping[str, Any], *, use_gpu: bool = False,
+                     threads: Optional[int] = None, onednn: Union[bool, Sequence[str]] = True):
+    """(runner, names): an exported model as a runner of the prediction loop, through Paddle Inference.
+    CPU: `threads` for its math library (default: `dist.threads.process_threads`), oneDNN on (True), off
+    (False) or on the listed op types only."""
     import paddle.inference as pi
 
     files = [model_dir / f"{MODEL_PREFIX}.pdmodel", model_dir / f"{MODEL_PREFIX}.pdiparams"]
@@ -106,6 +123,13 @@ def predictor_runner(model_dir: Path, manifest: Mapping[str, Any], *, use_gpu: b
         config.enable_use_gpu(256, 0)
     else:
         config.disable_gpu()
+        config.set_cpu_math_library_num_threads(int(threads or process_threads()[0]))
+        if onednn is False:
+            config.disable_mkldnn()
+        else:
+            config.enable_mkldnn()
+            if onednn is not True:
+                config.set_mkldnn_op(set(onednn))
     config.disable_glog_info()
     try:
         predictor = pi.create_predictor(config)
@@ -128,10 +152,126 @@ def predictor_runner(model_dir: Path, manifest: Mapping[str, Any], *, use_gpu: b
     return run, names
 
 
+# --oneDNN's predictor is kept only when its outputs agree with the plain one's: |a - b| <= PREDICTOR_RTOL x
+# max(1, max |plain|) for every float output, integer outputs (tag paths) equal. Measured on a tiny ERNIE
+# classifier: 5e-7 on the logits
+PREDICTOR_RTOL = 1e-4
+PREDICTOR_SAMPLE = 8  # examples of the file the two predictors are timed on
+
+
+def output_difference(plain: Sequence[np.ndarray], other: Sequence[np.ndarray]) -> float:
+    """The largest difference of `other`'s outputs from `plain`'s, relative to max(1, max |plain|) per
+    output; inf when an integer output or a shape differs."""
+    worst = 0.0
+    for a, b in zip(plain, other):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            return float("inf")
+        if not np.issubdtype(a.dtype, np.floating):
+            if not np.array_equal(a, b):
+                return float("inf")
+            continue
+        if a.size:
+            worst = max(worst, float(np.max(np.abs(a.astype("float64") - b))) / max(1.0, float(np.max(np.abs(a)))))
+    return worst
+
+
+def time_predictors(make_runner, sample, *, budget_s: float = 1.0, max_rounds: int = 5):
+    """The default `measure` of `choose_predictor_kernels`: ((plain s, oneDNN s) per run of `sample`, the
+    oneDNN outputs' difference from the plain ones, {kernel: runner}). A warm-up run each (it also gives
+    the outputs compared), then alternating rounds within `budget_s`; the minimum is kept."""
+    runners = {False: make_runner(False), True: make_runner(True)}
+    first = {k: [np.asarray(o) for o in run(dict(sample))] for k, run in runners.items()}
+    times: Dict[bool, List[float]] = {False: [], True: []}
+    start = time.perf_counter()
+    for r in range(max_rounds):
+        for k in ((False, True) if r % 2 == 0 else (True, False)):
+            t = time.perf_counter()
+            runners[k](dict(sample))
+            times[k].append(time.perf_counter() - t)
+        if time.perf_counter() - start >= budget_s:
+            break
+    return (min(times[False]), min(times[True])), output_difference(first[False], first[True]), runners
+
+
+def choose_predictor_kernels(model_dir: Path, manifest: Mapping[str, Any], sample: Mapping[str, np.ndarray], *,
+                             threads: int, make_runner, cache_path: Optional[os.PathLike] = None, measure=None,
+                             margin: float = 0.05):
+    """(oneDNN on?, a line for the log, the runner of the kernel chosen if it was built here, else None):
+    `--cpu_kernels auto` for a predictor. The plain (`disable_mkldnn`) and oneDNN (`enable_mkldnn`)
+    predictors run `sample` (the file's first examples); oneDNN is kept when it is faster by `margin` and
+    its outputs are within PREDICTOR_RTOL of the plain ones. Cached per machine (its threads included),
+    model (the .pdmodel's SHA-1) and sample shapes, as the training kernels are."""
+    import hashlib
+
+    from ernie_mtl.program.kernel_choice import KernelCache, machine_identity
+
+    digest = hashlib.sha1((model_dir / f"{MODEL_PREFIX}.pdmodel").read_bytes()).hexdigest()
+    shapes = {k: list(np.shape(v)) for k, v in sorted(sample.items())}
+    key = hashlib.sha1(json.dumps(["predictor", digest, shapes]).encode()).hexdigest()[:16]
+    cache = KernelCache(cache_path, machine=machine_identity(threads))
+    entry = cache.entry(key)
+    runners = {}
+    if entry is None:
+        (plain_s, onednn_s), diff, runners = (measure or time_predictors)(make_runner, sample)
+        cache.put(key, f"predictor {model_dir.name} {json.dumps(shapes)}", plain_s, onednn_s, max_difference=diff)
+        cache.save()
+        entry = cache.entry(key) or {"plain_s": plain_s, "onednn_s": onednn_s, "max_difference": diff}
+        how = "measured"
+    else:
+        how = "from the kernel cache"
+    plain_s, onednn_s = float(entry["plain_s"]), float(entry["onednn_s"])
+    diff = float(entry.get("max_difference", float("inf")))
+    rows = max((len(v) for v in sample.values() if np.ndim(v)), default=1)
+    rates = f"{rows / onednn_s:,.1f} vs {rows / plain_s:,.1f} samples/s plain"
+    within = diff <= PREDICTOR_RTOL
+    use = within and onednn_s < (1.0 - margin) * plain_s
+    why = (f"oneDNN {rates}, outputs within {diff:.1g}" if use else
+           f"oneDNN outputs differ by {diff:.2g} (> {PREDICTOR_RTOL:g}), kept plain ({rates})" if not within else
+           f"plain: oneDNN not faster ({rates})")
+    notes = "".join(f"; {n}" for n in cache.notes)
+    return use, f"--cpu_kernels auto ({how} on {rows} examples): {why}{notes}", runners.get(use)
+
+
+def cpu_predictor(model_dir: Path, manifest: Mapping[str, Any], task: TaskType, data, *, cpu_kernels="auto",
+                  threads: Optional[int] = None, cache_path: Optional[os.PathLike] = None, measure=None, log=None):
+    """(runner, names) of an exported model on CPU with this process's thread budget and the kernels
+    `cpu_kernels` gives (module docstring); logs one line saying which."""
+    from ernie_mtl.config import parse_cpu_kernels
+    from ernie_mtl.program.kernel_choice import KernelChoice
+
+    threads, why_threads = (threads, "given") if threads else process_threads()
+    mode, types = parse_cpu_kernels(cpu_kernels)
+    names = [f["name"] for f in manifest["fetches"]]
+
+    def make_runner(onednn):
+        return predictor_runner(model_dir, manifest, threads=threads, onednn=onednn)[0]
+
+    run = None
+    if mode == "plain":
+        onednn, what = False, "plain kernels (--cpu_kernels plain)"
+    elif mode == "auto":
+        sample = task.collate([data.get(i) for i in range(min(len(data), PREDICTOR_SAMPLE))])
+        onednn, what, run = choose_predictor_kernels(model_dir, manifest, sample, threads=threads,
+                                                     make_runner=make_runner, cache_path=cache_path, measure=measure)
+    else:
+        onednn = KernelChoice.fixed(mode, types).forward_types()
+        what = f"oneDNN on {', '.join(onednn) or 'no op types'} (--cpu_kernels {cpu_kernels})"
+        onednn = onednn or False
+    if log:
+        log(f"prediction: Paddle Inference on {threads} thread{'s' if threads > 1 else ''} ({why_threads}); {what}")
+    return (run or make_runner(onednn)), names
+
+
 def infer(model_dir: Path, manifest: Mapping[str, Any], task: TaskType, data, *, batch_size: Optional[int] = None,
-          use_gpu: bool = False, desc: str = "predict") -> Dict[str, List[np.ndarray]]:
+          use_gpu: bool = False, desc: str = "predict", cpu_kernels="auto", threads: Optional[int] = None,
+          log=None) -> Dict[str, List[np.ndarray]]:
     """The prediction outputs (per batch, in order) of an exported model over `data`."""
-    run, names = predictor_runner(Path(model_dir), manifest, use_gpu=use_gpu)
+    if use_gpu:
+        run, names = predictor_runner(Path(model_dir), manifest, use_gpu=True)
+    else:
+        run, names = cpu_predictor(Path(model_dir), manifest, task, data, cpu_kernels=cpu_kernels, threads=threads,
+                                   log=log)
     return by_name(predict_batches(task, data, run, names, batch_size=batch_size, desc=f"{desc} {task.spec.name}"),
                    names)
 
@@ -154,16 +294,19 @@ class Predicted:
 
 def predict_exported(model_dir: os.PathLike, pred_file: str, *, batch_size: Optional[int] = None,
                      overrides: Optional[Mapping[str, Any]] = None, use_gpu: bool = False,
-                     flag: str = "--pred_file") -> Predicted:
+                     flag: str = "--pred_file", cpu_kernels="auto", threads: Optional[int] = None,
+                     log=None) -> Predicted:
     """An exported task model (Paddle Inference) over `pred_file`; `overrides`: task keys read
-    differently from training (e.g. `max_seq_len`)."""
+    differently from training (e.g. `max_seq_len`). CPU: `threads` (default: the process's thread
+    budget) and `cpu_kernels` as the module docstring says; `log` gets the line saying what was used."""
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
     if not os.path.isfile(pred_file):
         raise ConfigError([f"{flag} {pred_file}: not found"])
     task = load_task_from_manifest(manifest, model_dir, pred_file=pred_file, overrides=overrides)
     data = _predictable(task, pred_file, flag)
-    outputs = infer(model_dir, manifest, task, data, batch_size=batch_size, use_gpu=use_gpu)
+    outputs = infer(model_dir, manifest, task, data, batch_size=batch_size, use_gpu=use_gpu, cpu_kernels=cpu_kernels,
+                    threads=threads, log=log)
     return Predicted(task, data, outputs, step=manifest.get("step"))
 
 
@@ -190,22 +333,45 @@ def _predictable(task: TaskType, pred_file: str, flag: str):
 
 
 def predict(model_dir: os.PathLike, pred_file: str, output: os.PathLike, *, batch_size: Optional[int] = None,
-            use_gpu: bool = False, log=print) -> Path:
+            use_gpu: bool = False, log=print, cpu_kernels="auto", threads: Optional[int] = None) -> Path:
     """Run an exported task model on `pred_file` with Paddle Inference; write the task's predictions
-    (JSON) to `output` atomically. Returns the output path."""
-    result = predict_exported(model_dir, pred_file, batch_size=batch_size, use_gpu=use_gpu)
+    (JSON) to `output` atomically. Returns the output path. CPU: `threads` (default: the process's thread
+    budget) and `cpu_kernels` as the module docstring says."""
+    result = predict_exported(model_dir, pred_file, batch_size=batch_size, use_gpu=use_gpu, cpu_kernels=cpu_kernels,
+                              threads=threads, log=log)
     output = write_json_atomic(output, result.records, indent=1, sort_keys=False)
     log(f"wrote {len(result.data)} predictions of task {result.task.spec.name} to {output}")
     return output
 
 
 # -- evaluation on a labelled file --------------------------------------------------------------------
-def evaluate_exported(model_dir: Path, eval_file: str, *, use_gpu: bool = False) -> Dict[str, Any]:
+def evaluate_exported(model_dir: Path, eval_file: str, *, use_gpu: bool = False, cpu_kernels="auto",
+                      log=None) -> Dict[str, Any]:
     manifest = read_manifest(model_dir)
     task = load_task_from_manifest(manifest, model_dir, dev_file=eval_file)
     data = _labelled(task, eval_file)
-    outputs = infer(model_dir, manifest, task, data, use_gpu=use_gpu, desc="evaluate")
+    outputs = infer(model_dir, manifest, task, data, use_gpu=use_gpu, desc="evaluate", cpu_kernels=cpu_kernels, log=log)
     return _report(task, data, task.evaluate(data, outputs), source=str(model_dir), step=manifest.get("step"))
+
+
+def checkpoint_forward_types(raw: Mapping[str, Any], cpu_kernels="auto") -> Tuple[Tuple[str, ...], str]:
+    """(op types on oneDNN, why) for evaluating a checkpoint's forward program on CPU: with `auto`, the
+    forward types its run recorded (so the run's own evaluation is reproduced; a checkpoint from before
+    the record: what its boolean meant), plain for a GPU run's; an explicit mode is obeyed."""
+    from ernie_mtl.config import parse_cpu_kernels
+    from ernie_mtl.program.kernel_choice import KernelChoice
+
+    mode, types = parse_cpu_kernels(cpu_kernels)
+    if mode != "auto":
+        choice = KernelChoice.fixed(mode, types)
+        return choice.forward_types(), f"--cpu_kernels {cpu_kernels}"
+    record = raw.get("extra", {}).get("cpu_kernels")
+    if isinstance(record, dict):
+        return KernelChoice.from_json(record).forward_types(), "the kernels its run recorded"
+    legacy = raw.get("config", {}).get("train", {}).get("cpu_kernels")
+    if legacy is True and "cpu_kernels" not in raw.get("extra", {}):
+        return KernelChoice.fixed("exact").forward_types(), "its run's kernels (--cpu_kernels true then: exact)"
+    return (), "plain: its run recorded no CPU kernels"
 
 
 class CheckpointModel:
@@ -301,9 +467,20 @@ def _checked(overrides: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     return dict(overrides or {})
 
 
-def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str) -> Dict[str, Any]:
+def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str, *, cpu_kernels="auto",
+                        log=None) -> Dict[str, Any]:
+    """The report of the checkpoint's forward program on `eval_file`, run with the forward kernels its run
+    recorded (`cpu_kernels` "auto"; an explicit mode is obeyed: `checkpoint_forward_types`), on this
+    process's threads."""
+    from ernie_mtl.program.cpu_kernels import use_onednn_ops
+
     with _static():
         model = CheckpointModel(checkpoint, task_name, what="evaluate", data_file=eval_file)
+        types, why = checkpoint_forward_types(model.raw, cpu_kernels)
+        changed = use_onednn_ops(model.program, types) if types else {}
+        if log:
+            log(f"evaluation: the checkpoint's forward program with oneDNN on {sum(changed.values())} ops "
+                f"({', '.join(sorted(changed)) or 'none'}: {why}), {process_threads()[0]} threads")
         data = _labelled(model.task, eval_file)
         outputs = model.predict(data)
     return _report(model.task, data, model.task.evaluate(data, outputs), source=str(checkpoint),
@@ -339,14 +516,15 @@ def _report(task, data, metrics: Dict[str, float], *, source: str, step: Optiona
             "eval_file": task.spec.dev_file, "metrics": {k: float(v) for k, v in metrics.items()}}
 
 
-def evaluate_saved(train_cfg, *, use_gpu: bool) -> Dict[str, Any]:
+def evaluate_saved(train_cfg, *, use_gpu: bool, log=None) -> Dict[str, Any]:
     """`--do_eval`: evaluate the checkpoint (`--checkpoint`) or the exported model of `--task` on
     `--eval_file`, write the report JSON (`--eval_output`); returns the report."""
     t = train_cfg
     if t.checkpoint:
-        report = evaluate_checkpoint(Path(t.checkpoint), t.task, t.eval_file)
+        report = evaluate_checkpoint(Path(t.checkpoint), t.task, t.eval_file, cpu_kernels=t.cpu_kernels, log=log)
     else:
-        report = evaluate_exported(export_dir(t.output_dir, t.task), t.eval_file, use_gpu=use_gpu)
+        report = evaluate_exported(export_dir(t.output_dir, t.task), t.eval_file, use_gpu=use_gpu,
+                                   cpu_kernels=t.cpu_kernels, log=log)
     output = Path(t.eval_output or Path(t.output_dir) / t.task / "eval_results.json")
     write_json_atomic(output, report, indent=1, sort_keys=False)
     return report

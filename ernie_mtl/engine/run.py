@@ -96,9 +96,13 @@ def plan(cfg) -> str:
 
 def evaluate(cfg) -> Dict[str, Any]:
     """`--do_eval`: a saved model's metrics on a labelled file (the report also written to disk)."""
+    import sys
+
     from ernie_mtl.engine.inference import evaluate_saved
 
-    return evaluate_saved(cfg.train, use_gpu=resolve_device(cfg.train.device) == "gpu")
+    # the report is printed on stdout as JSON: the line about threads and kernels goes to stderr
+    return evaluate_saved(cfg.train, use_gpu=resolve_device(cfg.train.device) == "gpu",
+                          log=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def predict(cfg) -> Path:
@@ -110,7 +114,7 @@ def predict(cfg) -> Path:
     t = cfg.train
     output = t.predict_output or os.path.join(t.output_dir, t.task, "predictions.json")
     return predict_file(export_dir(t.output_dir, t.task), t.pred_file, output,
-                        use_gpu=resolve_device(t.device) == "gpu")
+                        use_gpu=resolve_device(t.device) == "gpu", cpu_kernels=t.cpu_kernels)
 
 
 # -- what a call leaves behind: nothing (the Python faces wrap every engine call in these) ---------------

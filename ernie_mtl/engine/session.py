@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from ernie_mtl.checkpoint.reshard import Continuation
-from ernie_mtl.checkpoint.store import CheckpointRef, Checkpointer
-from ernie_mtl.config import ConfigError
+from ernie_mtl.checkpoint.store import CheckpointRef, Checkpointer, read_train_state_file
+from ernie_mtl.config import ConfigError, parse_cpu_kernels
 from ernie_mtl.engine.elastic import (check_init_from, continuation_for, is_checkpoint, portable_state, warm_start,
                                       write_state)
 from ernie_mtl.dist.process import ProcessInfo, StoreBarrier, executor_mode, resolve_device, start_process
@@ -24,6 +24,8 @@ from ernie_mtl.planning.plan import RunPlan, prepare, resume_point
 from ernie_mtl.program.builder import Programs, build_run_programs
 from ernie_mtl.dist.compat import is_cpu_build, strip_gpu_sync_ops
 from ernie_mtl.program.cpu_kernels import tune_for_cpu, use_onednn_ops
+from ernie_mtl.program.kernel_choice import (KernelCache, KernelChoice, Measure, machine_identity, measure_choice,
+                                             reconcile)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Session:
     resume_from: Optional[CheckpointRef] = None  # the checkpoint --resume designates, verified (None: new run)
     continuation: Optional[Continuation] = None  # how it continues on this topology (ernie_mtl/engine/elastic.py)
     warm_start: Optional[str] = None  # --init_from of a new run: what was loaded (the line to log)
+    kernels: Optional[KernelChoice] = None  # CPU runs: the kernels the programs run with (checkpoints record it)
 
     @property
     def is_rank0(self) -> bool:
@@ -100,16 +103,17 @@ def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]]
     programs = build_programs(cfg, topo, plan)
     if init_from and not is_checkpoint(init_from):
         programs.weights = init_from  # a PaddleNLP directory: loaded by initialisation (before AMP O2's cast)
+    kernels = cpu_kernel_choice(cfg, info, barrier, programs, plan, resume_from, log)
     scope = paddle.static.Scope()
     with paddle.static.scope_guard(scope):
         try:
-            exe = make_executor(cfg, info, programs, log)
+            exe = make_executor(cfg, info, programs, log, kernels=kernels)
         except ConfigError as e:
             if init_from and programs.weights == init_from:
                 raise ConfigError([f"--init_from {init_from}: {p}" for p in e.problems]) from None
             raise
     session = Session(cfg=cfg, info=info, log=log, topo=topo, barrier=barrier, plan=plan, programs=programs, exe=exe,
-                      scope=scope, resume_from=resume_from, continuation=continuation)
+                      scope=scope, resume_from=resume_from, continuation=continuation, kernels=kernels)
     if init_from and is_checkpoint(init_from):
         session.warm_start = warm_start(session, init_from, with_optimizer=cfg.train.init_optimizer)
     elif init_from:
@@ -142,23 +146,77 @@ def build_programs(cfg, topo: Topology, plan: RunPlan) -> Programs:
         return build_run_programs(cfg, topo, plan.tasks, total_steps=plan.planned.total_steps)
 
 
-def tune_programs(programs: Programs, *, enabled: bool) -> str:
+def cpu_kernel_choice(cfg, info: ProcessInfo, barrier, programs: Programs, plan: RunPlan,
+                      resume_from: Optional[CheckpointRef], log, *, measure: Optional[Measure] = None,
+                      cache_path: Optional[os.PathLike] = None) -> Optional[KernelChoice]:
+    """The CPU kernels of this run (None on GPU: nothing is timed there). Rank 0 decides
+    (`decide_cpu_kernels`) and every rank receives its decision, so all ranks run the same kernels and
+    the checkpoint records one choice; a note about a resume is logged as a warning."""
+    if resolve_device(cfg.train.device) != "cpu":
+        return None
+    payload = None
+    if info.rank == 0:
+        choice, note = decide_cpu_kernels(cfg, programs, plan, resume_from, measure=measure, cache_path=cache_path)
+        payload = {"choice": choice.to_json(), "note": note}
+    shared = barrier.share("cpu kernels", payload)
+    if shared["note"]:
+        log.warning(shared["note"])
+    return KernelChoice.from_json(shared["choice"])
+
+
+def decide_cpu_kernels(cfg, programs: Programs, plan: RunPlan, resume_from: Optional[CheckpointRef], *,
+                       measure: Optional[Measure] = None, cache_path: Optional[os.PathLike] = None):
+    """(the kernels, a note or None) for --cpu_kernels: auto times the candidates on the built training
+    program (kernel_choice.measure_choice: the kernel cache first) at the largest micro-batch and
+    sequence length of the run's tasks; other modes are fixed. A resumed run reconciles that with the
+    checkpoint's record (`kernel_choice.reconcile`: auto keeps the recorded kernels)."""
+    mode, types = parse_cpu_kernels(cfg.train.cpu_kernels)
+    if mode == "auto":
+        batch = max(t.spec.batch_size for t in plan.tasks)
+        seq = max(t.spec.max_seq_len for t in plan.tasks)
+        cache = KernelCache(cache_path, machine=machine_identity())
+        current = measure_choice(programs.main, batch=batch, seq=seq, cache=cache, measure=measure)
+    else:
+        current = KernelChoice.fixed(mode, types)
+    return reconcile(current, recorded_kernels(resume_from))
+
+
+def recorded_kernels(ref: Optional[CheckpointRef]) -> Optional[KernelChoice]:
+    """The CPU kernels checkpoint `ref` was trained with: its record, or for a checkpoint written before
+    kernels were recorded, what its `cpu_kernels` boolean meant then (true: `exact`, false: plain).
+    None: a new run, or a checkpoint of a GPU run."""
+    if ref is None:
+        return None
+    raw = read_train_state_file(ref.path)
+    record = raw.get("extra", {}).get("cpu_kernels")
+    if isinstance(record, dict):
+        return KernelChoice.from_json(record, source="checkpoint")
+    legacy = raw.get("config", {}).get("train", {}).get("cpu_kernels")
+    if isinstance(legacy, bool) and "cpu_kernels" not in raw.get("extra", {}):
+        return (KernelChoice.fixed("exact") if legacy else KernelChoice(mode="plain")).with_(source="checkpoint")
+    return None
+
+
+def tune_programs(programs: Programs, kernels: KernelChoice) -> str:
     """CPU runs, before the programs first run: `cpu_kernels.tune_for_cpu` on the training program
-    (oneDNN on the exact op types, bias gradients by matmul) and the oneDNN part on the evaluation
-    program (the same exact forward ops; it has no gradients). The export program is left alone: an
-    exported inference model stays device-neutral. Returns the line for the start-up log."""
+    (oneDNN on the chosen op types, bias gradients by matmul unless plain) and oneDNN on the chosen
+    forward types of the evaluation program (it has no gradients). The export program is left alone:
+    an exported inference model stays device-neutral. Returns the line for the start-up log."""
+    if not kernels.onednn and not kernels.bias_grads:
+        return f"CPU kernels: {kernels.describe()}"
+    line = tune_for_cpu(programs.main, onednn_types=kernels.onednn, bias_grads=kernels.bias_grads)
+    forward = kernels.forward_types()
+    changed = use_onednn_ops(programs.test, forward) if forward else {}
+    notes = "".join(f" ({n})" for n in kernels.notes)
+    return (f"CPU kernels: {kernels.describe()}; {line}; evaluation program: oneDNN kernels on "
+            f"{sum(changed.values())} ops{notes}")
 
-    if not enabled:
-        return "CPU kernels: as built (--cpu_kernels false)"
-    line = tune_for_cpu(programs.main)
-    changed = use_onednn_ops(programs.test)
-    return f"{line}; evaluation program: oneDNN kernels on {sum(changed.values())} ops"
 
-
-def make_executor(cfg, info: ProcessInfo, programs: Programs, log):
+def make_executor(cfg, info: ProcessInfo, programs: Programs, log, *, kernels: Optional[KernelChoice] = None):
     """The executor for --device, with `programs` made runnable here (CPU: GPU sync ops stripped),
-    on CPU tuned (`tune_programs`, unless --cpu_kernels false; logged with the executor in use), and
-    initialised in the current scope (startup, pretrained weights, AMP O2 cast, EMA)."""
+    on CPU tuned with `kernels` (`tune_programs`; logged with the executor in use; a fixed
+    --cpu_kernels mode needs none given), and initialised in the current scope (startup, pretrained
+    weights, AMP O2 cast, EMA)."""
     import paddle
 
 
@@ -169,7 +227,13 @@ def make_executor(cfg, info: ProcessInfo, programs: Programs, log):
         log.warning("--use_amp on CPU: a CPU build inserts no float16 casts, so this run computes in float32 "
                     "(with loss scaling); AMP takes effect on GPUs")
     if device == "cpu":
-        log.info(f"{tune_programs(programs, enabled=cfg.train.cpu_kernels)}; {executor_mode()}")
+        if kernels is None:
+            mode, types = parse_cpu_kernels(cfg.train.cpu_kernels)
+            if mode == "auto":
+                raise ValueError("make_executor: --cpu_kernels auto needs the run's measured KernelChoice "
+                                 "(engine.session.cpu_kernel_choice)")
+            kernels = KernelChoice.fixed(mode, types)
+        log.info(f"{tune_programs(programs, kernels)}; {executor_mode()}")
     place = paddle.CPUPlace() if device == "cpu" else paddle.CUDAPlace(info.local_rank)
     exe = paddle.static.Executor(place)
     programs.initialize(exe)

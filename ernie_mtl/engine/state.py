@@ -3,8 +3,10 @@
 Everything an exact resume needs is derived from the task schedule's state (the task sequence
 position, per-task micro-batch counts -- hence reader positions and epochs -- and finished
 targets), plus the LR scheduler (with any re-plan), the callbacks' state (best metrics, early
-stopping counters) and the exports done. Dropout needs nothing: its seeds are a pure function of
-(seed, step, slot, op). The EMA's averages are variables of the program state.
+stopping counters), the exports done and, on CPU, the kernels the programs ran with (`cpu_kernels`:
+a resume on the same machine reruns them, ernie_mtl/engine/session.decide_cpu_kernels). Dropout
+needs nothing: its seeds are a pure function of (seed, step, slot, op). The EMA's averages are
+variables of the program state.
 
 `resume_checks` lists what must not change for the run to continue exactly (besides the topology,
 which the store compares): the seed, every task's resolved spec, the identity of the training data
@@ -35,6 +37,7 @@ def train_state(trainer) -> TrainState:
         name_map=s.programs.name_map,
         extra={"resume_checks": t.resume_checks, "arch": dict(s.programs.arch), "exported": t.exporter.exported,
                "flag_mode": s.cfg.flag_mode, "train_samples": dict(s.plan.train_samples),
+               "cpu_kernels": s.kernels.to_json() if s.kernels is not None else None,
                "callbacks": {type(cb).__name__: cb.state_dict() for cb in t.callbacks},
                "tasks": [{"name": task.spec.name, "reader": task.name, "group": t.group_of[task.spec.name],
                           "is_target": task.spec.is_target, "spec": task.spec.to_json(),

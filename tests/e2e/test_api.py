@@ -83,6 +83,9 @@ def test_predict_evaluate_export_from_python(trained, data, tmp_path):
     records = ernie_mtl.predict(out, "sentiment", data / "pred.tsv", output=tmp_path / "p.json")
     assert len(records) == 2 and all(abs(sum(r["probs"]) - 1) < 1e-5 for r in records)
     assert json.loads((tmp_path / "p.json").read_text()) == records
+    plain = ernie_mtl.predict(out, "sentiment", data / "pred.tsv", output=tmp_path / "plain.json", cpu_kernels="plain")
+    for a, b in zip(plain, records):  # the plain predictor (no oneDNN) predicts what the default one does
+        assert a["label"] == b["label"] and max(abs(x - y) for x, y in zip(a["probs"], b["probs"])) < 1e-4
     report = ernie_mtl.evaluate(out, "wordseg", data / "seg_dev.tsv", checkpoint=out / "model_last",
                                 eval_output=tmp_path / "e.json")
     assert report["examples"] == 64 and 0 <= report["metrics"]["f1"] <= 1

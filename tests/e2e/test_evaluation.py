@@ -80,7 +80,9 @@ def test_evaluation_split_across_two_ranks_equals_one_process(data, tmp_path):
     one_thread = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "ERNIE_MTL_TEST_EVAL_AT_START": "1"}
     for procs in (1, 2):
         out = tmp_path / f"p{procs}"
-        ok(run_cli(["--config", config(data, f"d{procs}", save_path=str(out)), "--max_steps", "1"], cwd=data,
+        # runs of different shapes are compared bitwise: one fixed kernel set, not two measured (--cpu_kernels auto)
+        ok(run_cli(["--config", config(data, f"d{procs}", save_path=str(out), cpu_kernels="exact"), "--max_steps", "1"],
+                   cwd=data,
                    launch_procs=procs if procs > 1 else 0, env=one_thread, log_dir=tmp_path / f"logs{procs}"))
     single = json.loads((tmp_path / "p1" / "eval_at_start_rank0.json").read_text())
     assert set(single) == {"topic", "tags", "qa", "lm"} and all(single[t] for t in single)
@@ -91,8 +93,12 @@ def test_evaluation_split_across_two_ranks_equals_one_process(data, tmp_path):
 @pytest.fixture(scope="module")
 def finished(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "out"
-    proc = ok(run_cli(["--config", config(data, "full", save_path=str(out), num_epochs=3)], cwd=data))
+    proc = ok(run_cli(["--config", config(data, "full", save_path=str(out), num_epochs=3, cpu_kernels=KERNELS)],
+                      cwd=data))
     return out, proc.stdout + proc.stderr
+
+
+KERNELS = "matmul_v2,matmul_v2_grad,softmax"  # the finished run's kernels: pinned, not measured (auto)
 
 
 @pytest.mark.slow
@@ -142,6 +148,30 @@ def test_do_eval_with_exported_models_equals_the_best_checkpoint(finished, data,
     ok(run_cli(["--do_eval", "--task", "lm", "--eval_file", data / "lm_dev.tsv", "--checkpoint", out / "model_last",
                 "--eval_output", tmp_path / "lm.json"], cwd=tmp_path))
     assert 0 <= json.loads((tmp_path / "lm.json").read_text())["metrics"]["mlm_acc"] <= 1
+
+
+@pytest.mark.slow
+def test_a_checkpoint_is_evaluated_with_the_kernels_its_run_recorded(finished, data, tmp_path):
+    """--do_eval --checkpoint runs the checkpoint's forward program with the forward op types its run recorded
+    (the run's own evaluation, reproduced to 1e-6 above), on the thread budget, and says so on stderr;
+    --cpu_kernels plain runs none, and agrees within float32 rounding."""
+    out, _ = finished
+    record = json.loads((out / "best_topic" / "train_state.json").read_text())["extra"]["cpu_kernels"]
+    assert record["mode"] == "list" and record["onednn"] == sorted(KERNELS.split(","))
+    lines, reports = {}, {}
+    for kernels in ("auto", "plain"):
+        proc = ok(run_cli(["--do_eval", "--task", "topic", "--eval_file", data / "cls_test.tsv", "--checkpoint",
+                           out / "best_topic", "--cpu_kernels", kernels, "--eval_output", tmp_path / f"{kernels}.json"],
+                          cwd=tmp_path, env={"OMP_NUM_THREADS": "2"}))
+        (lines[kernels],) = [x for x in proc.stderr.splitlines() if x.startswith("evaluation: ")]
+        reports[kernels] = json.loads((tmp_path / f"{kernels}.json").read_text())
+        assert json.loads(proc.stdout) == reports[kernels]  # the line kept stdout's JSON report clean
+    head, tail = "evaluation: the checkpoint's forward program with oneDNN on ", " ops (matmul_v2, softmax: the kernels its run recorded), 2 threads"
+    assert lines["auto"].startswith(head) and lines["auto"].endswith(tail), lines["auto"]
+    assert int(lines["auto"][len(head):-len(tail)]) > 0
+    assert lines["plain"] == f"{head}0 ops (none: --cpu_kernels plain), 2 threads"
+    assert reports["auto"]["examples"] == reports["plain"]["examples"] == 19
+    assert reports["auto"]["metrics"] == pytest.approx(reports["plain"]["metrics"], rel=1e-5, abs=1e-6)
 
 
 def test_do_eval_errors_name_the_file_and_line(finished, data, tmp_path):

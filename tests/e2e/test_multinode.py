@@ -49,7 +49,8 @@ def flag_config(demo, path, **flags):
                 model_name_or_path="ernie-tiny-test", vocab_size=vocab_size, max_seq_len=64, split="'90,5,5'",
                 num_workers=0, max_predictions_per_seq=1, max_ngrams=1, short_seq_prob=0, max_lr=5e-3, min_lr=1e-4,
                 warmup_rate=0.2, global_batch_size=8, logging_freq=1, eval_freq=3, eval_iters=1, save_steps=100,
-                hidden_dropout_prob=0, attention_probs_dropout_prob=0)
+                hidden_dropout_prob=0, attention_probs_dropout_prob=0,
+                cpu_kernels="exact")  # runs of different shapes are compared: one fixed kernel set
     keys.update(flags)
     path.write_text("".join(f"{k}: {v}\n" for k, v in keys.items()))
     return path
@@ -159,7 +160,8 @@ def test_two_nodes_multitask_equal_one_process(data, tmp_path):  # noqa: F811
     try:
         common = dict(num_epochs=1, max_steps=8, eval_freq=1000, checkpoint_steps=1000, save_steps=1000,
                       task_instance="sentiment, score", target_tag="1, 1", mix_ratio="1.0, 1.0", plugins=["plugins.py"],
-                      dropout=0.0, micro_batch_size=8, global_batch_size=16)
+                      dropout=0.0, micro_batch_size=8, global_batch_size=16,
+                      cpu_kernels="exact")  # different shapes compared: one fixed kernel set
         one_process(job, global_yaml(data, "mn1.yaml", save_path=str(tmp_path / "one"), **common), tmp_path / "one",
                     "--tasks.sentiment.batch_size=4", "--tasks.score.batch_size=4")
         cfg = global_yaml(data, "mn2.yaml", save_path=str(tmp_path / "two"), **common)

@@ -25,9 +25,10 @@ this lives in the production loop).
   each rank got to <output_dir>/eval_at_start_rank<r>.json (distributed-evaluation tests).
 - `record_slots`: every micro-batch this rank computes, as a JSON line in
   <output_dir>/slots_rank<r>.jsonl: the step, its slot in the global batch, the task, the
-  (example, epoch) pairs it read and its loss (the first value `exe.run` fetched), so tests can
-  compare what each slot saw across topologies (the loop itself is not changed: the hook wraps the
-  feeder and the executor of its trainer).
+  (example, epoch) pairs it read and its loss (the hook sets the loop's `fetch_step_losses`, as the
+  stepped API does, so `exe.run` fetches each micro-batch's loss), so tests can compare what each
+  slot saw across topologies (the loop itself is not changed: the hook wraps the feeder and the
+  executor of its trainer).
 """
 import json
 import os
@@ -81,20 +82,23 @@ class RecordSlots(Callback):
         path = os.path.join(trainer.cfg.train.output_dir, f"slots_rank{trainer.info.rank}.jsonl")
         out = open(path, "a", encoding="utf-8")
         feeder_step, exe_run = trainer.feeder.step, trainer.exe.run
-        current = {}
+        trainer.fetch_step_losses = True  # the loop fetches each micro-batch's loss (nothing otherwise)
+        built = {}  # id(feed) -> (feed, record) of the micro-batches of the step being built and trained
 
-        def step(step, drawn, read):
+        def step(step, drawn, read):  # the loop builds a step's micro-batches before running them
+            for key in [k for k, (_, r) in built.items() if r["step"] < step]:
+                del built[key]
             for micro in feeder_step(step, drawn, read):
-                current.update(step=step, slot=micro.slot, task=micro.task,
-                               examples=[[int(i), int(e)] for i, e in micro.examples])
+                built[id(micro.feed)] = (micro.feed, {"step": step, "slot": micro.slot, "task": micro.task,
+                                                      "examples": [[int(i), int(e)] for i, e in micro.examples]})
                 yield micro
 
         def run(*args, **kwargs):
             values = exe_run(*args, **kwargs)
-            if current:
-                out.write(json.dumps({**current, "loss": float(values[0].reshape(-1)[0])}) + "\n")
+            entry = built.get(id(kwargs.get("feed")))
+            if entry is not None and entry[0] is kwargs.get("feed"):  # a training micro-batch (a replay: again)
+                out.write(json.dumps({**entry[1], "loss": float(values[0].reshape(-1)[0])}) + "\n")
                 out.flush()
-                current.clear()
             return values
 
         trainer.feeder.step, trainer.exe.run = step, run

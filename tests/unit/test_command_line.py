@@ -137,3 +137,27 @@ def test_world_size_shapes_the_topology(corpus):
 def test_bf16_amp_on_cpu_is_refused(corpus):
     with pytest.raises(ConfigError, match="--use_amp with --amp_dtype bfloat16 cannot run on CPU"):
         args.parse_config(base_argv(corpus) + ["--use_amp", "--amp_dtype", "bfloat16"])
+
+
+@pytest.mark.parametrize("flags,yaml_text,expected", [
+    ([], None, "auto"),  # the default: measured per machine
+    (["--cpu_kernels"], None, "auto"),  # the old boolean, bare: on
+    (["--cpu_kernels", "true"], None, "auto"),
+    (["--cpu_kernels", "false"], None, "plain"),
+    ([], "cpu_kernels: false\n", "plain"),  # a YAML boolean
+    (["--cpu_kernels", "EXACT"], None, "exact"),
+    (["--cpu_kernels", "matmul_v2, matmul_v2_grad,matmul_v2"], None, "matmul_v2,matmul_v2_grad"),
+])
+def test_cpu_kernels_modes_and_the_old_boolean(corpus, flags, yaml_text, expected):
+    extra = []
+    if yaml_text is not None:
+        (corpus / "k.yaml").write_text(yaml_text)
+        extra = ["--config", str(corpus / "k.yaml")]
+    assert args.parse_config(base_argv(corpus) + extra + flags).train.cpu_kernels == expected
+
+
+def test_a_bad_cpu_kernels_value_is_named(corpus):
+    with pytest.raises(ConfigError) as e:
+        args.parse_config(base_argv(corpus) + ["--cpu_kernels", "fast!"])
+    assert any("--cpu_kernels 'fast!' is not auto, exact, plain (or true/false) or a comma-separated list of op "
+               "types" in p for p in e.value.problems), e.value.problems

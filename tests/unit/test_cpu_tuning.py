@@ -1,18 +1,29 @@
-"""The CPU tuning is wired into the training engine: `engine.session.make_executor` (the trainer's path from
-the built programs to the first run) rewrites a CPU run's programs with `cpu_kernels.tune_for_cpu`
-unless `--cpu_kernels false`, and logs what it applied; the entry point's `configure_executor`
-chooses Paddle's serial executor for CPU runs only, before paddle is imported."""
+"""The CPU kernel choice is wired into the training engine: `engine.session.decide_cpu_kernels` times the
+candidates on the built program (`--cpu_kernels auto`) or takes a fixed mode, the kernel cache is written,
+read and keyed per machine, a resumed run keeps the checkpoint's recorded kernels and says so, and
+`make_executor` (the trainer's path from the built programs to the first run) rewrites a CPU run's
+programs with the choice and logs it; the entry point's `configure_executor` chooses Paddle's serial
+executor for CPU runs only, before paddle is imported.
+
+No test here depends on which kernel is faster on this machine: the timing function is injected
+(`FakeTimer`), and the fake decides."""
 import zlib  # noqa: F401  (before paddle)
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
 from ernie_mtl.config import AmpConfig, ModelConfig, OptimConfig, TrainConfig
 from ernie_mtl.dist.process import SERIAL_RUN, ProcessInfo, configure_executor
-from ernie_mtl.engine.session import make_executor
+from ernie_mtl.engine.session import cpu_kernel_choice, decide_cpu_kernels, make_executor
+from ernie_mtl.program.cpu_kernels import EXACT_ONEDNN_OPS
+from ernie_mtl.program.kernel_choice import (AUTO_CANDIDATES, KernelCache, KernelChoice, cache_file, machine_identity,
+                                             reconcile)
 
 pytestmark = pytest.mark.usefixtures("static_mode")
+
+FAST = {"matmul_v2", "matmul_v2_grad", "elementwise_add"}  # what the fake timer makes oneDNN win at
 
 
 class Log:
@@ -25,6 +36,18 @@ class Log:
     warning = info
 
 
+class FakeTimer:
+    """A `measure` function: oneDNN 4x faster for the types in `fast`, 2x slower otherwise; counts calls."""
+
+    def __init__(self, fast=FAST):
+        self.fast = set(fast)
+        self.calls = []
+
+    def __call__(self, op, signature, budget_s):
+        self.calls.append(signature.op_type)
+        return (4e-3, 1e-3) if signature.op_type in self.fast else (1e-3, 2e-3)
+
+
 def onednn_ops(program):
     return [op.type for b in program.blocks for op in b.ops if op.desc.has_attr("use_mkldnn") and op.attr("use_mkldnn")]
 
@@ -35,30 +58,170 @@ def bias_grad_matmuls(program):
             if op.type == "matmul_v2" and any(n.endswith("@bias_ones") for n in op.input("X"))]
 
 
-def executor_for(build_programs, **train):
-    p = build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test"), optim=OptimConfig(max_steps=100))
+def tiny(build_programs):
+    return build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test"), optim=OptimConfig(max_steps=100))
+
+
+PLAN = SimpleNamespace(tasks=[SimpleNamespace(spec=SimpleNamespace(batch_size=4, max_seq_len=16))])
+
+
+def decide(p, tmp_path, mode="auto", timer=None, resume_from=None):
+    cfg = SimpleNamespace(train=TrainConfig(cpu_kernels=mode))
+    return decide_cpu_kernels(cfg, p.programs, PLAN, resume_from, measure=timer or FakeTimer(),
+                              cache_path=tmp_path / "cache" / "cpu_kernels.json")
+
+
+def executor_for(p, kernels, **train):
     cfg = SimpleNamespace(train=TrainConfig(**train), amp=AmpConfig())
     log = Log()
-    make_executor(cfg, ProcessInfo(rank=0, world_size=1, local_rank=0), p.programs, log)
-    return p, log.lines
+    make_executor(cfg, ProcessInfo(rank=0, world_size=1, local_rank=0), p.programs, log, kernels=kernels)
+    return log.lines
 
 
-def test_a_cpu_run_trains_and_evaluates_with_the_tuned_programs(build_programs):
-    p, lines = executor_for(build_programs, device="cpu")
-    on = onednn_ops(p.main)
-    assert len(on) > 20 and set(on) <= {"elementwise_add", "transpose2", "transpose2_grad", "sum", "scale"}, on
-    assert len(bias_grad_matmuls(p.main)) == 2 * 6 + 4  # q, k, v, out, ffn in/out per layer; 4 head biases
-    assert {"elementwise_add", "transpose2", "scale"} <= set(onednn_ops(p.test))  # evaluation: the forward part
+def test_auto_times_the_candidates_and_the_run_uses_the_faster_kernels(build_programs, tmp_path):
+    p = tiny(build_programs)
+    timer = FakeTimer()
+    kernels, note = decide(p, tmp_path, timer=timer)
+    assert note is None and kernels.mode == "auto" and kernels.source == "measured"
+    assert set(kernels.onednn) == FAST and kernels.bias_grads
+    assert set(timer.calls) == set(AUTO_CANDIDATES)  # every candidate type in the program was timed
+    lines = executor_for(p, kernels, device="cpu")
+    assert set(onednn_ops(p.main)) == FAST  # the training program runs what was chosen
+    assert set(onednn_ops(p.test)) == {"matmul_v2", "elementwise_add"}  # evaluation: the forward part
     assert not onednn_ops(p.forward)  # the export program stays device-neutral
+    assert len(bias_grad_matmuls(p.main)) == 2 * 6 + 4  # q, k, v, out, ffn in/out per layer; 4 head biases
     line = next(x for x in lines if x.startswith("CPU kernels:"))
-    assert f"oneDNN kernels on {len(on)} ops" in line and "16 bias gradients by matmul" in line, line
-    assert "executor" in line
+    assert "--cpu_kernels auto, measured in" in line and "matmul_v2 oneDNN (" in line and "GFLOP/s" in line, line
+    assert "transpose2 plain (" in line and "16 bias gradients by matmul" in line and "executor" in line, line
 
 
-def test_cpu_kernels_false_leaves_the_programs_as_built(build_programs):
-    p, lines = executor_for(build_programs, device="cpu", cpu_kernels=False)
+def test_the_oneDNN_matmul_gradients_of_linear_layers_get_2d_views(build_programs, tmp_path):
+    p = tiny(build_programs)
+    executor_for(p, KernelChoice.fixed("list", ["matmul_v2_grad"]), device="cpu")
+    block = p.main.global_block()
+    grads = [op for op in block.ops if op.type == "matmul_v2_grad"]
+    linear = [op for op in grads if len(block.var(op.input("Y")[0]).shape) == 2]
+    attention = [op for op in grads if len(block.var(op.input("Y")[0]).shape) == 4]
+    assert linear and attention and all(op.attr("use_mkldnn") for op in grads)
+    assert all(len(block.var(op.input("X")[0]).shape) == 2 for op in linear)  # [b*s, k], not [b, s, k]
+    assert all(len(block.var(op.input("X")[0]).shape) == 4 for op in attention)  # batched products as they were
+
+
+def test_the_choice_is_cached_per_machine_and_reused(build_programs, tmp_path):
+    p = tiny(build_programs)
+    first, second = FakeTimer(), FakeTimer(fast=())  # the second timer would choose differently...
+    a, _ = decide(p, tmp_path, timer=first)
+    b, _ = decide(tiny(build_programs), tmp_path, timer=second)
+    assert first.calls and not second.calls  # ...but is never asked: the cache answers
+    assert b.source == "cached" and b.onednn == a.onednn
+    data = json.loads((tmp_path / "cache" / "cpu_kernels.json").read_text())
+    (slot,) = data["machines"].values()
+    assert slot["machine"] == machine_identity()
+    assert len(slot["signatures"]) == len(first.calls)
+    assert all(e["plain_s"] > 0 and e["onednn_s"] > 0 and e["op"] for e in slot["signatures"].values())
+
+
+def test_another_machine_measures_again_and_a_damaged_cache_is_measured_over(tmp_path, monkeypatch):
+    path = tmp_path / "cpu_kernels.json"
+    here, there = machine_identity(threads=1), machine_identity(threads=2)  # threads are part of the identity
+    cache = KernelCache(path, machine=here)
+    cache.put("sig", "matmul_v2 X4x16x32", 2.0, 1.0)
+    cache.save()
+    assert KernelCache(path, machine=here).get("sig") == (2.0, 1.0)
+    assert KernelCache(path, machine=there).get("sig") is None
+    cache = KernelCache(path, machine=there)
+    cache.put("sig", "matmul_v2 X4x16x32", 1.0, 3.0)
+    cache.save()
+    assert len(json.loads(path.read_text())["machines"]) == 2
+    assert KernelCache(path, machine=here).get("sig") == (2.0, 1.0)  # each machine keeps its own numbers
+    cache = KernelCache(path, machine=here)
+    cache.put("sig", "matmul_v2 X4x16x32", 9.0, 9.0)  # a second measurement of the same signature...
+    cache.save()
+    assert KernelCache(path, machine=here).get("sig") == (2.0, 1.0)  # ...never replaces the first
+    path.write_text("{not json")
+    damaged = KernelCache(path, machine=here)
+    assert damaged.get("sig") is None and "ignored" in damaged.notes[0]
+    damaged.put("sig", "matmul_v2 X4x16x32", 2.0, 1.0)
+    damaged.save()
+    assert KernelCache(path, machine=here).get("sig") == (2.0, 1.0)  # rewritten
+    assert not list(tmp_path.glob(".*tmp*"))  # written atomically: no temporary left behind
+
+
+def test_the_cache_folder_follows_xdg_cache_home():
+    assert str(cache_file({"XDG_CACHE_HOME": "/x/cache", "HOME": "/home/u"})) == "/x/cache/ernie_mtl/cpu_kernels.json"
+    assert str(cache_file({"HOME": "/home/u"})) == "/home/u/.cache/ernie_mtl/cpu_kernels.json"
+    assert str(cache_file({"XDG_CACHE_HOME": "relative", "HOME": "/home/u"})) == \
+        "/home/u/.cache/ernie_mtl/cpu_kernels.json"  # the spec: a relative XDG path is ignored
+
+
+def test_an_unwritable_cache_is_a_note_and_the_run_decides_from_its_own_measurement(build_programs, tmp_path):
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file where the cache folder should be")
+    kernels, _ = decide(tiny(build_programs), tmp_path)
+    assert set(kernels.onednn) == FAST
+    assert any("not written" in n for n in kernels.notes), kernels.notes
+
+
+def test_fixed_modes_measure_nothing(build_programs, tmp_path):
+    for mode, expected, bias in (("plain", set(), False), ("exact", set(EXACT_ONEDNN_OPS), True),
+                                 ("true", FAST, True), ("false", set(), False),
+                                 ("matmul_v2,softmax", {"matmul_v2", "softmax"}, True)):
+        timer = FakeTimer()
+        kernels, _ = decide(tiny(build_programs), tmp_path / mode, mode=mode, timer=timer)
+        assert set(kernels.onednn) == expected and kernels.bias_grads == bias, mode
+        assert bool(timer.calls) == (mode == "true"), mode  # true is auto
+    p = tiny(build_programs)
+    lines = executor_for(p, KernelChoice.fixed("plain"), device="cpu")
     assert not onednn_ops(p.main) and not onednn_ops(p.test) and not bias_grad_matmuls(p.main)
-    assert any(x.startswith("CPU kernels: as built (--cpu_kernels false)") for x in lines), lines
+    assert any(x.startswith("CPU kernels: as built (--cpu_kernels plain)") for x in lines), lines
+
+
+def test_a_known_bad_pair_is_never_switched_together(build_programs, tmp_path):
+    kernels = KernelChoice.fixed("list", ["matmul_v2_grad", "transpose2_grad"])
+    assert kernels.onednn == ("matmul_v2_grad",) and "transpose2_grad left plain" in kernels.notes[0]
+    auto, _ = decide(tiny(build_programs), tmp_path, timer=FakeTimer(fast={"matmul_v2_grad", "transpose2_grad"}))
+    assert auto.onednn == ("matmul_v2_grad",) and any("transpose2_grad left plain" in n for n in auto.notes)
+    p = tiny(build_programs)
+    lines = executor_for(p, kernels, device="cpu")
+    assert "transpose2_grad" not in onednn_ops(p.main)
+    assert "transpose2_grad left plain" in next(x for x in lines if x.startswith("CPU kernels:"))
+
+
+def test_a_resumed_run_keeps_the_recorded_kernels_and_says_so():
+    recorded = KernelChoice.fixed("list", ["matmul_v2", "softmax"]).with_(source="checkpoint",
+                                                                           machine=machine_identity())
+    auto = KernelChoice(mode="auto", onednn=("matmul_v2",), bias_grads=True, source="measured")
+    used, note = reconcile(auto, recorded)
+    assert used.kernels() == recorded.kernels() and used.source == "checkpoint"
+    assert "resuming with the checkpoint's recorded kernels" in note and "would choose oneDNN on matmul_v2" in note
+    same, note = reconcile(auto, auto.with_(source="checkpoint"))
+    assert same is auto and note is None  # nothing to say when the choice agrees
+    explicit = KernelChoice.fixed("plain")
+    used, note = reconcile(explicit, recorded)  # an explicit mode is obeyed, with a warning
+    assert used is explicit and "not bitwise" in note
+    assert reconcile(auto, None) == (auto, None)  # a new run
+
+
+def test_a_recorded_choice_round_trips_through_json():
+    choice = KernelChoice(mode="auto", onednn=("matmul_v2", "matmul_v2_grad"), bias_grads=True, source="measured",
+                          timings={"matmul_v2": {"plain_s": 2.0, "onednn_s": 1.0, "flops": 4e10, "ops": 8}},
+                          machine=machine_identity(), notes=("n",), seconds=1.5)
+    again = KernelChoice.from_json(json.loads(json.dumps(choice.to_json())))
+    assert again == choice
+    assert "matmul_v2 oneDNN (40 vs 20 GFLOP/s)" in again.describe()
+
+
+def test_gpu_runs_time_nothing(build_programs):
+    timer = FakeTimer()
+    cfg = SimpleNamespace(train=TrainConfig(device="gpu"))
+    assert cpu_kernel_choice(cfg, ProcessInfo(rank=0, world_size=1, local_rank=0), None, tiny(build_programs).programs,
+                             PLAN, None, Log(), measure=timer) is None
+    assert not timer.calls
+
+
+def test_make_executor_needs_a_measured_choice_for_auto(build_programs):
+    with pytest.raises(ValueError, match="auto needs the run's measured KernelChoice"):
+        executor_for(tiny(build_programs), None, device="cpu")
 
 
 def test_the_serial_executor_is_chosen_for_cpu_runs_only():

@@ -163,3 +163,16 @@ def test_cli_shell_line_evaluates_in_bash():
                          env=_env_without_threads()).stdout.strip().split("|")
     n = str(cpu_budget().cpus)
     assert out[:2] == [n, n] and out[2].startswith("set per node by the launch script")
+
+
+def test_the_predictor_thread_budget_follows_the_training_rule():
+    """`process_threads` (Paddle Inference's predictor runs 1 thread unless told): a user's value other than
+    1 is kept; a 1 may be paddle's own (its import writes it when unset), so the rule decides, as for
+    training: this process's cores / the ranks on this node."""
+    from ernie_mtl.dist.threads import process_threads
+
+    assert process_threads({"OMP_NUM_THREADS": "3"}, budget=CpuBudget(affinity=8)) == (3, "OMP_NUM_THREADS=3 from the environment")
+    threads, why = process_threads({"OMP_NUM_THREADS": "1"}, budget=CpuBudget(affinity=8))
+    assert threads == 8 and "8 CPUs in the affinity mask / 1 process" in why
+    assert process_threads({"PADDLE_LOCAL_SIZE": "2"}, budget=CpuBudget(affinity=8))[0] == 4
+    assert process_threads({}, budget=CpuBudget(affinity=2, quota=1.5))[0] == 1  # the cgroup quota, rounded down
