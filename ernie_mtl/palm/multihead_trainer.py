@@ -18,6 +18,8 @@ auxiliary tasks (`set_as_aux`) are drawn until then. Checkpoints are `ckpt.step<
 """
 from __future__ import annotations
 
+import os
+
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -125,11 +127,14 @@ class MultiHeadTrainer(Trainer):
         members = {t.task_name: t for t in self._trainers}
         sizes = [members[n].num_examples for n in order]
         targets = [bool(x) for x in mapping["target_tag"]]
-        quotas = target_quotas(num_examples=sizes, batch_sizes=[k["batch_size"] for k in tasks], data_parallel=1,
+        quotas = target_quotas(num_examples=sizes, batch_sizes=[k["batch_size"] for k in tasks],
                                is_target=targets, num_epochs=mapping["num_epochs"],
                                task_num_epochs=[k.get("num_epochs") for k in tasks], mix_ratio=mapping["mix_ratio"])
         p = sampling_probabilities("palm", mix_ratio=mapping["mix_ratio"])
-        schedule = TaskSchedule(p, quotas, targets, int(mapping.get("seed", TrainConfig().seed)), names=order,
+        # batch_size is per process: an optimizer step is one slot (micro-batch) per launched process
+        processes = max(int(os.environ.get("PADDLE_TRAINERS_NUM", "1") or 1), 1)
+        schedule = TaskSchedule(p, quotas, targets, int(mapping.get("seed", TrainConfig().seed)),
+                                slots_per_step=processes, names=order,
                                 steps_per_epoch=[steps_per_epoch(n, k["batch_size"]) for n, k in zip(sizes, tasks)])
         return int(schedule.plan().total_steps)
 

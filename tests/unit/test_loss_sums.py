@@ -77,7 +77,7 @@ def test_gated_sums_take_only_the_drawn_tasks_micro_batches(build_programs, tmp_
     for i, t in enumerate(drawn):
         feed = make_feed([first, second], t, make_batch(seed=i, batch=2))
         if p.dropout_seeds:
-            feed[DROPOUT_SEEDS] = draw_dropout_seeds(3, i // 2, i % 2, 0, p.dropout_seeds)
+            feed[DROPOUT_SEEDS] = draw_dropout_seeds(3, i // 2, i % 2, p.dropout_seeds)  # step, slot (one process)
         feed.update(p.freeze.feed([["pretrain", "other"][k] for k in drawn[i - i % 2:i - i % 2 + 2]]))
         task, values, last = run(p, exe, scope, t, feed)
         runs.append((task, values))
