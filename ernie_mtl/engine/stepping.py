@@ -85,7 +85,8 @@ class SteppedRun:
     def step(self, prepared=None) -> Dict[str, float]:
         """Train one optimizer step (`prepared`: the batch `next_batch` returned; default: the next one)
         and do what is due after it (callbacks, logs, evaluation, exports, checkpoints). Returns the
-        mean loss of each task drawn in the step."""
+        mean loss of each task drawn in the step, over this process's slots of it (on one process:
+        all of them)."""
         self._check_open()
         if prepared is not None and prepared is not self.pending:
             raise ValueError("this batch is not the run's next one: train the batches next_batch() returns, each "
