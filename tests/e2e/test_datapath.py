@@ -188,7 +188,7 @@ def test_a_failing_example_stops_the_run_naming_it(data, plugin, tmp_path, worke
     proc = run_cli(["--config", cfg], cwd=tmp_path, env={"FAIL_AT_EXAMPLE": "7"})
     assert proc.returncode == 1, proc.stderr[-3000:]  # a bug in a task type: its traceback is kept
     text = proc.stderr
-    assert re.search(rf"SampleError: task broken: building micro-batch \d of step \d+: example 7 of "
+    assert re.search(rf"SampleError: task broken: building micro-batch \d \(slot \d+\) of step \d+: example 7 of "
                      rf"{re.escape(str(data / 'cls_train.tsv'))} \(epoch 0\): ValueError: cannot decode example 7",
                      text), text[-3000:]
     if workers:
