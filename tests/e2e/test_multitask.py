@@ -283,7 +283,10 @@ def test_sharded_two_process_run_exports_merged_targets(data, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("keys", [{"backbone": "bert", "model_name_or_path": "bert-tiny-test"},
-                                  {"use_task_id": True, "learning_rate": "1e-2"}], ids=["bert", "task_id"])
+                                  # 5e-3: at 1e-2, under the slot schedule (a task drawn per slot), sentiment
+                                  # ended at chance (0.5) on --cpu_kernels plain and exact, i.e. on rounding;
+                                  # 5e-3 passes on plain, exact and auto
+                                  {"use_task_id": True, "learning_rate": "5e-3"}], ids=["bert", "task_id"])
 def test_bert_backbone_and_task_ids(data, tmp_path, keys):
     out = tmp_path / "run"
     cfg = global_yaml(data, "g10.yaml", save_path=str(out), num_epochs=10, eval_freq=1000, **keys)
