@@ -10,7 +10,7 @@
 - Memory: over a long run the workers stay flat and add nothing to the trainer's own growth.
 
 The golden runs with workers are in tests/e2e/test_golden.py; the data path against the in-process
-feeder, micro-batch by micro-batch, in tests/unit/test_datapath.py.
+feeder, micro-batch by micro-batch, in tests/unit/test_datapath_feeder.py.
 """
 import zlib  # noqa: F401  (before paddle)
 
