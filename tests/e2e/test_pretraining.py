@@ -81,7 +81,8 @@ def test_sigkill_after_checkpoint_then_resume_is_bitwise_exact(demo, tmp_path):
     # a changed global batch cannot continue exactly: refused with what differs
     refused = train(tiny_args(demo, tmp_path / "resumed", **{**common, "global_batch_size": 8}), cwd=tmp_path)
     assert refused.returncode != 0
-    assert "cannot resume exactly" in refused.stderr and "global_batch_size: checkpoint 4 vs now 8" in refused.stderr
+    assert "with another global batch: global batch 4 samples per step vs 8 now" in refused.stderr
+    assert "keep --global_batch_size 4" in refused.stderr and "--allow_batch_change" in refused.stderr
 
 
 @pytest.mark.slow
