@@ -85,10 +85,13 @@ def test_losses_equal_the_golden_file(case, runs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(c for c in CASES if c.endswith("1proc")))
 def test_data_loading_workers_log_what_the_training_process_logs(case, runs):
-    """--num_workers 2 (every rank: 2 worker processes building the micro-batches ahead): every
-    logged scalar but the timings is bitwise what --num_workers 0 logs, and the losses are golden."""
+    """--num_workers 2 (2 worker processes building the micro-batches ahead): every logged scalar but
+    the timings is bitwise what --num_workers 0 logs, and the losses are golden. One-process cases
+    only, for make test's time budget: with two ranks, workers build each rank's slots, and the
+    2-process runs of tests/e2e/test_elastic.py and test_multitask.py (default --num_workers 2) are
+    compared bitwise with one process."""
     without, workers = jsonl(runs(case, 0) / "train_metrics.jsonl"), jsonl(runs(case, 2) / "train_metrics.jsonl")
     untimed = [[{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows] for rows in (without,
                                                                                                        workers)]

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import ROOT, metrics, ok, state, tiny_args, train  # noqa: F401
 
-EXCLUSIVE = {"test_two_gloo_processes", "test_two_processes_sharded"}  # these launch several processes: run alone (tests/conftest.py)
+EXCLUSIVE = {"test_two_processes_sharded"}  # these launch several processes: run alone (tests/conftest.py)
 
 
 @pytest.mark.slow
@@ -83,32 +83,6 @@ def test_sigkill_after_checkpoint_then_resume_is_bitwise_exact(demo, tmp_path):
     assert refused.returncode != 0
     assert "with another global batch: global batch 4 samples per step vs 8 now" in refused.stderr
     assert "keep --global_batch_size 4" in refused.stderr and "--allow_batch_change" in refused.stderr
-
-
-@pytest.mark.slow
-def test_two_gloo_processes_equal_one_process_on_the_combined_batch(demo, tmp_path):
-    """Dropout off, and exactly one masked token per sample (budget 1, unigrams, no short samples):
-    the MLM loss is a mean over each micro-batch's masked tokens, so only equal counts make the
-    average of two half-batch means equal the mean over the combined batch."""
-    common = dict(max_predictions_per_seq=1, max_ngrams=1, short_seq_prob=0, max_steps=5, max_lr=5e-3, min_lr=1e-4, warmup_rate=0.2, global_batch_size=8, logging_freq=1,
-                  eval_freq=5, eval_iters=1, checkpoint_steps=5, save_steps=100, hidden_dropout_prob=0,
-                  attention_probs_dropout_prob=0,
-                  cpu_kernels="exact")  # different shapes on the two sides: one fixed kernel set, not two measured
-    one_thread = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # the same reduction order on both sides
-    ok(train(tiny_args(demo, tmp_path / "one", micro_batch_size=4, **common), cwd=tmp_path, env=one_thread))
-    two = train(tiny_args(demo, tmp_path / "two", micro_batch_size=2, **common), cwd=tmp_path, launch_procs=2,
-                env={"ERNIE_MTL_TEST_DUMP_DIR": str(tmp_path / "dump"), **one_thread})
-    logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted((tmp_path / "launch_logs").glob("workerlog.*")))
-    assert two.returncode == 0, two.stdout[-2000:] + logs
-    saved = json.loads((tmp_path / "two/model_last/train_state.json").read_text())
-    assert saved["topology"]["world_size"] == 2 and saved["topology"]["accumulate_steps"] == 2
-    single = state(tmp_path / "one/model_last/state/rank_0")
-    rank0, rank1 = state(tmp_path / "dump/rank_0"), state(tmp_path / "dump/rank_1")
-    params = sorted(set(saved["name_map"].values()))
-    assert params and set(params) <= set(rank0)
-    for name in params:
-        np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=name)  # all-reduce keeps ranks equal
-        np.testing.assert_allclose(rank0[name], single[name], rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 @pytest.mark.slow

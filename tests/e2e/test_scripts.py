@@ -3,7 +3,6 @@ modes), input checks (message, exit status 2, nothing launched), the per-node th
 and one real two-process CPU run through scripts/run_cpu.sh (two real nodes: tests/e2e/test_multinode.py)."""
 import zlib  # noqa: F401  (before paddle)
 
-import json
 import os
 import subprocess
 import sys
@@ -295,24 +294,3 @@ def test_sh_invocation_and_multitask_config_without_corpus(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == (f"+ {LAUNCH} --ips 10.0.0.1,10.0.0.2 --gpus 0,1 --log_dir /shared/run/launch_log {ENTRY} "
                            f"--config {cfg} --output_dir /shared/run --device gpu --max_steps 5\n")
-
-
-def test_real_two_process_api_script_run(tmp_path):
-    """SCRIPT=train.py bash scripts/run_cpu.sh: both ranks run a script calling ernie_mtl.train, which
-    trains the data-parallel job the command line would (2 steps, a checkpoint) and returns on each rank."""
-    from helpers import api_script
-
-    config = tiny_pretraining_config(tmp_path)
-    out = tmp_path / "out"
-    script = api_script(tmp_path / "train.py",
-                        "result = ernie_mtl.train(sys.argv[1], output_dir=sys.argv[2], seed=7)\n"
-                        "print('returned steps', result.steps, flush=True)\n")
-    proc = run("run_cpu", {"SCRIPT": str(script), "OUTPUT_DIR": str(out), "PYTHONPATH": str(ROOT),
-                           "PYTHON": sys.executable, "PORT_RANGE": None}, "--", str(config), str(out),
-               timeout=180, cwd=tmp_path)
-    logs = {p.name: p.read_text(errors="replace") for p in sorted((out / "launch_log").glob("workerlog.*"))}
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + "".join(v[-2000:] for v in logs.values())
-    assert sorted(logs) == ["workerlog.0", "workerlog.1"]
-    assert all("returned steps 2" in text for text in logs.values()), logs
-    assert (out / "model_last" / "train_state.json").is_file()
-    assert json.loads((out / "model_last" / "train_state.json").read_text())["world_size"] == 2
