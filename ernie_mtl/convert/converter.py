@@ -51,6 +51,7 @@ from ernie_mtl.checkpoint import STATE_DIR, CheckpointError, verified_state  # n
 from ernie_mtl.checkpoint.io import replace_dir, write_json_atomic  # noqa: E402
 from ernie_mtl.config import ConfigError, ModelConfig, model_family  # noqa: E402
 from ernie_mtl.program.builder import load_pretrained_into_scope  # noqa: E402
+from ernie_mtl.program.edits import static_mode  # noqa: E402
 
 
 class ConvertError(UserError):
@@ -182,7 +183,7 @@ def read_exported(path: Path) -> Source:
     arch = dict(manifest["arch"])
     model_type = arch.pop("model_type", manifest.get("model_type", "ernie"))
     scope = paddle.static.Scope()
-    with _static_mode(), paddle.static.scope_guard(scope):
+    with static_mode(), paddle.static.scope_guard(scope):
         exe = paddle.static.Executor(paddle.CPUPlace())
         try:
             paddle.static.load_inference_model(str(path / "model"), exe)
@@ -315,7 +316,7 @@ def expected_shapes(model_type: str, arch: Mapping[str, Any]) -> Dict[str, Tuple
     from paddle.utils import unique_name
 
     config_cls, _, pretraining_cls, _ = _classes(model_type)
-    with _static_mode(), paddle.static.program_guard(paddle.static.Program(), paddle.static.Program()), \
+    with static_mode(), paddle.static.program_guard(paddle.static.Program(), paddle.static.Program()), \
             unique_name.guard():
         model = pretraining_cls(config_cls(**arch))
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -507,7 +508,7 @@ def build_static_reference(model_type: str, arch: Mapping[str, Any], *, pretrain
 
     config_cls, model_cls, pretraining_cls, _ = _classes(model_type)
     main, startup = paddle.static.Program(), paddle.static.Program()
-    with _static_mode(), paddle.static.program_guard(main, startup), unique_name.guard():
+    with static_mode(), paddle.static.program_guard(main, startup), unique_name.guard():
         ids = paddle.static.data("input_ids", [-1, -1], "int64")
         seg = paddle.static.data("segment_ids", [-1, -1], "int64")
         mask = paddle.static.data("input_mask", [-1, 1, 1, -1], "float32")
@@ -534,7 +535,7 @@ def run_static(ref: StaticReference, weights: Any, batch: Mapping[str, np.ndarra
 
 
     scope = paddle.static.Scope()
-    with _static_mode():
+    with static_mode():
         exe = paddle.static.Executor(paddle.CPUPlace())
         exe.run(ref.startup, scope=scope)
         if isinstance(weights, Mapping):
@@ -602,19 +603,6 @@ def verify(source: Source, output_dir: os.PathLike, *, atol: float = 1e-5, seed:
 
 
 # -- modes -----------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _static_mode() -> Iterator[None]:
-    import paddle
-
-    was_dynamic = paddle.in_dynamic_mode()
-    paddle.enable_static()
-    try:
-        yield
-    finally:
-        if was_dynamic:
-            paddle.disable_static()
-
-
 @contextlib.contextmanager
 def _dygraph_mode() -> Iterator[None]:
     """Dynamic mode for paddlenlp's dygraph models, without any hybrid-parallel group a training run

@@ -29,6 +29,7 @@ from ernie_mtl.checkpoint.store import merged_state, read_train_state_file
 from ernie_mtl.config import ConfigError
 from ernie_mtl.tasks.base import TaskType
 from ernie_mtl.program.ema import averages_from_state
+from ernie_mtl.program.edits import static_mode
 
 
 class Exporter:
@@ -218,9 +219,9 @@ def export_from_checkpoint(checkpoint: Path, task_name: str, output: Optional[Pa
     run kept them), written to `output` (default: `<the checkpoint's output dir>/<task>/infer_model`)."""
     import paddle
 
-    from ernie_mtl.engine.inference import CheckpointModel, _static
+    from ernie_mtl.engine.inference import CheckpointModel
 
-    with _static():
+    with static_mode():
         model = CheckpointModel(Path(checkpoint), task_name, what="export")
         out = output or export_dir(Path(checkpoint).parent, task_name)
         if not model.task.exportable:

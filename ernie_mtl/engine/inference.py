@@ -29,7 +29,6 @@ run's own evaluation; one line on the console says what was used.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -48,6 +47,7 @@ from ernie_mtl.tasks.base import TaskContext, TaskType, get_task_type
 from ernie_mtl.checkpoint.store import CheckpointError, merged_state, unreadable_state_file, verified_state
 from ernie_mtl.program.builder import build_forward_program
 from ernie_mtl.program.forward import make_feed
+from ernie_mtl.program.edits import static_mode
 
 
 # -- exported models --------------------------------------------------------------------------------
@@ -317,7 +317,7 @@ def predict_checkpoint(checkpoint: os.PathLike, task_name: str, pred_file: str, 
     exportable ones or not. `overrides`: task keys read differently from training (`max_seq_len`)."""
     if not os.path.isfile(pred_file):
         raise ConfigError([f"{flag} {pred_file}: not found"])
-    with _static():
+    with static_mode():
         model = CheckpointModel(Path(checkpoint), task_name, what="predict", pred_file=pred_file,
                                 overrides=overrides)
         data = _predictable(model.task, pred_file, flag)
@@ -474,7 +474,7 @@ def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str, *, cpu
     process's threads."""
     from ernie_mtl.program.cpu_kernels import use_onednn_ops
 
-    with _static():
+    with static_mode():
         model = CheckpointModel(checkpoint, task_name, what="evaluate", data_file=eval_file)
         types, why = checkpoint_forward_types(model.raw, cpu_kernels)
         changed = use_onednn_ops(model.program, types) if types else {}
@@ -485,20 +485,6 @@ def evaluate_checkpoint(checkpoint: Path, task_name: str, eval_file: str, *, cpu
         outputs = model.predict(data)
     return _report(model.task, data, model.task.evaluate(data, outputs), source=str(checkpoint),
                    step=model.raw.get("step"))
-
-
-@contextlib.contextmanager
-def _static():
-    """Static mode for the block; the caller's mode afterwards."""
-    import paddle
-
-    was_dynamic = paddle.in_dynamic_mode()
-    paddle.enable_static()
-    try:
-        yield
-    finally:
-        if was_dynamic:
-            paddle.disable_static()
 
 
 def _labelled(task, eval_file: str):

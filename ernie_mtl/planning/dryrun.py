@@ -62,6 +62,7 @@ from ernie_mtl.dist.compat import emulate_gpu_program
 from ernie_mtl.dist.process import ProcessInfo, resolve_device
 from ernie_mtl.program.builder import build_run_programs
 from ernie_mtl.program.forward import backbone_config, group_of
+from ernie_mtl.program.edits import static_mode
 from ernie_mtl.tasks.base import Encoded
 from ernie_mtl.tasks.base import TaskContext, get_task_type
 
@@ -446,18 +447,9 @@ def build_gpu_program(cfg, topo: Topology, tasks, *, total_steps: int, endpoints
     import sys
     import tempfile
 
-    import paddle
-
-
-    was_dynamic = paddle.in_dynamic_mode()
-    paddle.enable_static()
-    try:
-        with tempfile.TemporaryDirectory(prefix="ernie_mtl_dry_run_") as tmp, contextlib.chdir(tmp), \
-                contextlib.redirect_stdout(sys.stderr), emulate_gpu_program(0, topo.world_size, endpoints=endpoints):
-            return build_run_programs(cfg, topo, tasks, total_steps=total_steps)
-    finally:
-        if was_dynamic:
-            paddle.disable_static()
+    with static_mode(), tempfile.TemporaryDirectory(prefix="ernie_mtl_dry_run_") as tmp, contextlib.chdir(tmp), \
+            contextlib.redirect_stdout(sys.stderr), emulate_gpu_program(0, topo.world_size, endpoints=endpoints):
+        return build_run_programs(cfg, topo, tasks, total_steps=total_steps)
 
 
 def dry_run(cfg) -> str:

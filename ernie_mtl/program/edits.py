@@ -2,7 +2,8 @@
 control-flow op must declare."""
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import contextlib
+from typing import Any, Dict, Iterator, List
 
 # Ops that run a block of their own (the `sub_block` attribute)
 _CONTROL_FLOW_ATTR = "sub_block"
@@ -80,3 +81,18 @@ def live_blocks_from(program, start: int) -> List[Any]:
             if op.has_attr(_CONTROL_FLOW_ATTR):
                 stack.append(op._block_attr_id(_CONTROL_FLOW_ATTR))
     return [program.block(idx) for idx in sorted(seen)]
+
+
+@contextlib.contextmanager
+def static_mode() -> Iterator[None]:
+    """Paddle's static mode for the block, the caller's mode afterwards (building or loading programs
+    from a caller that may be in dynamic mode: the converter, a checkpoint's evaluation, the dry run)."""
+    import paddle
+
+    was_dynamic = paddle.in_dynamic_mode()
+    paddle.enable_static()
+    try:
+        yield
+    finally:
+        if was_dynamic:
+            paddle.disable_static()
