@@ -596,6 +596,10 @@ class Checkpointer:
         """Whether checkpoint folder `path` is complete (its train_state.json was written)."""
         return is_complete(path)
 
+    def step_of(self, path: os.PathLike) -> int:
+        """The optimizer step checkpoint folder `path` was saved at (its train_state.json)."""
+        return int(read_train_state_file(Path(path))["step"])
+
     def restore_weights(self, path: os.PathLike) -> CheckpointRef:
         """Load this rank's program state from checkpoint `path` (verified first, from the rank file
         its writer recorded: every rank's own under sharding, rank 0's otherwise; by name from every

@@ -85,6 +85,12 @@ def final_test(trainer) -> Dict[str, Any]:
         folder = best_dir(s.cfg.train.output_dir, name)
         if not s.barrier.share("best exists", trainer.checkpointer.is_complete(folder)):
             continue
+        best_step = s.barrier.share("best step", trainer.checkpointer.step_of(folder) if s.is_rank0 else None)
+        if best_step == trainer.step:  # saved from the weights just evaluated: the same figures, not a second pass
+            results[name]["best"] = {"step": best_step, "metrics": final[name]}
+            trainer.print(f"test: the best {name} checkpoint is the final step's ({best_step}): "
+                          "its figures are the final weights'")
+            continue
         ref = trainer.checkpointer.restore_weights(folder)
         results[name]["best"] = {"step": ref.step, "metrics": ev.evaluate([t], data, "best test")[name]}
     for t in tasks:
