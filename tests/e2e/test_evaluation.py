@@ -174,6 +174,28 @@ def test_a_checkpoint_is_evaluated_with_the_kernels_its_run_recorded(finished, d
     assert reports["auto"]["metrics"] == pytest.approx(reports["plain"]["metrics"], rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.slow
+def test_predicting_from_a_checkpoint_uses_the_kernels_its_run_recorded(finished, data):
+    """predict_checkpoint (PALM's predict from ckpt.step<N>) runs the recorded forward kernels, as --do_eval
+    --checkpoint does; plain agrees within float32 rounding."""
+    from ernie_mtl.engine.inference import predict_checkpoint
+
+    out, _ = finished
+    lines, outputs = {}, {}
+    for kernels in ("auto", "plain"):
+        got = []
+        result = predict_checkpoint(out / "best_topic", "topic", str(data / "cls_test.tsv"), cpu_kernels=kernels,
+                                    log=got.append)
+        (lines[kernels],) = got
+        outputs[kernels] = np.concatenate([np.asarray(b, dtype="float64").reshape(len(b), -1)
+                                           for b in next(iter(result.outputs.values()))])
+    assert "(matmul_v2, softmax: the kernels its run recorded)" in lines["auto"], lines["auto"]
+    assert lines["auto"].startswith("prediction: the checkpoint's forward program with oneDNN on ")
+    assert "0 ops (none: --cpu_kernels plain)" in lines["plain"]
+    assert outputs["auto"].shape[0] == 19
+    np.testing.assert_allclose(outputs["auto"], outputs["plain"], rtol=1e-5, atol=1e-6)
+
+
 def test_do_eval_errors_name_the_file_and_line(finished, data, tmp_path):
     out, _ = finished
     bad = tmp_path / "bad.tsv"

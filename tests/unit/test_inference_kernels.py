@@ -137,6 +137,30 @@ def test_auto_keeps_oneDNN_only_where_faster_and_within_tolerance(exported, tmp_
     assert len(json.loads((tmp_path / "c.json").read_text())["machines"]) == 2
 
 
+def test_timing_the_two_predictors_keeps_one_alive_at_a_time():
+    """Two ERNIE-base predictors at once double the peak memory: the plain one is gone before the oneDNN one
+    is built; the outputs compared are each predictor's own, and the oneDNN runner is handed back."""
+    alive, built = [], []
+
+    class Runner:
+        def __init__(self, onednn):
+            assert not alive, "a predictor was built while another was alive"
+            alive.append(onednn)
+            built.append(onednn)
+            self.onednn = onednn
+
+        def __call__(self, batch):
+            return [np.full((2, 3), 1.0 + (1e-6 if self.onednn else 0.0), dtype="float32")]
+
+        def __del__(self):
+            alive.remove(self.onednn)
+
+    (plain_s, onednn_s), diff, runners = inference.time_predictors(Runner, {"input_ids": np.zeros((2, 4))},
+                                                                   budget_s=0.01)
+    assert built == [False, True] and alive == [True] and set(runners) == {True}
+    assert plain_s > 0 and onednn_s > 0 and diff == pytest.approx(1e-6, rel=0.1)
+
+
 def test_cpu_prediction_logs_its_threads_and_kernels(exported, tmp_path):
     model_dir, task, data, _ = exported
     manifest = read_manifest(model_dir)
