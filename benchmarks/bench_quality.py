@@ -283,7 +283,7 @@ def finetune(args, run: Runner, info: dict, arm: str, task: Optional[str], seed:
     (rescored independently) and `--do_eval` on the dev file (must equal the run's own evaluation of
     the same weights with the training program). Returns {target: {...}, "steps", "seconds"}."""
     kind, init = arm.split("/")
-    name = f"{kind}-{init}-{task or 'all'}-seed{seed}"
+    name = f"{kind}-{init}-{task or 'all'}-seed{seed}{lr_suffix(args)}"
     folder = args.work / "runs" / name
     targets = [task] if kind == "single" else list(TASKS)
     names = targets if kind == "single" else ["corpus", *TASKS]
@@ -349,6 +349,15 @@ def finetune(args, run: Runner, info: dict, arm: str, task: Optional[str], seed:
             check["problems"] += bad
         out[target] = {"reported": test, "updates": updates.get(target), "check": check, "dev": dev}
     return out
+
+
+DEFAULT_LR = 1e-3
+
+
+def lr_suffix(args) -> str:
+    """Runs and results at another fine-tuning LR than the default live beside the default table's
+    (`-lr0.0003`), so an LR check never replaces them."""
+    return "" if args.lr == DEFAULT_LR else f"-lr{args.lr:g}"
 
 
 def _metrics(doc: dict) -> dict:
@@ -509,7 +518,9 @@ def parse_args(argv=None):
     p.add_argument("--budget", type=float, default=1.0, help="scale the fine-tuning updates of every target")
     p.add_argument("--sentiment_steps", type=int, default=100, help="sentiment updates (micro-batches) at budget 1")
     p.add_argument("--wordseg_steps", type=int, default=100, help="word-segmentation updates at budget 1")
-    p.add_argument("--lr", type=float, default=1e-3, help="fine-tuning peak learning rate (every arm)")
+    p.add_argument("--lr", type=float, default=DEFAULT_LR,
+                   help="fine-tuning peak learning rate (every arm); another value than the default keeps its runs "
+                        "and results-lr<LR>.json beside the default table's")
     p.add_argument("--seq_len", default="sentiment=64,wordseg=128,corpus=64",
                    help="max_seq_len per task (wordseg: 128 leaves 1.7%% of sentences cut; at 64 it is 19%%)")
     p.add_argument("--mlm_mix", type=float, default=0.5, help="mix_ratio of the masked-LM task in multi-task arms "
@@ -548,7 +559,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     seeds = list(range(1, args.seeds + 1))
-    results_file = args.work / "results.json"
+    results_file = args.work / f"results{lr_suffix(args)}.json"
     if args.report_only:
         results = json.loads(results_file.read_text(encoding="utf-8"))
         print(tables(results, results["seeds"]))
