@@ -43,7 +43,7 @@ def test_figures_baselines_and_the_recount(tmp_path):
     assert "accuracy 0.5000, F1 0.5000 (precision 0.5000, recall 0.5000): equal to the run's figures" in out
     assert "wordseg: word F1 on 1 test rows: best weights (step 9) 0.7000" in out
     assert "every character a word (all S): word F1 0.4000" in out
-    assert "docs/quality.md" in out
+    assert "docs/quality.md" in out and "from weights pretrained on the corpus" in out
     # a recount that disagrees with the run is said, not hidden
     results["sentiment"]["best"]["metrics"]["acc"] = 0.75
     (run / "test_results.json").write_text(json.dumps(results))
@@ -53,3 +53,27 @@ def test_figures_baselines_and_the_recount(tmp_path):
 def test_no_run_yet(tmp_path):
     proc = _report(tmp_path / "nothing", _tasks(tmp_path))
     assert proc.returncode == 2 and "run the demo first (make demo)" in proc.stderr
+
+
+def test_the_quality_summary_quotes_docs_quality_md():
+    """The demo's random-init vs pretrained line quotes bench_quality's table; it must not drift from it."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("demo_report", REPORT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    doc = (ROOT / "docs" / "quality.md").read_text(encoding="utf-8")
+
+    def cell(comparison, task):  # (mean A, mean B, mean gain) of a row of the paired comparisons
+        row = next(line for line in doc.splitlines() if line.startswith(f"| {comparison} | {task}"))
+        a, b = (float(x) for x in re.findall(r": ([0-9.]+) \+- ", row))
+        gain = float(re.search(r"\| ([+-][0-9.]+) \+- [0-9.]+ \|", row)[1])
+        return a, b, gain
+
+    summary = module.QUALITY_SUMMARY
+    mtl_random, mtl_pretrained, gain = cell("pretraining gain, multi-task", "sentiment (acc)")
+    alone, alone_pretrained, _ = cell("pretraining gain, single-task", "sentiment (acc)")
+    for figure in (f"{mtl_random:.3f}", f"{mtl_pretrained:.3f}", f"{gain:+.3f}", f"alone: {alone:.3f}",
+                   f"({alone:.3f} both ways)" if f"{alone:.3f}" == f"{alone_pretrained:.3f}" else "never"):
+        assert figure in summary, (figure, summary)
