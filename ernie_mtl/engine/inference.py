@@ -186,10 +186,9 @@ def time_predictors(make_runner, sample, *, budget_s: float = 1.0, max_rounds: i
 
     times: Dict[bool, List[float]] = {False: [], True: []}
     first: Dict[bool, List[np.ndarray]] = {}
-    run = None
     for onednn in (False, True):
-        run = None
-        gc.collect()  # the previous predictor's memory goes before the next is built
+        run = None  # drop the previous predictor: its memory goes before the next is built
+        gc.collect()
         run = make_runner(onednn)
         first[onednn] = [np.asarray(o) for o in run(dict(sample))]  # warm-up
         start = time.perf_counter()
