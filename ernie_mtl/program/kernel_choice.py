@@ -171,16 +171,19 @@ class KernelCache:
             return {}
         except UnsafeFile as e:  # a FIFO, device or folder where the file should be: never opened, never replaced
             self._special = e.special
-            self.notes.append(f"{e}; measuring instead")
+            self._note(f"{e}; measuring instead")
             return {}
         except (OSError, ValueError) as e:  # unreadable, too large, not JSON, nested too deep: measure, rewrite
-            self.notes.append(f"kernel cache {self.path} ignored ({type(e).__name__}: {str(e)[:120]})")
+            self._note(f"kernel cache {self.path} ignored ({type(e).__name__}: {str(e)[:120]})")
             return {}
         if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT or not isinstance(data.get("machines"), dict):
-            self.notes.append(f"kernel cache {self.path} ignored (not a format-{CACHE_FORMAT} cache file); "
-                              "it is rewritten")
+            self._note(f"kernel cache {self.path} ignored (not a format-{CACHE_FORMAT} cache file); it is rewritten")
             return {}
         return data
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:  # the file is read again when saving: say it once
+            self.notes.append(text)
 
     @staticmethod
     def _times(entry: Any) -> Optional[Tuple[float, float]]:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from helpers import ENTRY, ROOT, launch_logs, tiny_args, with_hooks
 
@@ -77,3 +78,88 @@ def test_two_processes_to_one_continue_bitwise_under_the_defaults(demo, tmp_path
     differing = [k for k in a if not np.array_equal(a[k], b[k])]
     worst = max((float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in differing), default=0.0)
     assert not differing, f"{len(differing)} variables differ, by up to {worst:.3g}: {differing[:5]}"
+
+
+# -- signals in every phase ------------------------------------------------------------------------------------
+SIGNAL_RUN = dict(max_steps=3, micro_batch_size=2, global_batch_size=2, checkpoint_steps=1, save_steps=1000,
+                  logging_freq=1, eval_freq=1000, num_workers=1)
+
+
+def signalled_run(demo, out, where, signum, *, stuck=False):
+    """(process, output) of a run that pauses at `where` (tests/plugins/test_hooks.py `pause_at`) and gets
+    `signum` there; the pause would last 120 s, so a run that ends at all ended because of the signal."""
+    import signal as signals
+    import time
+
+    env = {"ERNIE_MTL_TEST_PAUSE_AT": where, "ERNIE_MTL_TEST_PAUSE_S": "120", "OMP_NUM_THREADS": "1"}
+    if stuck:
+        env.update(ERNIE_MTL_TEST_PAUSE_IN_C="1", ERNIE_MTL_STOP_GRACE_S="2")
+    argv = with_hooks([str(a) for a in tiny_args(demo, out, **SIGNAL_RUN)], env)
+    proc = subprocess.Popen([sys.executable, str(ENTRY)] + argv, cwd=out.parent, env=default_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if f"paused at {where}" in line:
+            proc.send_signal(signum)
+            break
+    try:
+        rest, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the run did not stop on signal {signum} at {where}: {''.join(lines)[-3000:]}")
+    return proc, "".join(lines) + rest
+
+
+def leftovers(out):
+    return sorted(str(p.relative_to(out)) for p in Path(out).rglob(".*") if ".tmp" in p.name or p.name.endswith(".old"))
+
+
+@pytest.mark.parametrize("where,name", [("import", "TERM"), ("start-up", "TERM"), ("train_end", "TERM"),
+                                        ("train_end", "INT")])
+def test_a_signal_before_or_after_the_loop_stops_the_run_cleanly(demo, tmp_path, where, name):
+    """Start-up (parsing: the plugin imports; the trainer built) and after the loop (the last evaluation,
+    exports and test): the run stops with 128 + the signal number and one line, no traceback and no
+    Paddle FatalError; nothing half-written; the same command again finishes the run."""
+    import signal as signals
+
+    signum = getattr(signals, f"SIG{name}")
+    out = tmp_path / "run"
+    proc, text = signalled_run(demo, out, where, signum)
+    assert proc.returncode == 128 + signum, text[-3000:]
+    phase = "start-up" if where != "train_end" else "the last evaluation, the exports and the final test"
+    assert f"run_multitask_static.py: stopped by SIG{name} during {phase}" in text, text[-3000:]
+    assert "Traceback" not in text and "FatalError" not in text and "C++ Traceback" not in text, text[-3000:]
+    assert not leftovers(out) if out.exists() else True
+    if where == "train_end":
+        assert json.loads((out / "model_last/train_state.json").read_text())["step"] == 3
+        assert not (out / "test_results.json").exists()  # the final test had not run
+        again, logs = run(tiny_args(demo, out, **SIGNAL_RUN), tmp_path, env={"OMP_NUM_THREADS": "1"})
+        assert again.returncode == 0, logs[-3000:]
+        assert "pretrain" in json.loads((out / "test_results.json").read_text())  # finished now
+
+
+def test_a_run_stuck_in_a_call_still_stops_after_the_grace_period(demo, tmp_path):
+    """The main thread cannot run a Python handler (as inside a long C++ call): the signal thread ends the
+    process after ERNIE_MTL_STOP_GRACE_S with the signal's status and says why."""
+    import signal as signals
+
+    out = tmp_path / "run"
+    proc, text = signalled_run(demo, out, "train_end", signals.SIGTERM, stuck=True)
+    assert proc.returncode == 143, text[-3000:]
+    assert "ernie-mtl: SIGTERM during the last evaluation, the exports and the final test (training is finished): " \
+           "still busy 2 s after the signal, exiting now (status 143)" in text, text[-3000:]
+    assert json.loads((out / "model_last/train_state.json").read_text())["step"] == 3
+
+
+def test_a_preemption_signal_in_the_last_step_stops_before_the_final_test(demo, tmp_path):
+    """SIGTERM (a preemption signal) during the last step: the loop ends with the final checkpoint saved and
+    the run stops with exit 76 right away, instead of recording the signal while the final evaluation,
+    exports and test run on."""
+    out = tmp_path / "run"
+    proc, logs = run(tiny_args(demo, out, **SIGNAL_RUN), tmp_path,
+                     env={"ERNIE_MTL_TEST_SIGNAL_AT_STEP": "3", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 76, logs[-3000:]
+    assert "preempted (SIGTERM): stopped at step 3" in logs and "Traceback" not in logs, logs[-3000:]
+    assert json.loads((out / "model_last/train_state.json").read_text())["step"] == 3
+    assert not (out / "test_results.json").exists()
