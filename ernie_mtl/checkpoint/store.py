@@ -185,8 +185,12 @@ def check_differences(raw: Mapping[str, Any], check: Mapping[str, Any], *, free:
 
 def resume_refusal(path: os.PathLike, diffs: Sequence[str]) -> str:
     """The refusal of a resume whose settings differ from the checkpoint's (`check_differences`)."""
+    longer = any(d.startswith(("max_steps:", "total_steps:")) for d in diffs)
+    hint = (" A run's length is part of its schedule (the learning-rate decay, the data each step reads): to train "
+            f"on from these weights, start a new run with --init_from {path} --init_optimizer and another "
+            "--output_dir." if longer else "")
     return (f"cannot resume exactly from {path}: " + "; ".join(diffs) +
-            ". Restore those settings, or start a fresh run with another --output_dir or --resume none.")
+            ". Restore those settings, or start a fresh run with another --output_dir or --resume none." + hint)
 
 
 def read_train_state(path: Path) -> Optional[TrainState]:

@@ -213,6 +213,31 @@ def canonical_cpu_kernels(value) -> str:
     return ",".join(types) if mode == "list" else mode
 
 
+PREEMPT_SIGNAL_NAMES = ("TERM", "USR1", "USR2", "INT", "HUP")
+
+
+def parse_preempt_signals(value) -> Tuple[str, ...]:
+    """`"TERM,USR1"` -> ("TERM", "USR1"); "none" -> (); ValueError naming the bad value otherwise. An empty
+    value and "none" beside signal names are refused (the empty string used to mean none without a word)."""
+    text = str(value).strip()
+    if not text:
+        raise ValueError(f"--preempt_signals {value!r} is empty: give signal names ({', '.join(PREEMPT_SIGNAL_NAMES)}), "
+                         "or none to turn preemption handling off")
+    names = tuple(s.strip().upper().removeprefix("SIG") for s in text.split(","))
+    if "" in names:
+        raise ValueError(f"--preempt_signals {value!r} has an empty item: separate signal names by single commas")
+    if names == ("NONE",):
+        return ()
+    if "NONE" in names:
+        raise ValueError(f"--preempt_signals {value!r}: none cannot be combined with signal names; give either "
+                         "none or the signals")
+    bad = [n for n in names if n not in PREEMPT_SIGNAL_NAMES]
+    if bad:
+        raise ValueError(f"--preempt_signals {value!r}: {bad} not among {list(PREEMPT_SIGNAL_NAMES)}; give a "
+                         "comma-separated list (e.g. TERM,USR1) or none")
+    return names
+
+
 DEVICES = ("auto", "cpu", "gpu")
 LOG_LEVELS = ("info", "debug")
 RESUME_WORDS = ("auto", "none")

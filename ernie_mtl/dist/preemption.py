@@ -41,9 +41,10 @@ import threading
 from typing import Dict, Iterable, Optional, Sequence
 
 from data_tools.cli_utils import Terminated
+from ernie_mtl.config.slices import PREEMPT_SIGNAL_NAMES, parse_preempt_signals
 
 EXIT_PREEMPTED = 76  # documented in docs/launch.md: saved at a step boundary because of a signal; run again
-SIGNAL_NAMES = ("TERM", "USR1", "USR2", "INT", "HUP")  # config/cli.PREEMPT_SIGNALS: the flag's check
+SIGNAL_NAMES = PREEMPT_SIGNAL_NAMES
 GUARDED = ("TERM", "INT", "HUP")  # what stops a guarded process outside a step boundary
 GRACE_S = float(os.environ.get("ERNIE_MTL_STOP_GRACE_S", "20") or 20)  # then the helper thread ends the process
 _REQUESTED = {"signal": None}  # the signal received, set by the handler (process-wide)
@@ -60,24 +61,9 @@ class _State:
 
 
 def parse_signals(value: str) -> Sequence[str]:
-    """`"TERM,USR1"` -> ("TERM", "USR1"); "none" -> (); ValueError naming a bad item. An empty value and
-    "none" beside signal names are refused (an empty string meant "none" without a word)."""
-    text = str(value).strip()
-    if not text:
-        raise ValueError(f"--preempt_signals {value!r} is empty: give signal names ({', '.join(SIGNAL_NAMES)}), "
-                         "or none to turn preemption handling off")
-    names = tuple(s.strip().upper().removeprefix("SIG") for s in text.split(","))
-    if "" in names:
-        raise ValueError(f"--preempt_signals {value!r} has an empty item: separate signal names by single commas")
-    if names == ("NONE",):
-        return ()
-    if "NONE" in names:
-        raise ValueError(f"--preempt_signals {value!r}: none cannot be combined with signal names; give "
-                         "either none or the signals")
-    bad = [n for n in names if n not in SIGNAL_NAMES]
-    if bad:
-        raise ValueError(f"--preempt_signals {value!r}: {bad} not among {list(SIGNAL_NAMES)} (or none)")
-    return names
+    """`"TERM,USR1"` -> ("TERM", "USR1"); "none" -> (); ValueError naming a bad item (the configuration's
+    own parser: config.slices.parse_preempt_signals)."""
+    return parse_preempt_signals(value)
 
 
 def _name(signum: int) -> str:

@@ -163,3 +163,18 @@ def test_a_preemption_signal_in_the_last_step_stops_before_the_final_test(demo, 
     assert "preempted (SIGTERM): stopped at step 3" in logs and "Traceback" not in logs, logs[-3000:]
     assert json.loads((out / "model_last/train_state.json").read_text())["step"] == 3
     assert not (out / "test_results.json").exists()
+
+
+def test_resuming_with_another_run_length_is_refused(demo, tmp_path):
+    """A finished 3-step run resumed with --max_steps 5 logged "training steps 4..3", trained nothing and
+    exited 0: the length is now compared with the checkpoint's, and the message says how to train on."""
+    out = tmp_path / "run"
+    flags = dict(SIGNAL_RUN, num_workers=0)
+    first, logs = run(tiny_args(demo, out, **flags), tmp_path, env={"OMP_NUM_THREADS": "1"})
+    assert first.returncode == 0, logs[-3000:]
+    before = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file())
+    longer, logs = run(tiny_args(demo, out, **dict(flags, max_steps=5)), tmp_path, env={"OMP_NUM_THREADS": "1"})
+    assert longer.returncode == 2 and "Traceback" not in logs, logs[-3000:]
+    assert f"cannot resume exactly from {out / 'model_last'}: " in logs and "max_steps: checkpoint 3 vs now 5" in logs
+    assert f"start a new run with --init_from {out / 'model_last'} --init_optimizer and another --output_dir" in logs
+    assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()) == before
