@@ -293,7 +293,7 @@ def decide(raw: Mapping[str, Any], now: Mapping[str, Any], *, flag_mode: bool,
             c.notes.append("exact: the same samples in the same optimizer steps, with the same dropout masks; float "
                            "results equal the uninterrupted run's bitwise when a step's micro-batch gradients are "
                            "summed in the same order (2 processes <-> 1 process with accumulation 2), else within "
-                           "float32 rounding (README, 'Changing the cluster')")
+                           "float32 rounding (docs/checkpoints.md, 'Changing the cluster')")
         else:
             c.notes.append(f"micro batch {saved['micro_batch_size']} -> {now['micro_batch_size']}: the same samples in "
                            "the same optimizer steps, but a dropout op now draws one mask for a tensor of another "

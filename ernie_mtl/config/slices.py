@@ -253,7 +253,7 @@ class TrainConfig:
     resume: str = _f("auto", '"auto": continue from the newest complete checkpoint in --output_dir if any; '
                              '"none": start fresh; or the path of a model_last / model_<step> folder. A checkpoint '
                              "continues on another number of processes, data-parallel or sharding degree, micro "
-                             "batch or accumulation when the global batch is the same (README: Changing the cluster).")
+                             "batch or accumulation when the global batch is the same (docs/checkpoints.md: Changing the cluster).")
     allow_batch_change: bool = _f(False, "Resume a checkpoint with another global batch: the data continues at the "
                                          "next unread sample (by samples, not steps) and the learning-rate schedule is "
                                          "re-planned by samples. Without it such a resume is refused (a different "

@@ -1,5 +1,5 @@
 """Changing the cluster between runs, with real processes over gloo, a SIGKILL before every change and
-dropout on, in flag mode (pretraining) and multi-task mode (README, "Changing the cluster").
+dropout on, in flag mode (pretraining) and multi-task mode (docs/checkpoints.md, "Changing the cluster").
 
 A chain trains in segments on different topologies (each segment is SIGKILLed right after a
 checkpoint, the next launch resumes it on another topology) and is compared with one uninterrupted
