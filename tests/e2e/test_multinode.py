@@ -6,9 +6,10 @@ one CPU process each, the same command run twice as two nodes would run it.
 - A node dies mid-run (its rank and its launcher SIGKILLed): the surviving node exits non-zero in a
   bounded time; running the two-node command again resumes from model_last and ends bitwise equal
   to an uninterrupted run.
-- Needing the watchdog wiring in run_multitask_static.py (xfail until it is there): the survivor's
-  log names the lost rank and how to resume; a frozen node (sockets left open) stops the survivor
-  within ERNIE_MTL_PEER_TIMEOUT; orphaned ranks exit when their launcher is killed.
+- Through the watchdog wired into run_multitask_static.py: the survivor's log names the lost rank
+  (found by the diagnosis after the failed collective, not by waiting out ERNIE_MTL_PEER_TIMEOUT) and
+  how to resume; orphaned ranks exit when their launcher is killed. A frozen node is
+  tests/e2e/test_watchdog.py's (a rank script wired as the entry point).
 Every process a test starts is killed at its end, found by a marker in its environment."""
 import zlib  # noqa: F401  (before paddle)
 
@@ -226,9 +227,10 @@ def test_a_lost_node_stops_the_survivor_and_the_same_command_resumes_bitwise(fla
         print(f"lost rank {lost_rank}: the survivor exited with {code} after {took:.1f} s")
         text = nodes.worker_log(0)
         assert code == 75, nodes.report("killed")
-        assert took < 60, took  # measured: a few seconds (gloo fails at once when a peer's sockets close)
-        # the survivor's collective failed; the diagnosis names the rank whose heartbeat stopped
+        # the survivor's collective failed at once (gloo, a peer's sockets closed); the diagnosis names the rank
+        # whose heartbeat stopped: the fast path, not the verdict after ERNIE_MTL_PEER_TIMEOUT (120 s)
         assert f"ernie_mtl watchdog: rank {1 - lost_rank}: lost rank {lost_rank} (node 127.0.0.1)" in text, text[-3000:]
+        assert "ERNIE_MTL_PEER_TIMEOUT=" not in text, text[-3000:]
         assert f"Run the same command again on every node to resume from {out / 'model_last'}." in text
         assert json.loads((out / "model_last/train_state.json").read_text())["step"] == 2
         # the same two-node command again, on both nodes: resumes and finishes
@@ -257,11 +259,12 @@ def test_the_survivor_log_names_the_lost_rank_and_how_to_resume(flag_runs, tmp_p
         text = nodes.worker_log(0)
     finally:
         job.kill_all()
-    assert code == 75 and took < 60, (code, took)
+    assert code == 75, (code, took)
     if lost_rank == 1:
         assert "ernie_mtl watchdog: rank 0: lost rank 1 (node 127.0.0.1)" in text, text[-3000:]
-    else:  # the store lived in rank 0's process
+    else:  # the store lived in rank 0's process: its calls failed at once (not "no answer for" the timeout)
         assert "ernie_mtl watchdog: rank 1: lost contact with the job's TCP store" in text, text[-3000:]
+        assert "no answer for" not in text, text[-3000:]
     assert f"Run the same command again on every node to resume from {out / 'model_last'}." in text
 
 
@@ -286,7 +289,7 @@ def test_orphaned_ranks_exit_after_their_launcher_is_killed(demo, tmp_path):  # 
         assert len(ranks) == 2, (ranks, [(proc_cmdline(p), proc_ppid(p)) for p in job.pids()], launcher.pid)
         os.kill(launcher.pid, signal.SIGKILL)
         t0 = time.monotonic()
-        deadline = t0 + 60
+        deadline = t0 + 120  # against a hang only: the guard polls every second
         while any(proc_alive(p) for p in ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
         took = time.monotonic() - t0
@@ -295,8 +298,7 @@ def test_orphaned_ranks_exit_after_their_launcher_is_killed(demo, tmp_path):  # 
     finally:
         job.kill_all()
     logs = launch_logs(tmp_path / "log")
-    # the guard polls every second; a loaded CI machine gets generous slack
-    assert not alive and took < 30, (alive, took, logs)
+    assert not alive, (alive, took, logs)
     texts = [(tmp_path / "log" / f"workerlog.{r}").read_text(errors="replace") for r in (0, 1)]
     # the first rank to poll sees its launcher gone; the other may instead be stopped by the watchdog
     # when that rank's sockets close (it names the lost rank): either way it says why it stopped

@@ -12,7 +12,7 @@ import pytest
 
 from ernie_mtl.dist import ports
 
-EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
+EXCLUSIVE = {"test_real_two_process_cpu_run"}  # launches two ranks: run alone (tests/conftest.py); the rest prints
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {name: ROOT / "scripts" / f"{name}.sh" for name in ("run", "run_single_node", "run_cpu")}
@@ -240,7 +240,6 @@ def test_syntax_and_help(name):
     assert f"bash scripts/{name}.sh" in proc.stdout
 
 
-@pytest.mark.slow
 def tiny_pretraining_config(tmp_path) -> Path:
     """A 2-step flag-mode run of a tiny ERNIE on a small generated corpus."""
     from data_tools import prepare_demo_data
@@ -258,6 +257,7 @@ def tiny_pretraining_config(tmp_path) -> Path:
     return config
 
 
+@pytest.mark.slow
 def test_real_two_process_cpu_run(tmp_path):
     """scripts/run_cpu.sh really trains: 2 gloo processes, tiny ERNIE, 2 steps, a checkpoint at the end."""
     config = tiny_pretraining_config(tmp_path)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from data_tools import _helpers, index as H, index_reference as R
+from tool_helpers import helpers as tool_helpers  # PaddleNLP's compiled helper: an oracle (pinned in the test extra)
 
 PAIR_DEFAULTS = dict(num_epochs=1, max_num_samples=1, max_seq_len=64, short_seq_prob=0.1, seed=7,
                      min_num_sent=2)
@@ -324,13 +325,12 @@ def test_sample_idx_zero_length_documents_and_exact_end():
 
 
 def test_sample_idx_matches_megatron_tool_helpers_without_empty_documents():
-    helpers = pytest.importorskip("tool_helpers.helpers")
     rng = np.random.default_rng(1)
     sizes = rng.integers(1, 300, size=2000).astype(np.int32)
     doc_idx = np.concatenate([rng.permutation(2000), rng.permutation(2000)]).astype(np.int32)
     tokens = int(sizes.sum())
     ours = H.build_sample_idx(sizes, doc_idx, seq_len=128, num_epochs=2, tokens_per_epoch=tokens)
-    theirs = helpers.build_sample_idx(sizes, doc_idx, 128, 2, tokens)
+    theirs = tool_helpers.build_sample_idx(sizes, doc_idx, 128, 2, tokens)
     np.testing.assert_array_equal(ours, theirs)
 
 
