@@ -22,6 +22,7 @@ def persistables(p, scope):
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.slow
 def test_a_nan_step_is_skipped_bitwise_and_counted(build_programs, accumulate):
     import paddle
 

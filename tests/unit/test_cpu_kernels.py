@@ -71,6 +71,7 @@ def plain(build_programs):
     return train(build_programs)
 
 
+@pytest.mark.slow
 def test_chosen_ops_train_within_rounding_of_the_plain_program(build_programs, plain):
     losses, params, changed = train(build_programs, EXACT_ONEDNN_OPS)
     assert sum(changed.values()) > 20, changed  # the set really covers the network's ops
@@ -154,6 +155,7 @@ MATMUL_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_oneDNN_matmul_and_its_gradient_really_run_on_oneDNN():
     """A linear layer's forward product and (on its 2-D views) both gradient products run as oneDNN
     matmul primitives when their op types carry the attribute, and none does without it."""
@@ -271,6 +273,7 @@ def test_bias_grads_by_matmul_are_the_row_sums_of_the_output_gradient(build_prog
         np.testing.assert_allclose(grads[name], plain_grads[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_training_with_bias_grads_by_matmul_stays_within_rounding_of_the_plain_program(build_programs, plain):
     """The documented tolerance: after STEPS steps, losses within 1e-6 relative and parameters within
     1e-6 absolute of the plain program's (changing the thread count from 2 to 1 moved them by ~1e-7
@@ -291,6 +294,7 @@ def test_training_with_bias_grads_by_matmul_stays_within_rounding_of_the_plain_p
     assert_within_rounding(losses, {n: np.array(scope.find_var(n).get_tensor()) for n in plain[1]}, plain)
 
 
+@pytest.mark.slow
 def test_bias_grads_are_ready_before_data_parallel_all_reduce(build_programs):
     """The program rank 0 of 2 would run (data parallel, fused all-reduce): every rewritten bias
     gradient is written before any op reads it."""

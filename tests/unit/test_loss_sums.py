@@ -33,6 +33,7 @@ def run(p, exe, scope, task_index, feed):
     return name, values[:1 + len(p.fwd.task_scalars[name])], values[len(values) - (2 if p.loss_scaling else 1):]
 
 
+@pytest.mark.slow
 def test_one_task_sums_equal_the_host_sums_and_a_take_starts_anew(build_programs):
     from ernie_mtl.config import ParallelConfig
 

@@ -235,6 +235,7 @@ def gpu_program(tmp_path, world, parallel, amp):
             paddle.disable_static()
 
 
+@pytest.mark.slow
 def test_gpu_program_facts_of_rank_0_under_sharding_amp_and_accumulation(tmp_path):
     """4 GPUs = sharding 2 x dp 2, AMP O1, 4 micro-batches per step: float16 casts, the sharding ring
     (broadcasts and reduces among ranks 0-1), the dp ring (all-reduce among ranks 0 and 2), gradient
@@ -263,6 +264,7 @@ def test_gpu_program_facts_of_rank_0_under_sharding_amp_and_accumulation(tmp_pat
     assert "gradient merge: 1 conditional_block (the update runs once every 4 micro-batches)" in lines
 
 
+@pytest.mark.slow
 def test_gpu_program_facts_of_one_float32_rank(tmp_path):
     from ernie_mtl.planning.dryrun import estimate, format_gpu_program, program_facts
 

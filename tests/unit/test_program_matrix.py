@@ -125,6 +125,7 @@ def live_ops(program):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_every_topology_builds_for_every_rank_with_the_freeze_covering_the_optimizer_state(kind, root):
     partner = ("cls", "intent") if kind == "seq_label_crf" else ("seq_label_crf", "ner")
     trained = None  # parameters some task's loss reaches (e.g. no pooler without a pooled-output task)

@@ -77,6 +77,7 @@ def test_a_slot_is_the_same_micro_batch_on_any_layout():
         slot_of(0, 2, 2)
 
 
+@pytest.mark.slow
 def test_dropout_changes_the_loss_and_recompute_replays_the_same_masks(build_programs):
     losses = {}
     for name, model, parallel in (("off", tiny_model(), ParallelConfig(micro_batch_size=4)),
@@ -122,6 +123,7 @@ def test_gpu_program_feeds_every_dropout_a_cpu_seed_and_recompute_adds_none(buil
 
 
 # -------------------------------------------------------------------------------- initial weights
+@pytest.mark.slow
 def test_every_parameter_starts_from_its_own_seed(build_programs):
     p = build_programs(model=tiny_model())
     scope, _ = scope_and_exe(p)
@@ -322,6 +324,7 @@ def test_crf_decode_is_in_the_evaluation_program_only(task_files):
 
 
 # --------------------------------------------------------------------------------------------- EMA
+@pytest.mark.slow
 def test_device_ema_matches_the_formula_swaps_in_and_restores(task_files):
     import paddle
 

@@ -114,6 +114,7 @@ def _fake_checkpoint(variables_per_rank, rng):
 
 @pytest.mark.parametrize("source,target", [("one_acc2", "sharding2_acc2"), ("sharding2_acc2", "dp2"),
                                            ("dp2", "one_acc2"), ("sharding2_acc2", "one_acc2")])
+@pytest.mark.slow
 def test_a_state_written_by_one_topology_fills_every_rank_of_another(layouts, source, target):
     """Every persistable variable of every target rank (its own shard under sharding) gets the value
     the source held for the same structured name; only transient state (gradient merge, the fed
@@ -136,6 +137,7 @@ def test_a_state_written_by_one_topology_fills_every_rank_of_another(layouts, so
     assert used == {n for n in merged if not is_transient(n, set(src_map.values()))}
 
 
+@pytest.mark.slow  # the `layouts` fixture builds the programs of several topologies
 def test_amp_o2_state_maps_master_weights_and_loss_scaling(layouts):
     (variables,), name_map = layouts["o2_gpu"]
     state = structured_state(_fake_checkpoint([variables], np.random.default_rng(1)), name_map)
