@@ -322,7 +322,8 @@ def batch_change_refusal(saved: Mapping[str, Any], now: Mapping[str, Any], *, fl
     if flag_mode:
         g, micro = int(saved["global_batch_size"]), int(now["micro_batch_size"])
         what = f"global batch {saved['global_batch_size']} samples per step vs {now['global_batch_size']} now"
-        keep = [m for m in (micro, *(micro // d for d in (2, 4, 8) if micro % d == 0)) if m >= 1 and g % (m * world) == 0]
+        keep = [m for m in (micro, *(micro // d for d in (2, 4, 8) if micro % d == 0))
+                if m >= 1 and g % (m * world) == 0]
         fix = (f"keep --global_batch_size {g} (micro batch x {world} data-parallel ranks x accumulation: e.g. "
                f"--micro_batch_size {keep[0]} gives accumulation {g // (keep[0] * world)})" if keep else
                f"keep --global_batch_size {g} with a --micro_batch_size that divides {g // world} "

@@ -38,9 +38,9 @@ from ernie_mtl.config.values import EXPECTED, NONE_WORDS, coerce, read_yaml, sug
 
 PROG = "run_multitask_static.py"
 FLAG_MODE_TASK = "pretrain"  # the one task of a flag-mode pretraining run
-CONFIG_MAPPING = "configuration mapping"
-PREEMPT_SIGNALS = ("TERM", "USR1", "USR2", "INT", "HUP")
-ANOMALY_POLICIES = ("skip", "stop", "replay", "none")  # dist/preemption.SIGNAL_NAMES  # how messages name a configuration given as a Python mapping
+CONFIG_MAPPING = "configuration mapping"  # how messages name a configuration given as a Python mapping
+PREEMPT_SIGNALS = ("TERM", "USR1", "USR2", "INT", "HUP")  # dist/preemption.SIGNAL_NAMES
+ANOMALY_POLICIES = ("skip", "stop", "replay", "none")
 RUN_WIDE = "mtl"  # pseudo-slice of the run-wide multi-task flags
 # flag name -> (slice name, field type); run-wide multi-task keys -> ("mtl", kind)
 _FLAGS: Dict[str, Tuple[str, Any]] = {
@@ -242,7 +242,8 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, hooks: ParseHooks,
     sources: Dict[str, str] = {}
     setup = None
     if multitask:
-        try:  # every command-line value: flags that are also task keys (max_seq_len, masked_lm_prob, ...) reach the tasks
+        # every command-line value: flags that are also task keys (max_seq_len, masked_lm_prob, ...) reach the tasks
+        try:
             setup = palm.load_multitask_config(
                 config_file, hooks=hooks, data=config, base_dir=config_dir, cli={**mtl_cli, **given}, task_cli=task_cli,
                 flag_names={k for k, (s, _) in _FLAGS.items() if s != RUN_WIDE},

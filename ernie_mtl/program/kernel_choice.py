@@ -150,7 +150,8 @@ class KernelCache:
         except (OSError, ValueError) as e:  # unreadable or not JSON: measure again, rewrite it
             self.notes.append(f"kernel cache {self.path} ignored ({type(e).__name__}: {str(e)[:80]})")
             return {}
-        if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT or not isinstance(data.get("machines"), dict):
+        if (not isinstance(data, dict) or data.get("format") != CACHE_FORMAT
+                or not isinstance(data.get("machines"), dict)):
             self.notes.append(f"kernel cache {self.path} ignored (not a format-{CACHE_FORMAT} cache file)")
             return {}
         return data
@@ -479,7 +480,8 @@ def time_op_types(program, op_types: Iterable[str], *, batch: int, seq: int, cac
     return out
 
 
-def choose_onednn_types(timings: Mapping[str, TypeTiming], *, margin: float = MARGIN) -> Tuple[Tuple[str, ...], List[str]]:
+def choose_onednn_types(timings: Mapping[str, TypeTiming], *,
+                        margin: float = MARGIN) -> Tuple[Tuple[str, ...], List[str]]:
     """(op types to run on oneDNN, notes): the types whose oneDNN time beats the plain one by `margin`,
     less the known conflicts (`cpu_kernels.ONEDNN_CONFLICTS`)."""
     faster = sorted(t for t, timing in timings.items() if timing.faster(margin))
@@ -601,6 +603,7 @@ def reconcile(current: KernelChoice, recorded: Optional[KernelChoice]) -> Tuple[
                 f"CPU kernels: resuming with the checkpoint's recorded kernels ({what}, chosen{where}) so the run "
                 f"continues bitwise; this machine would choose {mine} ({current.describe()}). Pass --cpu_kernels "
                 "with a mode to switch anyway (float32 rounding, not bitwise)")
-    return (current, f"CPU kernels: --cpu_kernels {current.mode if current.mode != 'list' else ','.join(current.onednn)} "
+    return (current,
+            f"CPU kernels: --cpu_kernels {current.mode if current.mode != 'list' else ','.join(current.onednn)} "
             f"differs from the checkpoint's recorded kernels ({what}{where}): the resumed run continues within "
             "float32 rounding of the uninterrupted one, not bitwise")

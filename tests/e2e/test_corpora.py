@@ -1,4 +1,4 @@
-"""Pretraining data at scale through the real CLI (issue 12): weighted corpus mixtures in flag mode and
+"""Pretraining data at scale through the real CLI: weighted corpus mixtures in flag mode and
 in a multi-task YAML (planned, logged, counted in VisualDL, resumed bitwise after SIGKILL), every bad
 mixture refused before any process communicates, and per-node index caches (--share_folder false)
 with two launchers acting as two nodes that share no cache folder."""
@@ -18,7 +18,8 @@ import pytest
 
 from helpers import ENTRY, ROOT, free_port, jsonl, metrics, ok, run_cli, state
 
-EXCLUSIVE = {"test_per_node_caches", "test_without_a_shared_folder"}  # these launch several processes: run alone (tests/conftest.py)
+EXCLUSIVE = {"test_per_node_caches",
+             "test_without_a_shared_folder"}  # these launch several processes: run alone (tests/conftest.py)
 
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
 # three corpora over disjoint characters, so a sample tells which corpus it came from

@@ -184,6 +184,10 @@ def truncate(path: Path):
     path.write_bytes(path.read_bytes()[:-11])
 
 
+def truncate_to(path: Path, size: int):
+    path.write_bytes(path.read_bytes()[:size])
+
+
 def flip_byte(path: Path):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, different content
@@ -280,7 +284,8 @@ CASES = [
                                                                                  "nope.txt", "not found"]),
     ("vocab_empty", lambda ws: (write(ws / "empty.txt", ""), flag("--tokenizer_name_or_path", "empty.txt"))[1],
      ["empty.txt is empty"]),
-    ("vocab_without_mask", lambda ws: (write(ws / "nomask.txt", "\n".join(["[PAD]", "[CLS]", "[SEP]", "[UNK]"] + CHARS)),
+    ("vocab_without_mask",
+     lambda ws: (write(ws / "nomask.txt", "\n".join(["[PAD]", "[CLS]", "[SEP]", "[UNK]"] + CHARS)),
                                        flag("--tokenizer_name_or_path", "nomask.txt"))[1], ["nomask.txt", "[MASK]"]),
     ("vocab_not_utf8", lambda ws: (write(ws / "bad.txt", b"[PAD]\n\xff\xfe\n"),
                                    flag("--tokenizer_name_or_path", "bad.txt"))[1], ["bad.txt", "not UTF-8"]),
@@ -423,8 +428,7 @@ CASES = [
                                                                               "--overwrite"])[1],
      ["--output_dir", "conv is a file"]),
     ("s2d_missing_input", lambda ws: S2D + ["--input", "nowhere", "--output_dir", "conv"], ["nowhere"]),
-    ("s2d_verify_truncated_export", lambda ws: (write(ws / "mtl/topic/infer_model/model.pdiparams",
-                                                      (ws / "mtl/topic/infer_model/model.pdiparams").read_bytes()[:100]),
+    ("s2d_verify_truncated_export", lambda ws: (truncate_to(ws / "mtl/topic/infer_model/model.pdiparams", 100),
                                                 S2D + ["--input", "mtl/topic/infer_model", "--output_dir", "conv",
                                                        "--verify"])[1], ["model.pdiparams", "re-export"]),
     # prediction and evaluation
@@ -593,7 +597,8 @@ ENV = {"launch_master_malformed": {"MASTER": "host-without-port", "NNODES": "2",
 LIMIT = {"ckpt_disk_full_on_save": 40_000}
 # fragments the message must NOT contain (a wrong cause, a spurious follow-on problem)
 ABSENT = {"ckpt_another_global_batch": ["cannot resume exactly"], "init_from_another_model": ["problems"],
-          "vocab_with_bom": ["lacks", "problems"], "tool_vocab_with_bom": ["lacks"], "mixture_folder_orphan_bin": ["problems"],
+          "vocab_with_bom": ["lacks", "problems"], "tool_vocab_with_bom": ["lacks"],
+          "mixture_folder_orphan_bin": ["problems"],
           "config_syntax_error_alone": ["is required", "problems"], "config_empty": ["is required"],
           "config_duplicate_key": ["problems"], "ckpt_opt_written_damaged": ["another configuration"],
           "eval_ckpt_written_damaged": ["Traceback"]}

@@ -70,7 +70,8 @@ class Nodes:
         self.launchers, self.log_dirs = [], []
         for n, extra in enumerate(node_env):
             log_dir = self.tmp / f"{tag}_node{n}_log"  # one machine: each node its own log folder
-            env = dict(PYTHON=sys.executable, MASTER=f"127.0.0.1:{self.port}", NNODES="2", NPROC="1", CONFIG=str(self.config),
+            env = dict(PYTHON=sys.executable, MASTER=f"127.0.0.1:{self.port}", NNODES="2", NPROC="1",
+                       CONFIG=str(self.config),
                        OUTPUT_DIR=str(self.output_dir), LOG_DIR=str(log_dir), **extra)
             self.launchers.append(self.job.launch(["bash", RUN_CPU, *self.args], log=f"{tag}_node{n}", **env))
             self.log_dirs.append(log_dir)
@@ -83,7 +84,7 @@ class Nodes:
         """The global rank node n got (the rendezvous numbers the nodes; the launcher records it)."""
         path = self.log_dirs[n] / "envlog.0"
         wait_for(path.exists, 120, f"node {n} to start its rank")
-        line = next(l for l in path.read_text().splitlines() if l.startswith("PADDLE_TRAINER_ID="))
+        line = next(text for text in path.read_text().splitlines() if text.startswith("PADDLE_TRAINER_ID="))
         return int(line.split("=")[1])
 
     def worker_log(self, n):
@@ -92,7 +93,7 @@ class Nodes:
 
     def printed_command(self, n, tag="run"):
         text = (self.tmp / f"{tag}_node{n}.out").read_text(errors="replace")
-        line = next(l for l in text.splitlines() if l.startswith("+ ") and "paddle.distributed.launch" in l)
+        line = next(t for t in text.splitlines() if t.startswith("+ ") and "paddle.distributed.launch" in t)
         return re.sub(r"--log_dir \S+ ", "", line)
 
     def report(self, tag="run"):
@@ -139,7 +140,8 @@ def assert_bitwise_equal_runs(a, b):
 def test_two_nodes_equal_one_process_on_the_combined_batch(flag_runs):
     nodes, two = flag_runs["nodes"], flag_runs["two"]
     assert nodes.printed_command(0) == nodes.printed_command(1)  # the same command on both nodes
-    assert "--master 127.0.0.1:" in nodes.printed_command(0) and "--nnodes 2 --nproc_per_node 1" in nodes.printed_command(0)
+    command = nodes.printed_command(0)
+    assert "--master 127.0.0.1:" in command and "--nnodes 2 --nproc_per_node 1" in command
     assert sorted(nodes.rank_of(n) for n in (0, 1)) == [0, 1]
     saved = json.loads((two / "model_last/train_state.json").read_text())
     assert saved["step"] == 6 and saved["topology"]["world_size"] == 2
@@ -282,7 +284,8 @@ def test_orphaned_ranks_exit_after_their_launcher_is_killed(demo, tmp_path):  # 
     out = tmp_path / "orphans"
     config = flag_config(demo, tmp_path / "long.yaml", max_steps=500, checkpoint_steps=1000, eval_freq=1000)
     try:
-        launcher = job.launch(["bash", RUN_CPU, "--micro_batch_size", "2"], log="orphans", PYTHON=sys.executable, NPROC="2",
+        launcher = job.launch(["bash", RUN_CPU, "--micro_batch_size", "2"], log="orphans", PYTHON=sys.executable,
+                              NPROC="2",
                               CONFIG=str(config), OUTPUT_DIR=str(out), LOG_DIR=str(tmp_path / "log"))
         wait_for(lambda: (out / "train_metrics.jsonl").exists(), 180, "training to start")
         ranks = [p for p in job.ranks() if proc_ppid(p) == launcher.pid]
@@ -302,5 +305,6 @@ def test_orphaned_ranks_exit_after_their_launcher_is_killed(demo, tmp_path):  # 
     texts = [(tmp_path / "log" / f"workerlog.{r}").read_text(errors="replace") for r in (0, 1)]
     # the first rank to poll sees its launcher gone; the other may instead be stopped by the watchdog
     # when that rank's sockets close (it names the lost rank): either way it says why it stopped
-    assert any(f"ernie_mtl watchdog: rank {r}: its launcher (pid {launcher.pid}) is gone" in texts[r] for r in (0, 1)), logs
+    assert any(f"ernie_mtl watchdog: rank {r}: its launcher (pid {launcher.pid}) is gone" in texts[r]
+               for r in (0, 1)), logs
     assert all(f"ernie_mtl watchdog: rank {r}:" in texts[r] for r in (0, 1)), logs

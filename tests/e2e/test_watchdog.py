@@ -213,7 +213,8 @@ def test_rank_0_stays_until_its_live_peers_have_left():
 
 def test_resume_hint_and_settings(tmp_path, monkeypatch):
     (tmp_path / "model_last").mkdir()
-    assert watchdog.resume_hint(str(tmp_path)).endswith("(no checkpoint there yet: that run starts from the beginning).")
+    assert watchdog.resume_hint(str(tmp_path)).endswith(
+        "(no checkpoint there yet: that run starts from the beginning).")
     (tmp_path / "model_last" / "train_state.json").write_text("{}")
     assert watchdog.resume_hint(str(tmp_path)) == (
         f"Run the same command again on every node to resume from {tmp_path}/model_last.")
@@ -303,7 +304,8 @@ def test_leave_runs_exit_handlers_flushes_and_keeps_the_status(tmp_path):
 def test_no_guard_without_a_launcher():
     """A plain run (its parent is a shell or pytest) is never guarded: it may outlive its terminal."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "ERNIE_MTL_ORPHAN"))}
-    proc = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); from ernie_mtl.dist import watchdog; "
+    proc = subprocess.run([sys.executable, "-c",
+                           "import sys; sys.path.insert(0, %r); from ernie_mtl.dist import watchdog; "
                            "print(watchdog.install_orphan_guard())" % str(ROOT)], env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.stdout.strip() == "None", proc.stderr

@@ -253,7 +253,8 @@ def test_bias_grads_by_matmul_are_the_row_sums_of_the_output_gradient(build_prog
                            optim=OptimConfig(max_steps=100, grad_clip=0.0))
         block = p.main.global_block()
         pairs = {op.output("Y@GRAD")[0]: op.input("Out@GRAD")[0] for op in block.ops
-                 if op.type == "elementwise_add_grad" and op.output("Y@GRAD") and len(block.var(op.input("Y")[0]).shape) == 1}
+                 if op.type == "elementwise_add_grad" and op.output("Y@GRAD")
+                 and len(block.var(op.input("Y")[0]).shape) == 1}
         rewritten = bias_grads_by_matmul(p.main) if rewrite else []
         scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
         p.initialize(exe, scope)
@@ -323,7 +324,8 @@ def test_bias_grads_land_in_a_fused_all_reduce_buffer(build_programs):
     grads = sorted(bias_grads_by_matmul(p.main))
     block = p.main.global_block()
     fused = block.create_var(name="FusedOutput_bias_grads", dtype="float32", persistable=False)
-    block._insert_op(0, type="coalesce_tensor", inputs={"Input": grads}, outputs={"Output": grads, "FusedOutput": fused},
+    block._insert_op(0, type="coalesce_tensor", inputs={"Input": grads},
+                     outputs={"Output": grads, "FusedOutput": fused},
                      attrs={"copy_data": False, "use_align": True, "dtype": fused.dtype, "set_constant": False,
                             "concated_shapes": [d for g in grads for d in block.var(g).shape],
                             "concated_ranks": [len(block.var(g).shape) for g in grads],

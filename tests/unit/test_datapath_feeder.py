@@ -13,7 +13,6 @@ import copy
 import os
 import pickle
 import signal
-import time
 from pathlib import Path
 
 import numpy as np
@@ -263,7 +262,7 @@ def test_a_failing_sample_names_the_task_file_sample_and_worker(run_plan, user_e
     worker, local = messages
     path = str(Path(plan.tasks[i].spec.train_file))
     for text in messages:
-        assert f"task sentiment: building micro-batch" in text and f"example {bad} of {path} (epoch 0)" in text, text
+        assert "task sentiment: building micro-batch" in text and f"example {bad} of {path} (epoch 0)" in text, text
         assert ("corpus bytes changed under the run" if user_error else "ValueError: cannot decode example") in text
     assert "(in data-loading worker " in worker and ", pid " in worker
     assert worker.split(" (in data-loading worker")[0] == local.split("\n")[0]

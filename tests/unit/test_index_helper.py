@@ -254,7 +254,8 @@ def test_pair_seed_determinism():
 # Blending
 
 
-@pytest.mark.parametrize("weights", [[1.0], [0.5, 0.3, 0.2], [3, 1, 0, 7, 2.5], list(np.random.default_rng(0).random(40))])
+@pytest.mark.parametrize("weights",
+                         [[1.0], [0.5, 0.3, 0.2], [3, 1, 0, 7, 2.5], list(np.random.default_rng(0).random(40))])
 def test_blending_equals_reference_and_keeps_every_prefix_within_one_sample(weights):
     size = 5000
     ours = H.build_blending_indices(weights, size)
@@ -374,7 +375,8 @@ GOOD_DOC_IDX, GOOD_SIZES = np.array([0, 2, 4], np.int64), np.array([5, 5, 5, 5],
     (GOOD_DOC_IDX, GOOD_SIZES, {"seed": -1}, r"seed must be in \[0, 9223372036854775807\], got -1"),
     (GOOD_DOC_IDX, GOOD_SIZES, {"seed": 2 ** 63}, r"seed must be in \[0, "),
     (GOOD_DOC_IDX, GOOD_SIZES, {"num_epochs": 0}, r"num_epochs must be in \[1, "),
-    (GOOD_DOC_IDX, GOOD_SIZES, {"num_epochs": 2.0}, r"num_epochs must be an integer, got 2.0 \(float\); pass int\(2.0\)"),
+    (GOOD_DOC_IDX, GOOD_SIZES, {"num_epochs": 2.0},
+     r"num_epochs must be an integer, got 2.0 \(float\); pass int\(2.0\)"),
     (GOOD_DOC_IDX, GOOD_SIZES, {"min_num_sent": 0}, r"min_num_sent must be in \[1, "),
     (GOOD_DOC_IDX, GOOD_SIZES, {"max_num_samples": True}, r"max_num_samples must be an integer, got the bool True"),
 ])

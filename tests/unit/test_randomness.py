@@ -1,5 +1,6 @@
-"""Training randomness and on-device multi-task state, checked on built programs (issue: dropout was
-frozen, every same-shape parameter started equal, idle heads and the EMA went through the host).
+"""Training randomness and on-device multi-task state, checked on built programs (the defects these
+tests guard against: dropout was frozen, every same-shape parameter started equal, idle heads and the
+EMA went through the host).
 
 Each test here fails on the code before the fix: masks were equal across steps and layers
 (`fix_seed`), q/k/v and every layer started with equal weights, idle heads were restored from host
@@ -83,7 +84,8 @@ def test_dropout_changes_the_loss_and_recompute_replays_the_same_masks(build_pro
     for name, model, parallel in (("off", tiny_model(), ParallelConfig(micro_batch_size=4)),
                                   ("on", tiny_model(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
                                    ParallelConfig(micro_batch_size=4)),
-                                  ("on+recompute", tiny_model(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
+                                  ("on+recompute",
+                                   tiny_model(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
                                    ParallelConfig(micro_batch_size=4, use_recompute=True))):
         if name == "off":
             model = tiny_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -135,10 +137,11 @@ def test_every_parameter_starts_from_its_own_seed(build_programs):
     assert 0.015 < q0.std() < 0.025  # still the architecture's initializer (truncated normal, std 0.02)
     again = build_programs(model=tiny_model())
     scope2, _ = scope_and_exe(again)
-    np.testing.assert_array_equal(np.array(scope2.find_var(again.name_map["ernie.encoder.layers.0.self_attn.q_proj.weight"]).get_tensor()), q0)
+    q_name = "ernie.encoder.layers.0.self_attn.q_proj.weight"
+    np.testing.assert_array_equal(np.array(scope2.find_var(again.name_map[q_name]).get_tensor()), q0)
     other = build_programs(model=tiny_model(), seed=2)
     scope3, _ = scope_and_exe(other)
-    assert not np.array_equal(np.array(scope3.find_var(other.name_map["ernie.encoder.layers.0.self_attn.q_proj.weight"]).get_tensor()), q0)
+    assert not np.array_equal(np.array(scope3.find_var(other.name_map[q_name]).get_tensor()), q0)
     assert parameter_seed(1, "a") != parameter_seed(1, "b") and parameter_seed(1, "a") == parameter_seed(1, "a")
 
 

@@ -42,12 +42,14 @@ def test_structured_state_names_by_the_first_alias_and_drops_zero_merge_state():
               "gradient_merge_step": np.array([0], "int32"), "gradient_merge_k": np.array([2], "int32"),
               "learning_rate_0": np.array(1e-3, "float32"), "StructuredToParameterName@@": {"a": "b"}}
     state = structured_state(merged, NAME_MAP)
-    assert sorted(state) == ["ernie.embeddings.word_embeddings.weight", "ernie.embeddings.word_embeddings.weight_moment1_0",
+    assert sorted(state) == ["ernie.embeddings.word_embeddings.weight",
+                             "ernie.embeddings.word_embeddings.weight_moment1_0",
                              "ernie.encoder.layers.0.linear1.weight@EMA", "loss_scaling_0"]
 
 
 def test_a_state_saved_inside_an_optimizer_step_is_refused():
-    busy = {"linear_1.w_0@GRAD@GradientMerge": np.ones((2, 2), "float32"), "gradient_merge_step": np.array([1], "int32")}
+    busy = {"linear_1.w_0@GRAD@GradientMerge": np.ones((2, 2), "float32"),
+            "gradient_merge_step": np.array([1], "int32")}
     with pytest.raises(ReshardError, match=r"saved inside an optimizer step .*gradient_merge_step = \[1\].*"
                                            r"ernie.encoder.layers.0.linear1.weight\) is not zero"):
         structured_state(busy, NAME_MAP)
@@ -56,7 +58,8 @@ def test_a_state_saved_inside_an_optimizer_step_is_refused():
 def test_assignments_by_any_alias_and_the_first_differences_listed():
     state = {"heads.pretrain.decoder_weight": np.ones((4, 2), "float32"),  # a writer whose first alias was the head's
              "heads.pretrain.decoder_weight_moment1_0": np.zeros((4, 2), "float32"),
-             "ernie.encoder.layers.0.linear1.weight": np.ones((2, 2), "float32"), "loss_scaling_0": np.ones(1, "float32")}
+             "ernie.encoder.layers.0.linear1.weight": np.ones((2, 2), "float32"),
+             "loss_scaling_0": np.ones(1, "float32")}
     variables = {"embedding_0.w_0": ((4, 2), "float32"), "embedding_0.w_0_moment1_0": ((4, 2), "float32"),
                  "embedding_0.w_0@GRAD@GradientMerge": ((4, 2), "float32"), "learning_rate_0": ((), "float32")}
     got = assignments(state, NAME_MAP, variables)
@@ -169,7 +172,8 @@ def test_same_topology_is_exact_and_another_layout_with_the_global_batch_reshard
     assert decide(raw(topo(2, 2, 1, 2, 4)), topo(2, 2, 1, 2, 4), flag_mode=True).kind == "exact"
     c = decide(raw(topo(2, 2, 1, 2, 4)), topo(1, 1, 1, 2, 4), flag_mode=True)
     assert c.kind == "resharded" and c.same_masks and "with the same dropout masks" in c.summary()[-1]
-    assert c.summary()[1] == "  checkpoint: 2 processes (dp 2 x sharding 1), micro batch 2 x accumulation 1, global batch 4"
+    assert c.summary()[1] == ("  checkpoint: 2 processes (dp 2 x sharding 1), micro batch 2 x accumulation 1, "
+                              "global batch 4")
     c = decide(raw(topo(2, 1, 2, 2, 8)), topo(2, 2, 1, 4, 8), flag_mode=True)
     assert c.kind == "resharded" and not c.same_masks and "micro batch 2 -> 4" in c.notes[0]
     # multi-task: the global batch is micro-batches per step (each task's micro-batch is its batch_size)

@@ -73,7 +73,8 @@ def test_cpu_threads_are_the_node_share_of_each_rank(cpus, ranks, expected):
 
 
 def test_local_process_count_reads_paddle_launch_then_mpi():
-    assert local_process_count({"PADDLE_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}) == (4, "PADDLE_LOCAL_SIZE")
+    assert (local_process_count({"PADDLE_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+            == (4, "PADDLE_LOCAL_SIZE"))
     assert local_process_count({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}) == (2, "OMPI_COMM_WORLD_LOCAL_SIZE")
     assert local_process_count({"PADDLE_LOCAL_SIZE": ""}) == (1, "")
 
@@ -171,7 +172,8 @@ def test_the_predictor_thread_budget_follows_the_training_rule():
     training: this process's cores / the ranks on this node."""
     from ernie_mtl.dist.threads import process_threads
 
-    assert process_threads({"OMP_NUM_THREADS": "3"}, budget=CpuBudget(affinity=8)) == (3, "OMP_NUM_THREADS=3 from the environment")
+    assert (process_threads({"OMP_NUM_THREADS": "3"}, budget=CpuBudget(affinity=8))
+            == (3, "OMP_NUM_THREADS=3 from the environment"))
     threads, why = process_threads({"OMP_NUM_THREADS": "1"}, budget=CpuBudget(affinity=8))
     assert threads == 8 and "8 CPUs in the affinity mask / 1 process" in why
     assert process_threads({"PADDLE_LOCAL_SIZE": "2"}, budget=CpuBudget(affinity=8))[0] == 4
