@@ -106,7 +106,8 @@ def write_error(e: OSError, target: str, outcome: str = "nothing was written") -
     else; nothing was written'."""
     reason = e.strerror or str(e)
     fix = IO_FIXES.get(e.errno)
-    return UserError(f"cannot write {target}: {reason}" + (f"; {fix}" if fix else "") + (f"; {outcome}" if outcome else ""))
+    return UserError(f"cannot write {target}: {reason}" + (f"; {fix}" if fix else "")
+                     + (f"; {outcome}" if outcome else ""))
 
 
 def is_user_fault(e: BaseException) -> bool:

@@ -102,4 +102,5 @@ def loads_json_bounded(text: str, *, source: str = "JSON") -> Any:
 
 def read_json_bounded(path: os.PathLike, *, max_bytes: int, what: str = "JSON file") -> Any:
     """The JSON value of `path`, read with `read_text_bounded` and `loads_json_bounded`."""
-    return loads_json_bounded(read_text_bounded(path, max_bytes=max_bytes, what=what), source=f"{what} {os.fspath(path)}")
+    text = read_text_bounded(path, max_bytes=max_bytes, what=what)
+    return loads_json_bounded(text, source=f"{what} {os.fspath(path)}")

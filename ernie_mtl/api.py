@@ -51,7 +51,8 @@ __all__ = ["CheckpointError", "Callback", "ConfigError", "PrebuildResult", "RunC
            "register_callback", "register_task_type", "train"]
 
 
-def load_config(source: ConfigSource = None, *, base_dir: Optional[os.PathLike] = None, world_size: Optional[int] = None,
+def load_config(source: ConfigSource = None, *, base_dir: Optional[os.PathLike] = None,
+                world_size: Optional[int] = None,
                 tasks: Optional[Mapping[str, Mapping[str, Any]]] = None, **flags: Any) -> RunConfig:
     """A validated RunConfig from `source` and `flags` (see the module docstring); ConfigError lists
     every problem, as the command line does."""
@@ -135,7 +136,8 @@ def plan(source: ConfigSource = None, *, world_size: Optional[int] = None, **fla
 
 
 def evaluate(output_dir: os.PathLike, task: str, eval_file: os.PathLike, *, checkpoint: Optional[os.PathLike] = None,
-             eval_output: Optional[os.PathLike] = None, device: str = "cpu", cpu_kernels: str = "auto") -> Dict[str, Any]:
+             eval_output: Optional[os.PathLike] = None, device: str = "cpu",
+             cpu_kernels: str = "auto") -> Dict[str, Any]:
     """Metrics of `task` on the labelled `eval_file`: its exported model in `output_dir`, or the
     weights of `checkpoint` (a model_last / model_<step> / best_<task> folder). Returns the report
     (task, source, step, examples, metrics) also written to `eval_output` (default

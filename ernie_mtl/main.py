@@ -38,10 +38,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     console.quiet_fleet_loggers()
     preemption.guard()  # a signal before or after the loop stops cleanly, not in Paddle's C++ handler
     watchdog.install_orphan_guard()
-    code = run_cli(PROG, lambda: _main(argv, notes))
+    code = run_command(argv, notes)
     if process.ProcessInfo.from_env().world_size > 1:
         watchdog.leave(code)
     return code
+
+
+def run_command(argv: Sequence[str], notes: Sequence[str] = ()) -> int:
+    """The command itself, once `main` has set the process up: parse, then one engine function; a user
+    error becomes `run_multitask_static.py: error: ...` and exit status 2 (tests run it in-process)."""
+    return run_cli(PROG, lambda: _main(argv, notes))
 
 
 def _main(argv: Sequence[str], notes: Sequence[str]) -> int:

@@ -242,7 +242,8 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, hooks: ParseHooks,
     sources: Dict[str, str] = {}
     setup = None
     if multitask:
-        try:  # every command-line value: flags that are also task keys (max_seq_len, masked_lm_prob, ...) reach the tasks
+        # every command-line value: flags that are also task keys (max_seq_len, masked_lm_prob, ...) reach the tasks
+        try:
             setup = palm.load_multitask_config(
                 config_file, hooks=hooks, data=config, base_dir=config_dir, cli={**mtl_cli, **given}, task_cli=task_cli,
                 flag_names={k for k, (s, _) in _FLAGS.items() if s != RUN_WIDE},

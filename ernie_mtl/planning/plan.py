@@ -108,7 +108,8 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
     probabilities = sampling_probabilities(m.sampling, mix_ratio=[t.spec.mix_ratio for t in tasks], num_examples=sizes,
                                            temperature=m.temperature, examples_cap=m.examples_cap)
     max_steps = cfg.optim.max_steps
-    if setup.flag_mode:  # the one target's quota: exactly --max_steps optimizer steps (its samples, after a batch change)
+    # flag mode: the one target's quota is exactly --max_steps optimizer steps (its samples, after a batch change)
+    if setup.flag_mode:
         max_steps = flag_mode_steps(train_samples[tasks[0].spec.name], topo, resume)
         quotas: List[Optional[int]] = [flag_mode_quota(max_steps, topo, resume)]
     else:

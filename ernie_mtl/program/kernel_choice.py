@@ -42,10 +42,11 @@ How (`choose_onednn_types`):
   when its ratio spread straddles the decision threshold (noise could decide it). The next run on the
   machine measures a disturbed entry again: a clean measurement replaces it and is then kept for good; a
   disturbed one does not, so while the machine stays busy every run decides from the first measurement
-  (two runs never choose differently because one of them was disturbed). A later run on the same kind of machine with the same shapes
-  measures nothing. The file is read with bounds (a regular file, at most `CACHE_MAX_BYTES`, nesting
-  within Python's limits) and written atomically; a damaged, special or unwritable one is ignored with a
-  note (the run measures instead), never fatal, and a special file is never replaced.
+  (two runs never choose differently because one of them was disturbed). A later run on the same kind of
+  machine with the same shapes measures nothing. The file is read with bounds (a regular file, at most
+  `CACHE_MAX_BYTES`, nesting within Python's limits) and written atomically; a damaged, special or
+  unwritable one is ignored with a note (the run measures instead), never fatal, and a special file is
+  never replaced.
   `python -m ernie_mtl.program.kernel_choice show|reset` (`ernie-mtl-kernels`) lists or deletes it.
 
 Nothing here decides by vendor name, and the timing function is injectable (`measure=`), so tests
@@ -145,8 +146,8 @@ class KernelCache:
     that resumes another repeats its choice even before reading the checkpoint). A *disturbed* entry
     (`disturbed: true`) is measured again by later runs (`needs_measuring`): a clean measurement replaces
     it; while every new one is disturbed too, the file's first one keeps deciding (`_trusted`), so runs on
-    a machine that stays busy still all choose alike. `reset()` deletes the file. `notes` collects what went wrong with the file
-    (never raised)."""
+    a machine that stays busy still all choose alike. `reset()` deletes the file. `notes` collects what went
+    wrong with the file (never raised)."""
 
     def __init__(self, path: Optional[os.PathLike] = None, *, machine: Mapping[str, Any]):
         self.path = Path(path) if path is not None else cache_file()
@@ -176,7 +177,8 @@ class KernelCache:
         except (OSError, ValueError) as e:  # unreadable, too large, not JSON, nested too deep: measure, rewrite
             self._note(f"kernel cache {self.path} ignored ({type(e).__name__}: {str(e)[:120]})")
             return {}
-        if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT or not isinstance(data.get("machines"), dict):
+        if (not isinstance(data, dict) or data.get("format") != CACHE_FORMAT
+                or not isinstance(data.get("machines"), dict)):
             self._note(f"kernel cache {self.path} ignored (not a format-{CACHE_FORMAT} cache file); it is rewritten")
             return {}
         return data
@@ -257,7 +259,7 @@ class KernelCache:
         except OSError as e:
             self.notes.append(f"kernel cache {self.path} not written ({e.strerror or e}); the next run measures again")
             return
-        self._entries = entries  # this process's own measurements stay in `_new`: a disturbed one still decides this run
+        self._entries = entries  # this process's own measurements stay in `_new`: a disturbed one decides this run
 
     def reset(self) -> bool:
         """Delete the cache file (every machine's entries); True when there was one."""
@@ -689,7 +691,8 @@ def time_op_types(program, op_types: Iterable[str], *, batch: int, seq: int, cac
     return out
 
 
-def choose_onednn_types(timings: Mapping[str, TypeTiming], *, margin: float = MARGIN) -> Tuple[Tuple[str, ...], List[str]]:
+def choose_onednn_types(timings: Mapping[str, TypeTiming], *,
+                        margin: float = MARGIN) -> Tuple[Tuple[str, ...], List[str]]:
     """(op types to run on oneDNN, notes): the types whose oneDNN time beats the plain one by `margin` and
     whose oneDNN results do not depend on the thread count, less the known conflicts
     (`cpu_kernels.ONEDNN_CONFLICTS`). Notes say what was left plain for its numerics, and which plain
@@ -807,7 +810,8 @@ def measure_choice(program, *, batch: int, seq: int, cache: Optional[KernelCache
     disturbed = sorted(t for t, v in timings.items() if v.disturbed)
     if disturbed:
         notes.append(f"the measurement of {', '.join(disturbed)} was disturbed (other processes busy, or the rounds "
-                     "disagreed): the first such measurement decides until a run on this machine measures it undisturbed")
+                     "disagreed): the first such measurement decides until a run on this machine measures it "
+                     "undisturbed")
     return KernelChoice(mode="auto", onednn=onednn, bias_grads=True, source="measured" if measured else "cached",
                         timings={t: v.to_json() for t, v in timings.items() if v.ops},
                         machine=dict(cache.machine) if cache is not None else {},
@@ -832,7 +836,8 @@ def reconcile(current: KernelChoice, recorded: Optional[KernelChoice]) -> Tuple[
                 f"CPU kernels: resuming with the checkpoint's recorded kernels ({what}, chosen{where}) so the run "
                 f"continues bitwise; this machine would choose {mine} ({current.describe()}). Pass --cpu_kernels "
                 "with a mode to switch anyway (float32 rounding, not bitwise)")
-    return (current, f"CPU kernels: --cpu_kernels {current.mode if current.mode != 'list' else ','.join(current.onednn)} "
+    return (current,
+            f"CPU kernels: --cpu_kernels {current.mode if current.mode != 'list' else ','.join(current.onednn)} "
             f"differs from the checkpoint's recorded kernels ({what}{where}): the resumed run continues within "
             "float32 rounding of the uninterrupted one, not bitwise")
 
@@ -868,8 +873,9 @@ def show(path: Optional[os.PathLike] = None) -> str:
                 how.append("plain result depends on threads")
             if entry.get("disturbed"):
                 how.append("DISTURBED: measured again by the next run")
-            lines.append(f"  {str(entry.get('op', '?'))[:70]:70s} plain {1e3 * plain:9.3f} ms  oneDNN {1e3 * onednn:9.3f} ms"
-                         f"  ratio {onednn / plain:5.2f}  ({'; '.join(how)}; {entry.get('measured', '?')})")
+            lines.append(f"  {str(entry.get('op', '?'))[:70]:70s} plain {1e3 * plain:9.3f} ms  "
+                         f"oneDNN {1e3 * onednn:9.3f} ms  ratio {onednn / plain:5.2f}  "
+                         f"({'; '.join(how)}; {entry.get('measured', '?')})")
     return "\n".join(lines)
 
 

@@ -88,8 +88,6 @@ SIGNAL_RUN = dict(max_steps=3, micro_batch_size=2, global_batch_size=2, checkpoi
 def signalled_run(demo, out, where, signum, *, stuck=False):
     """(process, output) of a run that pauses at `where` (tests/plugins/test_hooks.py `pause_at`) and gets
     `signum` there; the pause would last 120 s, so a run that ends at all ended because of the signal."""
-    import signal as signals
-    import time
 
     env = {"ERNIE_MTL_TEST_PAUSE_AT": where, "ERNIE_MTL_TEST_PAUSE_S": "120", "OMP_NUM_THREADS": "1"}
     if stuck:

@@ -149,7 +149,8 @@ def test_two_processes_sigterm_to_the_launcher_saves_one_step_everywhere(demo, s
     out, logs = tmp_path / "out", tmp_path / "logs"
     proc = launch(tiny_args(demo, out, **COMMON), cwd=tmp_path, log_dir=logs)
     deadline = time.monotonic() + 600
-    while not (out / "train_metrics.jsonl").is_file() or len((out / "train_metrics.jsonl").read_text().splitlines()) < 3:
+    metrics_file = out / "train_metrics.jsonl"
+    while not metrics_file.is_file() or len(metrics_file.read_text().splitlines()) < 3:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)

@@ -47,7 +47,8 @@ from ernie_mtl.engine.callbacks import Callback, register_callback
 class KillAtStep(Callback):
     def on_save(self, trainer, path):
         step = int(os.environ.get("ERNIE_MTL_TEST_KILL_AT_STEP", "0") or 0)
-        last = f"model_{step}" if step and step % trainer.cfg.train.save_steps == 0 else "model_last"  # the step's last save
+        # the step's last save
+        last = f"model_{step}" if step and step % trainer.cfg.train.save_steps == 0 else "model_last"
         if step and trainer.step == step and os.path.basename(path) == last:
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -22,6 +22,7 @@ def persistables(p, scope):
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.slow
 def test_a_nan_step_is_skipped_bitwise_and_counted(build_programs, accumulate):
     import paddle
 
@@ -72,7 +73,8 @@ def test_without_clipping_the_guard_still_reads_the_norm_and_changes_no_gradient
     def build(guard):
         return build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test", hidden_dropout_prob=0.0,
                                                 attention_probs_dropout_prob=0.0),
-                              optim=OptimConfig(max_lr=1e-3, min_lr=1e-4, max_steps=100, warmup_rate=0.0, grad_clip=0.0),
+                              optim=OptimConfig(max_lr=1e-3, min_lr=1e-4, max_steps=100, warmup_rate=0.0,
+                                                grad_clip=0.0),
                               anomaly_guard=guard)
 
     runs = {}

@@ -96,6 +96,7 @@ def test_auto_times_the_candidates_and_the_run_uses_the_faster_kernels(build_pro
     assert "transpose2 plain (" in line and "16 bias gradients by matmul" in line and "executor" in line, line
 
 
+@pytest.mark.slow
 def test_the_oneDNN_matmul_gradients_of_linear_layers_get_2d_views(build_programs, tmp_path):
     p = tiny(build_programs)
     executor_for(p, KernelChoice.fixed("list", ["matmul_v2_grad"]), device="cpu")
@@ -108,6 +109,7 @@ def test_the_oneDNN_matmul_gradients_of_linear_layers_get_2d_views(build_program
     assert all(len(block.var(op.input("X")[0]).shape) == 4 for op in attention)  # batched products as they were
 
 
+@pytest.mark.slow
 def test_the_choice_is_cached_per_machine_and_reused(build_programs, tmp_path):
     p = tiny(build_programs)
     first, second = FakeTimer(), FakeTimer(fast=())  # the second timer would choose differently...
@@ -163,6 +165,7 @@ def test_an_unwritable_cache_is_a_note_and_the_run_decides_from_its_own_measurem
     assert any("not written" in n for n in kernels.notes), kernels.notes
 
 
+@pytest.mark.slow
 def test_fixed_modes_measure_nothing(build_programs, tmp_path):
     for mode, expected, bias in (("plain", set(), False), ("exact", set(EXACT_ONEDNN_OPS), True),
                                  ("true", FAST, True), ("false", set(), False),
@@ -212,6 +215,7 @@ def test_a_recorded_choice_round_trips_through_json():
     assert "matmul_v2 oneDNN (40 vs 20 GFLOP/s)" in again.describe()
 
 
+@pytest.mark.slow
 def test_gpu_runs_time_nothing(build_programs):
     timer = FakeTimer()
     cfg = SimpleNamespace(train=TrainConfig(device="gpu"))
@@ -220,6 +224,7 @@ def test_gpu_runs_time_nothing(build_programs):
     assert not timer.calls
 
 
+@pytest.mark.slow
 def test_make_executor_needs_a_measured_choice_for_auto(build_programs):
     with pytest.raises(ValueError, match="auto needs the run's measured KernelChoice"):
         executor_for(tiny(build_programs), None, device="cpu")

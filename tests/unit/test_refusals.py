@@ -59,7 +59,8 @@ def test_the_api_refuses_what_is_not_a_configuration_and_takes_config_by_keyword
     import ernie_mtl
 
     for bad, words in ((42, "the configuration 42 (int) is none of what train/plan/prebuild take"),
-                       (3.5, "(float) is none of"), ([{"a": 1}], "must hold command-line arguments (strings), not dict")):
+                       (3.5, "(float) is none of"),
+                       ([{"a": 1}], "must hold command-line arguments (strings), not dict")):
         with pytest.raises(ernie_mtl.ConfigError, match=r".*") as e:
             ernie_mtl.load_config(bad)
         assert words in str(e.value)

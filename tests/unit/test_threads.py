@@ -73,7 +73,8 @@ def test_cpu_threads_are_the_node_share_of_each_rank(cpus, ranks, expected):
 
 
 def test_local_process_count_reads_paddle_launch_then_mpi():
-    assert local_process_count({"PADDLE_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}) == (4, "PADDLE_LOCAL_SIZE")
+    assert (local_process_count({"PADDLE_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+            == (4, "PADDLE_LOCAL_SIZE"))
     assert local_process_count({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}) == (2, "OMPI_COMM_WORLD_LOCAL_SIZE")
     assert local_process_count({"PADDLE_LOCAL_SIZE": ""}) == (1, "")
 
@@ -178,7 +179,8 @@ def test_the_predictor_thread_budget_follows_the_training_rule():
     training: this process's cores / the ranks on this node."""
     from ernie_mtl.dist.threads import process_threads
 
-    assert process_threads({"OMP_NUM_THREADS": "3"}, budget=CpuBudget(affinity=8)) == (3, "OMP_NUM_THREADS=3 from the environment")
+    assert (process_threads({"OMP_NUM_THREADS": "3"}, budget=CpuBudget(affinity=8))
+            == (3, "OMP_NUM_THREADS=3 from the environment"))
     threads, why = process_threads({"OMP_NUM_THREADS": "1"}, budget=CpuBudget(affinity=8))
     assert threads == 8 and "8 CPUs in the affinity mask / 1 process" in why
     assert process_threads({"PADDLE_LOCAL_SIZE": "2"}, budget=CpuBudget(affinity=8))[0] == 4
@@ -198,7 +200,8 @@ def test_mkl_results_do_not_depend_on_the_thread_count_once_configured():
             "paddle.enable_static()\n"
             "main = paddle.static.Program()\n"
             "with paddle.static.program_guard(main, paddle.static.Program()):\n"
-            "    a = paddle.static.data('a', [1, 1024], 'float32'); b = paddle.static.data('b', [1024, 768], 'float32')\n"
+            "    a = paddle.static.data('a', [1, 1024], 'float32')\n"
+            "    b = paddle.static.data('b', [1024, 768], 'float32')\n"
             "    c = paddle.static.data('c', [256, 1024], 'float32')\n"
             "    outs = [paddle.matmul(a, b), paddle.matmul(c, b)]\n"
             "exe = paddle.static.Executor(paddle.CPUPlace())\n"
@@ -207,7 +210,8 @@ def test_mkl_results_do_not_depend_on_the_thread_count_once_configured():
             "        'c': rng.randn(256, 1024).astype('float32')}\n"
             "for threads in (1, 2, 1):\n"
             "    core.set_num_threads(threads)\n"
-            "    print(threads, *[hashlib.sha1(o.tobytes()).hexdigest() for o in exe.run(main, feed=feed, fetch_list=outs)])\n")
+            "    got = exe.run(main, feed=feed, fetch_list=outs)\n"
+            "    print(threads, *[hashlib.sha1(o.tobytes()).hexdigest() for o in got])\n")
     env = {k: v for k, v in _env_without_threads().items() if k != "MKL_CBWR"}
     lines = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=str(ROOT),
                            env=env).stdout.split("\n")
