@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from data_tools.cli_utils import UserError
+from ernie_mtl.checkpoint.errors import CheckpointError  # noqa: F401  (re-exported: the package's error)
 from ernie_mtl.checkpoint.io import fsync_dir as _fsync_dir, sha1_of, write_json_atomic as _write_json_atomic
 from ernie_mtl.checkpoint.layout import (KEPT, LAST_BACKUP, STATE_DIR, SUMS, TRAIN_STATE, is_complete,  # noqa: F401
                                          state_prefix)
@@ -49,10 +49,6 @@ from ernie_mtl.checkpoint.layout import (KEPT, LAST_BACKUP, STATE_DIR, SUMS, TRA
 _KEPT = KEPT
 _BACKUP = LAST_BACKUP
 _FORMAT = 2  # 1: no file checksums (read, without the integrity check)
-
-
-class CheckpointError(UserError):
-    """A checkpoint cannot be written, found or resumed from (the message says which and why)."""
 
 
 @dataclass
@@ -253,6 +249,13 @@ def _check_portable_records(path: Path, files: Mapping[str, Any]) -> None:
         if not isinstance(mine, dict):
             raise CheckpointError(f"{sums} is damaged (not a JSON object)")
         recorded.update(mine)
+    on_disk = {f"{TENSORS}/{p.name}" for p in (path / TENSORS).glob("*")} if (path / TENSORS).is_dir() else set()
+    extra = sorted(on_disk - set(files))
+    if extra:
+        raise CheckpointError(f"{path / extra[0]} is not listed in {path / TRAIN_STATE}"
+                              f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}: the checkpoint's save did "
+                              "not write it, and its tensors would be loaded with the others; remove it (or resume "
+                              "another checkpoint)")
     if recorded != dict(files):
         differ = sorted(rel for rel in set(recorded) | set(files) if recorded.get(rel) != files.get(rel))
         raise CheckpointError(f"the ranks' records in {path / STATE_DIR} disagree with {path / TRAIN_STATE} about "
@@ -361,6 +364,33 @@ def existing_outputs(output_dir: os.PathLike) -> List[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and (p.name == "model_last" or _KEPT.match(p.name)
                                                                or p.name.startswith("best_"))
                   and _looks_like_checkpoint(p))
+
+
+def output_problem(out: os.PathLike, inputs: Sequence[os.PathLike], *, flag: str) -> Optional[str]:
+    """Why an offline tool (ernie-mtl-reshard, static_to_dynamic.py) must not write `out`, even with
+    --overwrite, or None: it is one of its `inputs`, inside one or holds one; it is a checkpoint a run can
+    resume (a weights-only average may be replaced); or it holds such checkpoints (a run's output folder)."""
+    target = Path(out).resolve()
+    for source in inputs:
+        src = Path(source).resolve()
+        if target == src or src in target.parents or target in src.parents:
+            relation = "is" if target == src else ("is inside" if src in target.parents else "holds")
+            return (f"{flag} {out} {relation} the input {source}: the output would write over what it is read from; "
+                    f"choose another {flag}")
+    if (target / TRAIN_STATE).is_file():
+        try:
+            raw = read_train_state_file(target)
+        except CheckpointError:
+            raw = {}
+        if not raw.get("weights_only"):
+            return (f"{flag} {out} is a checkpoint a run can resume (step {raw.get('step', '?')}); no tool replaces "
+                    f"one, --overwrite or not: choose another {flag} (or delete it yourself if it is no longer "
+                    "needed)")
+    held = existing_outputs(target)
+    if held:
+        return (f"{flag} {out} holds the checkpoints of a run ({', '.join(p.name for p in held[:4])}"
+                f"{' ...' if len(held) > 4 else ''}); no tool replaces them: choose another {flag}")
+    return None
 
 
 class Checkpointer:
@@ -663,7 +693,8 @@ def merged_state(path: os.PathLike, *, verify: bool = True) -> Dict[str, Any]:
             from ernie_mtl.checkpoint.portable import read_tensors
             from ernie_mtl.checkpoint.reshard import static_state
 
-            return static_state(read_tensors(path), raw.get("name_map") or {})
+            name_map = raw.get("name_map") or {}
+            return static_state(read_tensors(path, name_map=name_map), name_map)
     merged: Dict[str, Any] = {}
     for file in sorted(folder.glob("rank_*.pdparams")) + sorted(folder.glob("rank_*.pdopt")):
         merged.update(paddle.load(str(file), return_numpy=True))
@@ -705,7 +736,7 @@ def structured_state_of(path: os.PathLike, raw: Mapping[str, Any]) -> Dict[str, 
     if is_portable(raw):
         from ernie_mtl.checkpoint.portable import read_tensors
 
-        return read_tensors(path)
+        return read_tensors(path, name_map=raw.get("name_map") or {})
     return structured_state(merged_state(path, verify=False), raw.get("name_map") or {}, where=str(path))
 
 

@@ -434,8 +434,14 @@ def _multitask_problems(cfg: RunConfig, arch: Optional[Mapping[str, Any]]) -> Li
 def _vocab_problems(vocab_file: Path, *, need_mask: bool) -> Tuple[Optional[int], List[str]]:
     """(size, problems) of a vocab.txt: readable UTF-8, not empty, with the special tokens the model
     needs ([PAD], [CLS], [SEP], [UNK]; [MASK] for masked-LM and pretraining tasks)."""
+    from data_tools.safe_io import UnsafeFile, read_bytes_bounded
+    from data_tools.tokenization import VOCAB_MAX_BYTES
+
     try:
-        tokens = [line.rstrip("\r\n") for line in vocab_file.read_text(encoding="utf-8").splitlines()]
+        raw = read_bytes_bounded(vocab_file, max_bytes=VOCAB_MAX_BYTES, what="vocab file")
+        tokens = [line.rstrip("\r\n") for line in raw.decode("utf-8").splitlines()]
+    except UnsafeFile as e:
+        return None, [f"--tokenizer_name_or_path {e}; give the vocab.txt the corpus was tokenized with"]
     except UnicodeDecodeError as e:
         return None, [f"--tokenizer_name_or_path {vocab_file}: not UTF-8 text (byte {e.start}); give the vocab.txt "
                       "the corpus was tokenized with"]
@@ -489,7 +495,7 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_
     if data.vocab_file is None:
         problems.append("--tokenizer_name_or_path is required when --model_name_or_path is an architecture name: "
                         "give the vocab.txt the corpus was tokenized with (or its directory)")
-    elif not data.vocab_file.is_file():
+    elif not data.vocab_file.exists():
         problems.append(f"--tokenizer_name_or_path {data.tokenizer_name_or_path}: {data.vocab_file} not found; "
                         "give a vocab.txt or a directory containing one")
     else:

@@ -189,6 +189,9 @@ def load_yaml_text(stream) -> Any:
     return yaml.load(stream, Loader=_unique_key_loader())  # noqa: S506  (a SafeLoader subclass)
 
 
+YAML_MAX_BYTES = 16 << 20  # a configuration file is a few KB: anything past this is not one
+
+
 def read_yaml(path: str, problems: List[str], *, what: str = "config", label: Optional[str] = None,
               empty: Optional[str] = None) -> Optional[Dict[str, Any]]:
     """The mapping in YAML file `path` (keys without leading dashes), or None after appending a
@@ -198,12 +201,19 @@ def read_yaml(path: str, problems: List[str], *, what: str = "config", label: Op
     (YAML would keep the last value silently)."""
     import yaml
 
+    from data_tools.safe_io import UnsafeFile, read_bytes_bounded
+
     label = label or path
     try:
-        with open(path, encoding="utf-8") as f:
-            data = load_yaml_text(f)
+        data = load_yaml_text(read_bytes_bounded(path, max_bytes=YAML_MAX_BYTES, what=what).decode("utf-8"))
     except UnicodeDecodeError as e:
         problems.append(f"{label}: the {what} is not UTF-8 text (byte {e.start}); save it as UTF-8")
+        return None
+    except UnsafeFile as e:  # a FIFO would block the start-up; a device or a huge file would fill memory
+        problems.append(f"{label}: {e}; give a YAML file")
+        return None
+    except RecursionError:
+        problems.append(f"{label}: the {what} nests too deeply to be read (a configuration nests a few levels)")
         return None
     except OSError as e:
         problems.append(f"{label}: cannot read the {what} ({e.strerror}); give an existing YAML file")

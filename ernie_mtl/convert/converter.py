@@ -48,6 +48,7 @@ _PAIR_KEYS = ("cls.seq_relationship.weight", "cls.seq_relationship.bias")
 
 from data_tools.cli_utils import UserError  # noqa: E402
 from ernie_mtl.checkpoint import STATE_DIR, CheckpointError, verified_state  # noqa: E402
+from ernie_mtl.checkpoint.store import output_problem  # noqa: E402
 from ernie_mtl.checkpoint.io import replace_dir, write_json_atomic  # noqa: E402
 from ernie_mtl.config import ConfigError, ModelConfig, model_family  # noqa: E402
 from ernie_mtl.program.builder import load_pretrained_into_scope  # noqa: E402
@@ -125,6 +126,11 @@ def read_checkpoint(path: Path, *, with_optimizer: bool = False) -> Source:
         raw = verified_state(path, use="convert")
     except CheckpointError as e:
         raise ConvertError(str(e)) from None
+    if with_optimizer and raw.get("weights_only"):
+        n = len(raw.get("averaged_from") or [])
+        raise ConvertError(f"--with_optimizer: {path} is weights only (the mean of {n} checkpoints by "
+                           "ernie-mtl-reshard --average) and holds "
+                           "no optimizer state; drop --with_optimizer, or convert one of the averaged checkpoints")
     name_map = raw.get("name_map")
     if not isinstance(name_map, dict) or not name_map:
         raise ConvertError(f"{path / TRAIN_STATE} has no name_map (structured name -> static name); it was not "
@@ -393,6 +399,9 @@ def convert(source: Source, output_dir: os.PathLike, *, overwrite: bool = False)
     import paddle
 
     out = Path(output_dir)
+    problem = output_problem(out, [source.path], flag="--output_dir")
+    if problem:
+        raise ConvertError(problem)
     if out.exists() and not out.is_dir():
         raise ConvertError(f"--output_dir {out} is a file, not a folder; --overwrite replaces a converted folder "
                            "only: choose another path")

@@ -70,3 +70,47 @@ def test_the_api_refuses_what_is_not_a_configuration_and_takes_config_by_keyword
     assert cfg.optim.max_steps == 7 and cfg.train.output_dir == str(tmp_path / "out")
     with pytest.raises(ernie_mtl.ConfigError, match="given twice"):
         ernie_mtl.load_config(mapping, config=mapping)
+
+
+def test_a_truncated_ernie_parameter_file_is_refused_not_zero_filled(tmp_path):
+    """Paddle's loader fills the missing bytes of a truncated tensor file with zeros; the directory
+    reader checks each file's size against its header first."""
+    import numpy as np
+
+    from ernie_mtl.program.static_params import read_static_params, write_static_params
+
+    params = write_static_params(tmp_path / "params", {"word_embedding": np.ones((6, 4), np.float32),
+                                                        "pooled_fc.b_0": np.ones(4, np.float32)})
+    assert set(read_static_params(params)) == {"word_embedding", "pooled_fc.b_0"}
+    data = (params / "word_embedding").read_bytes()
+    (params / "word_embedding").write_bytes(data[:-8])
+    with pytest.raises(ConfigError) as e:
+        read_static_params(params)
+    assert f"{params / 'word_embedding'}: it is truncated: {len(data) - 8} bytes, its header declares a [6, 4] " \
+           f"tensor that needs {len(data)}" in str(e.value)
+    (params / "word_embedding").write_bytes(data + b"\0" * 4)
+    with pytest.raises(ConfigError, match="not a Paddle parameter file \\(4 bytes after the \\[6, 4\\] tensor"):
+        read_static_params(params)
+    (params / "word_embedding").write_bytes(b"garbage!" * 3)
+    with pytest.raises(ConfigError, match="header"):
+        read_static_params(params)
+
+
+def _fifo(path):
+    import os
+
+    os.mkfifo(path)
+    return path
+
+
+def test_special_or_oversized_configuration_files_are_refused_without_blocking(demo, tmp_path):
+    """A FIFO where a YAML or the vocab should be used to block the start-up forever (open() waits for a
+    writer); a configuration nested deeper than Python's parser goes raised RecursionError."""
+    message = refused(demo, tmp_path, "--config", _fifo(tmp_path / "run.yaml"))
+    assert f"--config {tmp_path / 'run.yaml'}: config {tmp_path / 'run.yaml'} is a FIFO (named pipe), not a regular " \
+           "file; give a YAML file" in message
+    (tmp_path / "deep.yaml").write_text("a: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    assert "nests too deeply to be read" in refused(demo, tmp_path, "--config", tmp_path / "deep.yaml")
+    vocab = _fifo(tmp_path / "vocab.txt")
+    message = refused(demo, tmp_path, "--tokenizer_name_or_path", vocab)
+    assert f"--tokenizer_name_or_path vocab file {vocab} is a FIFO (named pipe), not a regular file" in message
