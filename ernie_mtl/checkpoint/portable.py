@@ -240,6 +240,12 @@ def read_tensors(checkpoint: os.PathLike, keys: Optional[Iterable[str]] = None, 
                                 "or mixed up")
         seen.update({k: file for k in got})
         out.update(got)
+    if canon:  # every variable of the name map has its tensor: a file removed (and unlisted) is damage
+        absent = sorted(set(canon.values()) - set(out))
+        if absent:
+            raise PortableError(f"{checkpoint} lacks the tensors of {len(absent)} variable(s) its name map lists "
+                                f"({', '.join(absent[:3])}{' ...' if len(absent) > 3 else ''}): a tensor file is "
+                                f"missing from {Path(checkpoint) / TENSORS}; the checkpoint is damaged")
     return out if wanted is None else {k: v for k, v in out.items() if k in wanted}
 
 

@@ -209,6 +209,14 @@ def verify_files(path: os.PathLike, raw: Optional[Mapping] = None, *, ranks: Opt
         raise CheckpointError(f"{path / TRAIN_STATE} is damaged: no file list")
     world = int(raw.get("world_size", 1))
     wanted = ranks if ranks is not None else (list(range(world)) if raw.get("per_rank_state") else [0])
+    fmt = raw.get("state_format", "paddle")
+    if fmt not in STATE_FORMATS:
+        raise CheckpointError(f"{path / TRAIN_STATE} is damaged: state_format {fmt!r} is none of {list(STATE_FORMATS)} "
+                              "(the trainer writes one of them)")
+    if not is_portable(raw) and (path / "tensors").is_dir() and not any((path / STATE_DIR).glob("rank_*.pdparams")):
+        raise CheckpointError(f"{path / TRAIN_STATE} is damaged: it says the Paddle format, but the folder holds "
+                              "tensors/ and no state/rank_<r>.pdparams, the files of the portable format (its "
+                              "state_format was edited)")
     if is_portable(raw):
         wanted = []  # files named by tensor, not by rank: `files` and the ranks' records cover them
         if isinstance(files, dict):

@@ -197,3 +197,24 @@ def test_a_full_disk_during_reshard_names_the_output_and_leaves_nothing(runs, tm
                                                                                "PYTHONPATH": str(ROOT)})
     refused(proc, f"cannot write {out}: File too large", "nothing was written")
     assert not out.exists() and not list(tmp_path.glob(".portable*"))
+
+
+def test_a_missing_tensor_file_or_an_edited_format_is_named_as_damage(runs, tmp_path):
+    """Both used to be blamed on something else: a removed (and unlisted) tensor file on "this topology", a
+    portable checkpoint whose state_format was edited on a missing rank_0.pdparams."""
+    ckpt = copy(runs["portable"] / "model_last", tmp_path / "model_2")
+    gone = sorted((ckpt / "tensors").glob("ernie.encoder.layers.1.*.safetensors"))[0]
+    gone.unlink()
+    rehash(ckpt)
+    refused(tool("reshard", ckpt, "--output", tmp_path / "out", cwd=tmp_path),
+            f"{ckpt} lacks the tensors of 1 variable(s) its name map lists ({gone.name[:-len('.safetensors')]})",
+            "a tensor file is missing")
+    edited = copy(runs["portable"] / "model_last", tmp_path / "edited" / "model_2")
+    raw = json.loads((edited / "train_state.json").read_text())
+    raw["state_format"] = "paddle"
+    (edited / "train_state.json").write_text(json.dumps(raw))
+    refused(tool("reshard", edited, "--inspect", cwd=tmp_path),
+            "it says the Paddle format, but the folder holds tensors/", "state_format was edited")
+    raw["state_format"] = "pdparams"
+    (edited / "train_state.json").write_text(json.dumps(raw))
+    refused(tool("reshard", edited, "--inspect", cwd=tmp_path), "state_format 'pdparams' is none of")
