@@ -57,6 +57,7 @@ def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
     from ernie_mtl.dist import preemption, watchdog
     from ernie_mtl.engine import run
     from ernie_mtl.engine.anomaly import EXIT_ANOMALY, AnomalyStop
+    from ernie_mtl.engine.feeding import EXIT_WORKER_LOST, DataWorkerLost
     from ernie_mtl.engine.validate import parse
 
     cfg = parse(argv)
@@ -82,6 +83,9 @@ def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
             watchdog.finish()
             print(f"run_multitask_static.py: {e}", file=sys.stderr)
             return EXIT_ANOMALY
+        except DataWorkerLost as e:  # not the configuration's fault: one message, no traceback, a status to retry on
+            print(f"run_multitask_static.py: error: {e}", file=sys.stderr)
+            return EXIT_WORKER_LOST
         watchdog.finish()  # this rank completed: its peers stop watching it
     return 0
 

@@ -517,6 +517,8 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_
     elif data.num_workers > MAX_WORKERS:
         problems.append(f"--num_workers {data.num_workers}: at most {MAX_WORKERS} data-loading processes per rank "
                         "(each is a process with its own memory; 2-4 keep a GPU fed: docs/performance.md)")
+    if not data.worker_timeout >= 0 or data.worker_timeout == float("inf"):
+        problems.append(f"--worker_timeout {data.worker_timeout} must be a number of seconds >= 0 (0: wait forever)")
     if data.prefetch_factor < 1:
         problems.append(f"--prefetch_factor {data.prefetch_factor} must be >= 1 (micro-batches each worker builds "
                         "ahead; 2 is PyTorch's and PaddleNLP's default)")

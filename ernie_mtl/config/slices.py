@@ -168,6 +168,9 @@ class DataConfig:
     prefetch_factor: int = _f(2, "Micro-batches each worker builds ahead (PyTorch/PaddleNLP meaning): at most "
                                  "num_workers x prefetch_factor are in flight per process, which bounds the memory "
                                  "the data path holds. Ignored with --num_workers 0.")
+    worker_timeout: float = _f(120.0, "Seconds the training loop waits for one micro-batch from a data-loading "
+                                      "worker before it names the worker and stops (a worker stuck reading a network "
+                                      "file system; one stopped with SIGSTOP is named after 5 s). 0: wait forever.")
     data_cache: Optional[str] = _f(None, "Folder of the sample-index caches; default: index-cache/ beside each "
                                          "corpus. A relative path is relative to the working directory (a "
                                          "node-local folder on clusters without a shared filesystem).")

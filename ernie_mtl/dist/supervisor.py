@@ -41,6 +41,8 @@ def cause(status: int, tail: Sequence[str]) -> str:
     what = f"killed by SIG{signal.Signals(-status).name}" if status < 0 else f"exit status {status}"
     if status == 75:
         what += " (the watchdog stopped the job: a rank or node was lost)"
+    elif status == 74:
+        what += " (a data-loading worker was lost: killed, stopped or stuck)"
     line = next((ln for ln in reversed(tail) if any(h in ln for h in _ERROR_HINTS)), None)
     return f"{what}" + (f"; last error line: {line.strip()[:300]}" if line else "")
 

@@ -10,6 +10,7 @@ kernels with `auto` (sharing the user's kernel cache, as two runs on one machine
 import zlib  # noqa: F401  (before paddle)
 
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -176,3 +177,42 @@ def test_resuming_with_another_run_length_is_refused(demo, tmp_path):
     assert f"cannot resume exactly from {out / 'model_last'}: " in logs and "max_steps: checkpoint 3 vs now 5" in logs
     assert f"start a new run with --init_from {out / 'model_last'} --init_optimizer and another --output_dir" in logs
     assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()) == before
+
+
+# -- the data path under the defaults (2 workers): no hang, no SIGBUS, no training on zeros ---------------------
+def disturbed_run(demo, tmp_path, what, *, corpus=None, timeout=240):
+    """A 12-step run with the default data-loading workers, disturbed after step 2 (tests/plugins/test_hooks.py
+    `disturb_data`); (process, output). `corpus`: a private copy of the demo corpus to damage."""
+    flags = dict(SIGNAL_RUN, max_steps=12, num_workers=2, checkpoint_steps=2)
+    argv = tiny_args(demo, tmp_path / "run", **flags)
+    env = {"ERNIE_MTL_TEST_DISTURB": what, "ERNIE_MTL_TEST_DISTURB_AT_STEP": "2", "OMP_NUM_THREADS": "1"}
+    if corpus is not None:
+        for ext in (".bin", ".idx", ".json"):
+            shutil.copy(f"{demo / 'corpus'}{ext}", f"{corpus}{ext}")
+        argv[argv.index("--input_dir") + 1] = str(corpus)
+        env["ERNIE_MTL_TEST_DISTURB_FILE"] = f"{corpus}.bin"
+    return run(argv, tmp_path, env=env, timeout=timeout)
+
+
+def test_a_stopped_worker_is_named_within_seconds_instead_of_a_hang(demo, tmp_path):
+    proc, logs = disturbed_run(demo, tmp_path, "stop_worker")
+    assert proc.returncode == 74 and "Traceback" not in logs, logs[-3000:]
+    assert "run_multitask_static.py: error: data-loading worker 0 (pid " in logs
+    assert "is stopped (process state T: SIGSTOP or a debugger)" in logs
+    assert ", building micro-batch 0 of step " in logs and "task pretrain, examples " in logs
+    assert json.loads((tmp_path / "run/model_last/train_state.json").read_text())["step"] >= 2  # intact
+
+
+def test_a_killed_worker_is_one_message_with_a_status_to_retry_on(demo, tmp_path):
+    proc, logs = disturbed_run(demo, tmp_path, "kill_worker")
+    assert proc.returncode == 74 and "Traceback" not in logs, logs[-3000:]
+    assert "data-loading worker 0 (pid " in logs and "was killed by signal SIGKILL" in logs
+
+
+@pytest.mark.parametrize("what", ["zero_corpus", "truncate_corpus"])
+def test_a_corpus_changed_under_the_run_stops_it_naming_the_file(demo, tmp_path, what):
+    corpus = tmp_path / "corpus"
+    proc, logs = disturbed_run(demo, tmp_path, what, corpus=corpus)
+    assert proc.returncode == 2 and "Traceback" not in logs and proc.returncode != -7, logs[-3000:]
+    assert f"{corpus}.bin changed while this run was reading it" in logs, logs[-3000:]
+    assert "loss: 0.0000" not in logs

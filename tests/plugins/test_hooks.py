@@ -199,3 +199,30 @@ class PauseAt(Callback):
 
 
 PauseAt._pause("import")  # $ERNIE_MTL_TEST_PAUSE_AT=import: while the command line parses (plugins load then)
+
+
+@register_callback("disturb_data")
+class DisturbData(Callback):
+    """After step $ERNIE_MTL_TEST_DISTURB_AT_STEP: $ERNIE_MTL_TEST_DISTURB = stop_worker (SIGSTOP to the
+    first data-loading worker, as a worker stuck on a network file system), kill_worker (SIGKILL), or
+    zero_corpus / truncate_corpus ($ERNIE_MTL_TEST_DISTURB_FILE written with zeros in place, or cut by
+    a quarter, under the running job)."""
+
+    def on_step_end(self, trainer, step, tasks):
+        if step != int(os.environ.get("ERNIE_MTL_TEST_DISTURB_AT_STEP", "0") or 0):
+            return
+        what = os.environ.get("ERNIE_MTL_TEST_DISTURB", "")
+        if what in ("stop_worker", "kill_worker"):
+            worker = trainer.feeder.workers[0].process
+            os.kill(worker.pid, signal.SIGSTOP if what == "stop_worker" else signal.SIGKILL)
+            print(f"disturbed: {what} pid {worker.pid}", flush=True)
+        elif what in ("zero_corpus", "truncate_corpus"):
+            path = os.environ["ERNIE_MTL_TEST_DISTURB_FILE"]
+            size = os.path.getsize(path)
+            time.sleep(0.01)  # a distinct modification time even on coarse clocks
+            with open(path, "r+b") as f:
+                if what == "zero_corpus":
+                    f.write(b"\0" * size)
+                else:
+                    f.truncate(size * 3 // 4)
+            print(f"disturbed: {what} {path}", flush=True)
