@@ -168,6 +168,12 @@ class PalmTask(TaskType):
         self.exportable = (self.inner.exportable if not b.custom_head and self.inner is not None else
                            b.pred_head is not None and set(_reader_fields(b.pred_head)) <= set(DERIVED))
         self._streams: Dict[str, "BatchStream"] = {}
+        if b.custom_head and not self.exportable:
+            self.unexportable_reason = (
+                "no predict-phase head was given before training: build_predict_forward(backbone, head) before "
+                "train() exports one; predict from a checkpoint meanwhile" if b.pred_head is None else
+                f"its predict-phase head reads reader fields {sorted(set(_reader_fields(b.pred_head)) - set(DERIVED))} "
+                "besides the backbone inputs")
 
     def __getstate__(self):
         """Pickled for data-loading workers (only with a built-in reader): the script's objects stay here."""
@@ -286,13 +292,9 @@ class PalmTask(TaskType):
         before = {p.name for p in program.global_block().all_parameters()}
         scope = self.b.scope or f"{self.spec.name}."
         inputs = {"backbone": backbone_outputs(enc), "reader": self._reader_inputs(enc, feeds)}
-        loss, scalars, predictions = None, {}, {}
-        if self.b.head is not None:
-            out = build_head(self.b.head, inputs, scope, "train")
-            loss = out["loss"]
-            for k, v in out.items():
-                if k != "loss" and _is_float_scalar(v):
-                    scalars[k] = v
+        loss, predictions = None, {}
+        if self.b.head is not None:  # its other outputs are not fetched: batch_postprocess gets the loss
+            loss = build_head(self.b.head, inputs, scope, "train")["loss"]
         if self.b.pred_head is not None:
             predictions = dict(build_head(self.b.pred_head, inputs, scope, "predict"))
         if loss is None:  # a prediction program: no loss to compute
@@ -301,7 +303,7 @@ class PalmTask(TaskType):
             loss = paddle.sum(paddle.cast(loss, "float32"))
         created = [p for p in program.global_block().all_parameters() if p.name not in before]
         register_parameters(head, created, scope)
-        return HeadOutputs(loss=loss, predictions=predictions, scalars=scalars)
+        return HeadOutputs(loss=loss, predictions=predictions)
 
     def _reader_inputs(self, enc: Encoded, feeds: Mapping[str, Any]) -> "LazyFields":
         fields: Dict[str, Callable[[], Any]] = derived_fields(enc.feeds)
@@ -455,15 +457,6 @@ def _holder():
     import paddle
 
     return paddle.nn.Layer()
-
-
-def _is_float_scalar(v) -> bool:
-    try:
-        import paddle
-
-        return v.dtype in (paddle.float32, paddle.float64) and all(d == 1 for d in v.shape)
-    except Exception:  # noqa: BLE001  (not a variable)
-        return False
 
 
 def _flat(v):

@@ -154,6 +154,8 @@ class _BuiltinHead(Head):
         self._results: Optional[Any] = None
 
     def epoch_postprocess(self, post_inputs=None, output_dir=None):
+        if runs_own_build(self):  # a subclass with its own graph: PALM's default postprocessing
+            return super().epoch_postprocess(post_inputs, output_dir)
         return self._results
 
     def reset(self) -> None:
@@ -161,7 +163,10 @@ class _BuiltinHead(Head):
         self._results = None
 
     def get_results(self):
-        """The predictions of the latest `Trainer.predict` with this head (None before)."""
+        """The predictions of the latest `Trainer.predict` with this head (None before); a subclass that
+        builds its own graph: what its batch_postprocess kept (PALM's default)."""
+        if runs_own_build(self):
+            return super().get_results()
         return self._results
 
     # -- the engine's view --------------------------------------------------------------------------

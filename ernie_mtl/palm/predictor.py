@@ -305,7 +305,6 @@ class Predictor:
                        f"{self.source.seed}), so the predictions are a random head's (PALM's examples/predict did this; "
                        "its accuracy was chance). Train first and predict with the checkpoint or exported model")
             warnings.warn(message, UserWarning, stacklevel=3)
-            print(f"WARNING: {message}")
 
     # -- running ---------------------------------------------------------------------------------------
     def run(self, name: str, batch: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:

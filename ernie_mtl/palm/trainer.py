@@ -416,6 +416,12 @@ class Trainer:
         out_dir = output_dir if ProcessInfo.from_env().rank == 0 else None
         if postprocesses_itself(self._pred_head):
             return self._predict_postprocessing(out_dir)
+        if self._own_components():
+            with static_mode_restored():
+                predicted = self._predicted(self._pred_reader, program=True)
+            results = outputs.write(self._pred_head, predicted, out_dir)
+            self._pred_head._set_results(results)
+            return results
         self._pred_head.check(self._pred_reader, self._pred_backbone)
         with static_mode_restored():
             predicted = self._predicted(self._pred_reader)
@@ -761,25 +767,36 @@ class Trainer:
 
         return not type(prediction_place(self._device())).__name__.startswith("CPU")
 
-    def _predicted(self, reader):
+    def _own_components(self) -> bool:
+        """Whether prediction involves a user-defined reader or backbone (the engine's prediction program)."""
+        from ernie_mtl.palm.backbone import runs_own_build
+        from ernie_mtl.palm.reader import is_builtin_reader
+
+        backbone = self._pred_backbone or self._backbone
+        return not is_builtin_reader(self._pred_reader) or (backbone is not None and runs_own_build(backbone))
+
+    def _predicted(self, reader, program: bool = False):
         from ernie_mtl.engine.inference import Predicted, predict_checkpoint, predict_exported
 
         kind, path = self._prediction_source()
-        overrides = {"max_seq_len": reader.max_len}
-        if kind == "exported":
-            return predict_exported(path, reader.input_file, batch_size=reader.batch_size, overrides=overrides,
-                                    flag="predict reader file", use_gpu=self._wants_gpu())
-        if kind == "checkpoint" and not self._wants_gpu():
+        if not program and kind == "exported":
+            return predict_exported(path, reader.input_file, batch_size=reader.batch_size,
+                                    overrides={"max_seq_len": reader.max_len}, flag="predict reader file",
+                                    use_gpu=self._wants_gpu())
+        if not program and kind == "checkpoint" and not self._wants_gpu():
             return predict_checkpoint(path, self._task, reader.input_file, batch_size=reader.batch_size,
-                                      overrides=overrides, flag="predict reader file")
+                                      overrides={"max_seq_len": reader.max_len}, flag="predict reader file")
         from ernie_mtl.engine.prediction import by_name, predict_batches
+        from ernie_mtl.palm.adaptor import PalmTask
 
         predictor = self._prediction_program([self])
         task = predictor.task(self._task)
         data = task.load("pred")
         names = list(predictor.fwd.predictions[self._task])
         outputs = by_name(predict_batches(task, data, lambda b: list(predictor.run(self._task, b).values()), names,
-                                          batch_size=reader.batch_size), names)
+                                          batch_size=task.spec.batch_size), names)
+        if isinstance(task, PalmTask) and task.inner is not None:  # a built-in head's records (its own format)
+            task = task.inner
         return Predicted(task, data, outputs, step=predictor.source.step)
 
 

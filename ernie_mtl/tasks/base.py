@@ -289,6 +289,11 @@ def get_task_type(name: str) -> Type[TaskType]:
     import ernie_mtl.tasks  # noqa: F401  (registers the built-in types)
 
     if name not in _REGISTRY:
+        if name == "palm":  # ernie_mtl/palm/adaptor.py registers it in the process of a PaddlePALM script
+            raise ConfigError(["reader 'palm': this model's task runs a PaddlePALM script's own head, reader or "
+                               "backbone (Python objects of that script); predict or evaluate it from the script "
+                               "with ernie_mtl.palm (Trainer.build_predict_forward, load_ckpt or load_predict_model, "
+                               "predict)"])
         raise ConfigError([f"unknown reader {name!r}; known task types: {sorted(_REGISTRY)} (a custom type is "
                            "registered with @register_task_type in a file listed under `plugins:`)"])
     return _REGISTRY[name]
