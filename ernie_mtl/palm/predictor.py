@@ -215,8 +215,9 @@ class Predictor:
                             options={"binding": key, "components": ""})
             return adaptor.PalmTask(spec, ctx)
         if record.spec is not None and record.reader not in ("", adaptor.TYPE):
-            spec = TaskSpec(**{**record.spec, "index": i, "reuse_tag": None, "train_file": None, "dev_file": None,
-                               "test_file": None, "pred_file": reader.input_file if reader is not None else None})
+            file = reader.input_file if reader is not None else None  # predicted, or evaluated when labelled
+            spec = TaskSpec(**{**record.spec, "index": i, "reuse_tag": None, "train_file": None, "dev_file": file,
+                               "test_file": None, "pred_file": file})
             reader_type = record.reader
         else:
             keys = dict(reader.task_keys()) if reader is not None else {}
@@ -226,6 +227,7 @@ class Predictor:
             options.update({k: keys.pop(k) for k in list(keys) if k in cls.options})
             options.update(head.options(reader))
             spec = TaskSpec(name=trainer.task_name, reader=reader_type, index=i, options=options,
+                            dev_file=keys.get("pred_file"),
                             **{k: v for k, v in keys.items() if k in ("pred_file", "max_seq_len", "batch_size",
                                                                      "do_lower_case", "for_cn")})
         if reader is not None:

@@ -207,9 +207,18 @@ class _EngineReader(Reader):
             yield palm_view(batch, [f.name for f in task.label_feeds()], prefix="")
 
     def get_epoch_outputs(self):
-        """PALM's: the file's examples and features (the engine's featurization)."""
+        """PALM's: the file's examples (its rows as {column: value}, or the engine's examples where it keeps
+        them: MRC's questions) and features (the engine's featurization), in file order."""
         _, data = self._require_loaded()
-        return {"examples": data.examples, "features": data.features}
+        examples = data.examples
+        if examples is None:
+            from ernie_mtl.tasks.base import text_lines
+
+            lines = text_lines(self._input_file)
+            _, header = next(lines, (1, ""))
+            columns = header.split("\t")
+            examples = [dict(zip(columns, line.split("\t"))) for _, line in lines if line.strip()]
+        return {"examples": examples, "features": data.features}
 
     @property
     def num_examples(self) -> int:

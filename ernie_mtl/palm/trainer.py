@@ -242,13 +242,16 @@ class Trainer:
 
     def load_ckpt(self, model_path) -> None:
         """A checkpoint of this engine (`<save_path>/ckpt.step<N>`, `model_<N>`, `model_last`, `best_<task>`).
-        Before training: the run continues from it exactly (step, schedule, optimizer, LR). Afterwards (and
-        for prediction): `predict()` and `evaluate()` use its weights."""
+        Before training a forward built with `build_forward`: the run continues from it exactly (step,
+        schedule, optimizer, LR), as PALM loaded it into the training program; prediction then uses the
+        run's weights. Otherwise (a prediction script, or after training): `predict()` and `evaluate()` use
+        its weights."""
         path = _existing(model_path, "load_ckpt")
         root = self._root()
-        if root._run is None and root._result is None and root._backbone is not None and self._pred_head is None:
+        if root._run is None and root._result is None and root._backbone is not None:
             root._resume = path
-        self._predict_from, self._predict_kind = path, "ckpt"
+        else:
+            self._predict_from, self._predict_kind = path, "ckpt"
         root._predictor = None
 
     def load_predict_model(self, model_path, convert=False) -> None:
@@ -530,6 +533,8 @@ class Trainer:
         for t in (self, root):
             if t._predict_from is not None:
                 return t._predict_from, t._predict_kind
+        if root._resume not in (None, "auto") and root._run is None and root._result is None:
+            return root._resume, "ckpt"  # load_ckpt before a training that has not started: its weights
         return None, None
 
     def _uses_live_weights(self) -> bool:
