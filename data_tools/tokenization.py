@@ -696,8 +696,9 @@ class _JiebaModel:
         self.hash_keys, self.hash_values = arrays["hash_keys"], arrays["hash_values"]
         self.hash_bits = int(len(self.hash_keys)).bit_length() - 1
         long_text = np.asarray(arrays["long_words"]).tobytes().decode("utf-8")
-        self.long: Dict[str, Optional[float]] = dict(zip(long_text.split("\n") if long_text else [],
-                                                          [None if v != v else v for v in arrays["long_values"].tolist()]))
+        self.long: Dict[str, Optional[float]] = dict(zip(
+            long_text.split("\n") if long_text else [],
+            [None if v != v else v for v in arrays["long_values"].tolist()]))
         self.fallback = float(arrays["fallback"])
         self.hmm_start = tuple(arrays["hmm_start"].tolist())
         self.hmm_trans = tuple(arrays["hmm_trans"].tolist())

@@ -23,7 +23,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     (ernie_mtl/dist/console.py), and the orphan guard (a rank whose launcher died exits:
     ernie_mtl/dist/watchdog.py). These are the process's business, so they live here, not in the
     engine."""
-    from ernie_mtl.dist import console, process, threads, watchdog
+    from ernie_mtl.dist import console, preemption, process, threads, watchdog
 
     argv = list(sys.argv[1:] if argv is None else argv)
     device = threads.device_hint(argv)
@@ -36,11 +36,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         pass
     console.quiet_framework(debug=console.debug_requested(argv))  # imports paddle, without its chatter
     console.quiet_fleet_loggers()
+    preemption.guard()  # a signal before or after the loop stops cleanly, not in Paddle's C++ handler
     watchdog.install_orphan_guard()
-    code = run_cli(PROG, lambda: _main(argv, notes))
+    code = run_command(argv, notes)
     if process.ProcessInfo.from_env().world_size > 1:
         watchdog.leave(code)
     return code
+
+
+def run_command(argv: Sequence[str], notes: Sequence[str] = ()) -> int:
+    """The command itself, once `main` has set the process up: parse, then one engine function; a user
+    error becomes `run_multitask_static.py: error: ...` and exit status 2 (tests run it in-process)."""
+    return run_cli(PROG, lambda: _main(argv, notes))
 
 
 def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
@@ -53,6 +60,7 @@ def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
     from ernie_mtl.engine.validate import parse
 
     cfg = parse(argv)
+    preemption.guard_again()  # paddlenlp's import (model and tokenizer classes) reset SIGTERM to its default
     t = cfg.train
     if t.do_predict:
         run.predict(cfg)

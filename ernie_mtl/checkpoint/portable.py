@@ -95,7 +95,8 @@ def write_file(path: os.PathLike, tensors: Mapping[str, np.ndarray], *, metadata
             raise PortableError(f"{key}: dtype {dtype} has no safetensors code")
         if array.dtype.byteorder == ">":
             array = array.astype(array.dtype.newbyteorder("<"))
-        header[key] = {"dtype": _DTYPES[dtype], "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        header[key] = {"dtype": _DTYPES[dtype], "shape": list(array.shape),
+                       "data_offsets": [offset, offset + array.nbytes]}
         offset += array.nbytes
         arrays.append(array)
     if metadata:

@@ -293,7 +293,7 @@ def decide(raw: Mapping[str, Any], now: Mapping[str, Any], *, flag_mode: bool,
             c.notes.append("exact: the same samples in the same optimizer steps, with the same dropout masks; float "
                            "results equal the uninterrupted run's bitwise when a step's micro-batch gradients are "
                            "summed in the same order (2 processes <-> 1 process with accumulation 2), else within "
-                           "float32 rounding (README, 'Changing the cluster')")
+                           "float32 rounding (docs/checkpoints.md, 'Changing the cluster')")
         else:
             c.notes.append(f"micro batch {saved['micro_batch_size']} -> {now['micro_batch_size']}: the same samples in "
                            "the same optimizer steps, but a dropout op now draws one mask for a tensor of another "
@@ -322,7 +322,8 @@ def batch_change_refusal(saved: Mapping[str, Any], now: Mapping[str, Any], *, fl
     if flag_mode:
         g, micro = int(saved["global_batch_size"]), int(now["micro_batch_size"])
         what = f"global batch {saved['global_batch_size']} samples per step vs {now['global_batch_size']} now"
-        keep = [m for m in (micro, *(micro // d for d in (2, 4, 8) if micro % d == 0)) if m >= 1 and g % (m * world) == 0]
+        keep = [m for m in (micro, *(micro // d for d in (2, 4, 8) if micro % d == 0))
+                if m >= 1 and g % (m * world) == 0]
         fix = (f"keep --global_batch_size {g} (micro batch x {world} data-parallel ranks x accumulation: e.g. "
                f"--micro_batch_size {keep[0]} gives accumulation {g // (keep[0] * world)})" if keep else
                f"keep --global_batch_size {g} with a --micro_batch_size that divides {g // world} "

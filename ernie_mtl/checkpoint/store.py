@@ -159,7 +159,8 @@ def state_problems(raw: Mapping, folder_name: str = "") -> List[str]:
         base = [0, 0]
     if _is_int(position, per_step) and per_step > 0 and position != base[0] + (step - base[1]) * per_step:
         problems.append(f"step {step} disagrees with sampler.position {position} (micro-batches drawn: {per_step} "
-                        f"per optimizer step" + (f" from position {base[0]} at step {base[1]}" if base != [0, 0] else "")
+                        f"per optimizer step"
+                        + (f" from position {base[0]} at step {base[1]}" if base != [0, 0] else "")
                         + ")")
     if not (isinstance(counts, list) and _is_int(*counts) and _is_int(position)):
         return problems
@@ -185,8 +186,12 @@ def check_differences(raw: Mapping[str, Any], check: Mapping[str, Any], *, free:
 
 def resume_refusal(path: os.PathLike, diffs: Sequence[str]) -> str:
     """The refusal of a resume whose settings differ from the checkpoint's (`check_differences`)."""
+    longer = any(d.startswith(("max_steps:", "total_steps:")) for d in diffs)
+    hint = (" A run's length is part of its schedule (the learning-rate decay, the data each step reads): to train "
+            f"on from these weights, start a new run with --init_from {path} --init_optimizer and another "
+            "--output_dir." if longer else "")
     return (f"cannot resume exactly from {path}: " + "; ".join(diffs) +
-            ". Restore those settings, or start a fresh run with another --output_dir or --resume none.")
+            ". Restore those settings, or start a fresh run with another --output_dir or --resume none." + hint)
 
 
 def read_train_state(path: Path) -> Optional[TrainState]:
@@ -723,5 +728,6 @@ def unreadable_state_file(prefix: os.PathLike) -> Optional[Tuple[Path, str]]:
 def kept_checkpoints(output_dir: os.PathLike) -> List[CheckpointRef]:
     """Permanent checkpoints in step order."""
     root = Path(output_dir)
-    refs = [CheckpointRef(p, int(m.group(1))) for p in root.iterdir() if (m := _KEPT.match(p.name))] if root.is_dir() else []
+    refs = [CheckpointRef(p, int(m.group(1)))
+            for p in root.iterdir() if (m := _KEPT.match(p.name))] if root.is_dir() else []
     return sorted(refs, key=lambda r: r.step)

@@ -157,7 +157,8 @@ def load_multitask_config(global_yaml: str, *, hooks: ParseHooks, data: Optional
     `tasks` ({task: {key: value}}), where relative paths are against the global file's folder.
     Raises one ConfigError listing every problem.
     """
-    return _Loader(global_yaml, hooks, data, base_dir, dict(cli or {}), {t: dict(v) for t, v in (task_cli or {}).items()},
+    return _Loader(global_yaml, hooks, data, base_dir, dict(cli or {}),
+                   {t: dict(v) for t, v in (task_cli or {}).items()},
                    set(flag_names), tuple(splits)).load()
 
 

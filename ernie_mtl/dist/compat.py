@@ -180,3 +180,33 @@ def emulate_gpu_program(rank: int, world_size: int, *,
         yield
     finally:
         patches.restore()
+
+
+# MKL's service functions (the public MKL_CBWR_Set/Get are macros over them): values from mkl_service.h
+_CBWR_AUTO, _CBWR_STRICT, _CBWR_ALL = 2, 0x10000, -1
+
+
+def mkl_reproducible() -> Tuple[Optional[bool], str]:
+    """(whether Paddle's MKL computes independently of the thread count, what was done): MKL_CBWR with
+    STRICT was set before Paddle's first MKL call (ernie_mtl/dist/threads.plan_math), or is set now through
+    MKL's service function when MKL has not computed yet in this process (a notebook or script that did
+    not call `ernie_mtl.configure_process()`). None when this build has no MKL library."""
+    import ctypes
+    import os
+
+    path = os.path.join(os.path.dirname(paddle.__file__), "libs", "libmklml_intel.so")
+    if not os.path.exists(path):
+        return None, "no MKL library in this Paddle build"
+    try:
+        lib = ctypes.CDLL(path)
+        current = int(lib.mkl_serv_cbwr_get(_CBWR_ALL))
+    except (OSError, AttributeError) as e:
+        return None, f"MKL's reproducibility mode cannot be read ({e})"
+    if current & _CBWR_STRICT:
+        return True, "MKL in strict reproducibility mode"
+    status = int(lib.mkl_serv_cbwr_set(_CBWR_AUTO | _CBWR_STRICT))
+    if status == 0:
+        return True, "MKL switched to strict reproducibility mode"
+    return False, ("MKL already computed in this process without MKL_CBWR=AUTO,STRICT, so its results depend on the "
+                   "thread count: a run continued with another number of threads per process is within float32 "
+                   "rounding, not bitwise (call ernie_mtl.configure_process() before any Paddle computation)")

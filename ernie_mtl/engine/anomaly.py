@@ -68,6 +68,9 @@ class AnomalyPolicy:
     def start(self) -> None:
         """At the start of the loop (after a resume): the counter the checkpoint carried."""
         self.seen = self.logged = skipped_steps(self.t.scope)
+        if self.policy != "none" and self.t.cfg.optim.grad_clip <= 0:
+            self.t.print(f"--grad_clip 0: no clipping; the global gradient norm is still computed for the anomaly "
+                         f"guard (--on_anomaly {self.policy}; --on_anomaly none drops it)")
 
     def after_step(self, drawn: List[int], read: List[int], rerun: Callable[[], List]) -> Optional[List]:
         """Called after the step's micro-batches ran, before the step is counted (stop and replay only);

@@ -4,7 +4,8 @@ A callback subclasses `Callback` and overrides any of `on_train_begin`, `on_step
 `on_save`, `on_train_end`. The trainer calls them on every rank in the same order. Decisions that
 change training (early stopping, best checkpoints: both save or export on every rank together)
 must be rank-independent: `on_evaluate` receives rank 0's metrics on every rank (the trainer
-shares them through the job's store), so callbacks deciding from them agree everywhere. A user's callback is registered by name in a plugin file:
+shares them through the job's store), so callbacks deciding from them agree everywhere. A user's
+callback is registered by name in a plugin file:
 
     from ernie_mtl.engine.callbacks import Callback, register_callback
 
@@ -115,7 +116,8 @@ class EarlyStopping(Callback):
             return
         self.bad[task] = self.bad.get(task, 0) + 1
         if self.bad[task] >= self.patience:
-            trainer.finish_task(task, reason=f"early stopping: {t.main_metric} has not improved on {self.best[task]:.4f} "
+            trainer.finish_task(task,
+                                reason=f"early stopping: {t.main_metric} has not improved on {self.best[task]:.4f} "
                                              f"for {self.patience} evaluations")
 
     def state_dict(self):

@@ -15,7 +15,7 @@ differences. (ERNIE issues 398 and 514: a warm start that kept a finished LR sch
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -145,8 +145,8 @@ def warm_start(session, path: str, *, with_optimizer: bool) -> str:
     except ReshardError as e:
         raise UserError(f"--init_from {folder}: {e}") from None
     what = "weights and optimizer state" if with_optimizer else "weights"
-    return (f"warm start from {folder}: its {what} ({n} variables; it was at step {raw['step']}); a new run from step 0 "
-            "with this run's LR schedule and task schedule")
+    return (f"warm start from {folder}: its {what} ({n} variables; it was at step {raw['step']}); "
+            "a new run from step 0 with this run's LR schedule and task schedule")
 
 
 def batch_ratio(c: Continuation, topo) -> float:

@@ -123,7 +123,24 @@ class Trainer:
         self.start()
         while not self.schedule.done:
             self.advance()
+        self.leave_loop()
         self.end()
+
+    def leave_loop(self) -> None:
+        """The loop is over: its preemption signals are no longer deferred to a step boundary (a signal
+        from here on stops the process at once: ernie_mtl/dist/preemption.py). A request that came during
+        the last step, on any rank, stops the run now with the final checkpoint saved (`Preempted`), before
+        the last evaluation, exports and test."""
+        preemption.restore(self.previous_handlers)
+        self.previous_handlers = {}
+        preemption.set_phase("the last evaluation, the exports and the final test (training is finished)")
+        if self.stop is None:
+            return
+        pending = self.stop.pending()
+        if self.info.world_size > 1:
+            pending = self.barrier.share("preemption requested during the last step", pending)
+        if pending:
+            self.preempt(saved=True)
 
     def advance(self, prepared: Optional["PreparedStep"] = None) -> List[str]:
         """One optimizer step (`prepared`: the one `prepare_step` drew; default: draw it now) and what
@@ -164,6 +181,7 @@ class Trainer:
         if self.is_rank0:
             self.bar = self.reporter.start(self)
         self.previous_handlers = preemption.install(self.signals)
+        preemption.set_phase("training")
         self.anomaly.start()
         self.emit("on_train_begin")
         self.feeder.start(self.step, self.schedule)  # a background feeder plans ahead from here

@@ -18,6 +18,7 @@ from ernie_mtl.checkpoint.store import CheckpointRef, Checkpointer, read_train_s
 from ernie_mtl.config import ConfigError, parse_cpu_kernels
 from ernie_mtl.engine.elastic import (check_init_from, continuation_for, is_checkpoint, portable_state, warm_start,
                                       write_state)
+from ernie_mtl.dist import preemption
 from ernie_mtl.dist.process import ProcessInfo, StoreBarrier, executor_mode, resolve_device, start_process
 from ernie_mtl.dist.topology import Topology
 from ernie_mtl.planning.plan import RunPlan, prepare, resume_point
@@ -101,6 +102,7 @@ def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]]
     plan = prepare(cfg, info=info, topo=topo, barrier=barrier, log=log.info,
                    resume=resume_point(resume_from, continuation, topo))
     programs = build_programs(cfg, topo, plan)
+    preemption.guard_again()  # in case a library imported while building replaced the handlers
     if init_from and not is_checkpoint(init_from):
         programs.weights = init_from  # a PaddleNLP directory: loaded by initialisation (before AMP O2's cast)
     kernels = cpu_kernel_choice(cfg, info, barrier, programs, plan, resume_from, log)

@@ -11,8 +11,8 @@ So every rank runs exactly the same ops every step (no control flow: gradient al
 gradient merge and sharding see one static program), micro-batches of different tasks can be
 accumulated into one update, and a head whose task is absent gets a gradient of exactly 0.
 (Adam would still move it through stale moments and weight decay; such parameters are frozen for
-that update on the device: see ernie_mtl/program/idle_heads.py.) With a single task there is no gate. The cost is the heads'
-forward/backward on foreign batches, small next to the backbone.
+that update on the device: see ernie_mtl/program/idle_heads.py.) With a single task there is no gate.
+The cost is the heads' forward/backward on foreign batches, small next to the backbone.
 
 Parameter names. Built under a fresh `unique_name.guard()` in a fixed order (backbone, then
 heads in `task_instance` order of their group's first task), the same configuration always gets

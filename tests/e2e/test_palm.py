@@ -111,7 +111,8 @@ def test_classification_trains_saves_and_predicts_as_the_command_line(ex, classi
     assert state_files(out / "model_last") == state_files(classification_cli / "model_last")  # bitwise the same
     gold = gold_column(ex / "classification" / "data" / "test.tsv", "label")
     palm = lines(out / "predict" / "predictions.json")  # PALM's format: one JSON object per line
-    assert set(palm[0]) == {"index", "label", "logits", "probs"} and [p["index"] for p in palm] == list(range(len(gold)))
+    assert set(palm[0]) == {"index", "label", "logits",
+                            "probs"} and [p["index"] for p in palm] == list(range(len(gold)))
     ours = json.loads((classification_cli / "chnsenticorp" / "predictions.json").read_text())
     assert accuracy([p["label"] for p in palm], gold) == accuracy([r["label"] for r in ours], gold) >= 0.9
     print("classification accuracy, PALM script and command line:", accuracy([p["label"] for p in palm], gold))

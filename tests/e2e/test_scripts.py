@@ -12,7 +12,7 @@ import pytest
 
 from ernie_mtl.dist import ports
 
-EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
+EXCLUSIVE = {"test_real_two_process_cpu_run"}  # launches two ranks: run alone (tests/conftest.py); the rest prints
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {name: ROOT / "scripts" / f"{name}.sh" for name in ("run", "run_single_node", "run_cpu")}
@@ -51,7 +51,8 @@ def dry(name, env, *args):
 
 
 def test_multi_node_command(config):
-    out = dry("run", {"IPS": "10.0.0.1,10.0.0.2", "GPUS": "0,1,2,3", "CONFIG": str(config), "OUTPUT_DIR": "/shared/run1",
+    out = dry("run",
+              {"IPS": "10.0.0.1,10.0.0.2", "GPUS": "0,1,2,3", "CONFIG": str(config), "OUTPUT_DIR": "/shared/run1",
                       "LOG_DIR": "/shared/logs"}, "--max_steps", "100", "--use_amp")
     assert out == (f"+ {LAUNCH} --ips 10.0.0.1,10.0.0.2 --gpus 0,1,2,3 --log_dir /shared/logs {ENTRY} "
                    f"--config {config} --output_dir /shared/run1 --device gpu --max_steps 100 --use_amp\n")
@@ -65,7 +66,8 @@ def test_options_win_over_environment_and_defaults(config, tmp_path):
               "--", "--output_dir", "x y")
     # LOG_DIR defaults to OUTPUT_DIR/launch_log; after `--` every argument is a training flag
     assert out == (f"+ {LAUNCH} --ips 10.0.0.1,10.0.0.2 --gpus 0,1 --host 10.0.0.2 --start_port 7000 "
-                   f"--log_dir output/launch_log {ENTRY} --config {config} --output_dir output --input_dir {corpus} --device gpu "
+                   f"--log_dir output/launch_log {ENTRY} --config {config} --output_dir output --input_dir {corpus} "
+                   "--device gpu "
                    "--output_dir 'x y'\n")
 
 
@@ -182,7 +184,8 @@ def test_default_interpreter(config):
     ("run", {"IPS": "127.0.0.1,10.0.0.2", "GPUS": "0"}, [], "127.0.0.1/localhost cannot be used with several nodes"),
     ("run", {"IPS": "10.0.0.1,10.0.0.2", "GPUS": "0", "HOST": "10.0.0.3"}, [],
      "HOST='10.0.0.3' is not one of IPS='10.0.0.1,10.0.0.2'"),
-    ("run", {"IPS": "10.0.0.1", "GPUS": "0", "START_PORT": "70000"}, [], "START_PORT='70000': the port must be a number 1..65535, e.g. 6070"),
+    ("run", {"IPS": "10.0.0.1", "GPUS": "0", "START_PORT": "70000"}, [],
+     "START_PORT='70000': the port must be a number 1..65535, e.g. 6070"),
     ("run", {"IPS": "10.0.0.1"}, [], "run.sh: error: GPUS is unset or empty"),
     ("run", {"IPS": "10.0.0.1", "GPUS": "0;1"}, [], "GPUS='0;1' is malformed: give comma-separated GPU ids"),
     ("run_single_node", {"GPUS": "gpu0"}, [], "run_single_node.sh: error: GPUS='gpu0' is malformed"),
@@ -195,7 +198,8 @@ def test_default_interpreter(config):
     ("run_cpu", {"CONFIG": "/nonexistent/run.yaml"}, [], "CONFIG='/nonexistent/run.yaml': no such file"),
     ("run_cpu", {"SCRIPT": "/nonexistent/train.py", "CONFIG": ""}, [],
      "run_cpu.sh: error: SCRIPT='/nonexistent/train.py': no such file; give the Python script every rank runs"),
-    ("run_cpu", {"SCRIPT": __file__}, [], "and SCRIPT='%s' are both set: SCRIPT reads its own configuration" % __file__),
+    ("run_cpu", {"SCRIPT": __file__}, [],
+     "and SCRIPT='%s' are both set: SCRIPT reads its own configuration" % __file__),
     ("run_single_node", {"GPUS": "0", "CONFIG": "", "INPUT_DIR": "data/corpus"}, ["--script", __file__],
      "INPUT_DIR='data/corpus' applies to run_multitask_static.py, not to SCRIPT="),
 ])
@@ -240,7 +244,6 @@ def test_syntax_and_help(name):
     assert f"bash scripts/{name}.sh" in proc.stdout
 
 
-@pytest.mark.slow
 def tiny_pretraining_config(tmp_path) -> Path:
     """A 2-step flag-mode run of a tiny ERNIE on a small generated corpus."""
     from data_tools import prepare_demo_data
@@ -258,6 +261,7 @@ def tiny_pretraining_config(tmp_path) -> Path:
     return config
 
 
+@pytest.mark.slow
 def test_real_two_process_cpu_run(tmp_path):
     """scripts/run_cpu.sh really trains: 2 gloo processes, tiny ERNIE, 2 steps, a checkpoint at the end."""
     config = tiny_pretraining_config(tmp_path)

@@ -23,6 +23,11 @@ this lives in the production loop).
   run, as bad data would; once: only the first time, as a transient hardware fault would).
 - `eval_at_start`: evaluates every task with a dev file before the first step and writes what
   each rank got to <output_dir>/eval_at_start_rank<r>.json (distributed-evaluation tests).
+- `pause_at`: prints `paused at <where>` and sleeps at $ERNIE_MTL_TEST_PAUSE_AT: `import` (this file's
+  import, while the command line parses), `start-up` (the trainer built, before the loop) or `train_end`
+  (after the last step, before the last evaluation, exports and test): where the signal tests signal.
+  With $ERNIE_MTL_TEST_PAUSE_IN_C=1 the main thread blocks the signals first, so it cannot run a Python
+  handler while it sleeps: as a rank stuck inside a C++ call (a collective) cannot.
 - `record_slots`: every micro-batch this rank computes, as a JSON line in
   <output_dir>/slots_rank<r>.jsonl: the step, its slot in the global batch, the task, the
   (example, epoch) pairs it read and its loss (the hook sets the loop's `fetch_step_losses`, as the
@@ -42,7 +47,8 @@ from ernie_mtl.engine.callbacks import Callback, register_callback
 class KillAtStep(Callback):
     def on_save(self, trainer, path):
         step = int(os.environ.get("ERNIE_MTL_TEST_KILL_AT_STEP", "0") or 0)
-        last = f"model_{step}" if step and step % trainer.cfg.train.save_steps == 0 else "model_last"  # the step's last save
+        # the step's last save
+        last = f"model_{step}" if step and step % trainer.cfg.train.save_steps == 0 else "model_last"
         if step and trainer.step == step and os.path.basename(path) == last:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -168,3 +174,28 @@ class PoisonStep(Callback):
                 state["done"] = True
 
         trainer.exe.run = poisoned_run
+
+
+@register_callback("pause_at")
+class PauseAt(Callback):
+    """Prints `paused at <where>` and sleeps $ERNIE_MTL_TEST_PAUSE_S (default 60) seconds at
+    $ERNIE_MTL_TEST_PAUSE_AT: `start-up` (when the trainer is built: programs built, before the loop) or
+    `train_end` (after the last step, before the last evaluation, exports and final test): where a signal
+    tests sends one."""
+
+    def __init__(self):
+        self._pause("start-up")
+
+    def on_train_end(self, trainer):
+        self._pause("train_end")
+
+    @staticmethod
+    def _pause(where):
+        if os.environ.get("ERNIE_MTL_TEST_PAUSE_AT") == where:
+            if os.environ.get("ERNIE_MTL_TEST_PAUSE_IN_C"):  # the main thread never sees the signal: as stuck in C++
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+            print(f"paused at {where}", flush=True)
+            time.sleep(float(os.environ.get("ERNIE_MTL_TEST_PAUSE_S", "60")))
+
+
+PauseAt._pause("import")  # $ERNIE_MTL_TEST_PAUSE_AT=import: while the command line parses (plugins load then)

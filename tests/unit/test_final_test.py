@@ -1,6 +1,6 @@
 """engine/evaluation.final_test: the test split with the final weights and with each target's best
-checkpoint; a best checkpoint saved at the final step is not evaluated a second time (issue 24: a
-single-task run evaluated its test split twice when its best was its last step)."""
+checkpoint; a best checkpoint saved at the final step is not evaluated a second time (a single-task
+run once evaluated its test split twice when its best was its last step)."""
 import json
 from pathlib import Path
 from types import SimpleNamespace

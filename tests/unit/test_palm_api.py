@@ -211,5 +211,6 @@ def test_masked_lm_and_ema_become_a_task_and_flags(files, tmp_path):
     trainer.fit_reader(reader)
     trainer.set_saver(str(tmp_path / "out"), save_steps=3)
     cfg = trainer.to_config()
-    assert cfg["tasks"]["mlm_task"]["reader"] == "mlm" and cfg["tasks"]["mlm_task"]["train_file"] == str(files / "mlm.tsv")
+    mlm = cfg["tasks"]["mlm_task"]
+    assert mlm["reader"] == "mlm" and mlm["train_file"] == str(files / "mlm.tsv")
     assert (cfg["use_ema"], cfg["ema_decay"]) == (True, 0.99)

@@ -112,7 +112,8 @@ def test_a_portable_checkpoint_is_verified_and_read_by_name(tmp_path):
     back = portable.read_tensors(path)
     assert sorted(back) == sorted(full) and all(np.array_equal(back[k], full[k]) for k in full)
     static = merged_state(path)  # readers of Paddle-format states get static names
-    assert np.array_equal(static["embedding_0.w_0_moment1_0"], full["ernie.embeddings.word_embeddings.weight_moment1_0"])
+    assert np.array_equal(static["embedding_0.w_0_moment1_0"],
+                          full["ernie.embeddings.word_embeddings.weight_moment1_0"])
     assert np.array_equal(static["linear_0.w_0@EMA"], full["ernie.pooler.dense.weight@EMA"])
     # damage: a changed byte, a missing record
     victim = path / "tensors" / "ernie.pooler.dense.bias.safetensors"
