@@ -53,7 +53,7 @@ import numpy as np
 
 from ernie_mtl.config import ConfigError
 from ernie_mtl.palm.backbone import runs_own_build as backbone_builds
-from ernie_mtl.palm.head import phase_of, runs_own_build as head_builds
+from ernie_mtl.palm.head import runs_own_build as head_builds
 from ernie_mtl.palm.reader import is_builtin_reader
 from ernie_mtl.tasks.base import (ATTENTION_PAD, Encoded, HeadOutputs, Option, TaskData, TaskType, get_task_type,
                                   register_task_type)
@@ -151,9 +151,10 @@ class PalmTask(TaskType):
         key = spec.options.get("binding")
         b = BINDINGS.get(key)
         if b is None:
-            raise ConfigError([f"task {spec.name}: reader 'palm' runs a PaddlePALM script's own head, reader or backbone "
-                               f"({spec.options.get('components') or 'Python objects'}), which exist only in the "
-                               "process of that script: predict or evaluate it from the script (palm's Trainer: "
+            what = spec.options.get("components") or "Python objects"
+            raise ConfigError([f"task {spec.name}: reader 'palm' runs a PaddlePALM script's own head, reader or "
+                               f"backbone ({what}), which exist only in the process of that script: predict or "
+                               "evaluate it from the script (palm's Trainer: "
                                "build_predict_forward, load_ckpt, fit_reader(..., phase='predict'), predict)"])
         self.b = b
         self.inner: Optional[TaskType] = None

@@ -32,4 +32,4 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["gpu_dev_count", "cpu_dev_count", "dev_count"]
+__all__ = ["gpu_dev_count", "cpu_dev_count", "dev_count"]  # noqa: F822  (gpu_dev_count, dev_count: __getattr__)

@@ -22,6 +22,8 @@ import os
 
 from typing import Any, Dict, List, Optional
 
+import numpy as np
+
 
 from ernie_mtl.palm.trainer import LossVar, Trainer
 

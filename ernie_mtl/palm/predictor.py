@@ -24,7 +24,7 @@ import os
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -266,8 +266,9 @@ class Predictor:
                 continue
             tensor = self.scope.find_var(static).get_tensor()
             if tuple(tensor.shape()) != np.shape(value):
-                problems.append(f"{key}: shape {list(tensor.shape())} in the prediction program but {list(np.shape(value))} "
-                                f"in {s.where}; build the predict phase with the sizes the model was trained with")
+                problems.append(f"{key}: shape {list(tensor.shape())} in the prediction program but "
+                                f"{list(np.shape(value))} in {s.where}; build the predict phase with the sizes the "
+                                "model was trained with")
                 continue
             assignments.append((tensor, value))
         if problems:
@@ -304,8 +305,8 @@ class Predictor:
         for trainer in self.trainers:
             message = (f"task {trainer.task_name}: predicting with the pretrained parameters {self.source.path}: the "
                        f"head {type(trainer._pred_head).__name__} is untrained (random values, seed "
-                       f"{self.source.seed}), so the predictions are a random head's (PALM's examples/predict did this; "
-                       "its accuracy was chance). Train first and predict with the checkpoint or exported model")
+                       f"{self.source.seed}), so the predictions are a random head's (PALM's examples/predict did "
+                       "this; its accuracy was chance). Train first and predict with the checkpoint or exported model")
             warnings.warn(message, UserWarning, stacklevel=3)
 
     # -- running ---------------------------------------------------------------------------------------

@@ -188,7 +188,8 @@ class Trainer:
                              "training backbone's; build both from the same config")
         if trained is not None and backbone_builds(trained) != backbone_builds(pred_backbone):
             raise ValueError("build_predict_forward: the prediction backbone is of another kind than the training "
-                             f"backbone ({type(pred_backbone).__name__} vs {type(trained).__name__}); build both the same")
+                             f"backbone ({type(pred_backbone).__name__} vs {type(trained).__name__}); build both "
+                             "the same")
         self._pred_backbone, self._pred_head = pred_backbone, pred_head
         self._root()._predictor = None
         return {f"{self._name}.{k}": v for k, v in declared_outputs(pred_head).items()}

@@ -112,8 +112,9 @@ predictor.load_ckpt("out/ckpt.step2")                    # loads
 pred_reader = palm.reader.ClassifyReader("vocab.txt", 16, phase="predict")
 pred_reader.load_data("train.tsv", 4)
 predictor.fit_reader(pred_reader, phase="predict")
-print(json.dumps({"predictions": len(predictor.predict()), "paddle_first": list(__import__("sys").modules).index("paddle")
-                  < list(__import__("sys").modules).index("ernie_mtl")}))
+order = list(__import__("sys").modules)
+print(json.dumps({"predictions": len(predictor.predict()),
+                  "paddle_first": order.index("paddle") < order.index("ernie_mtl")}))
 '''
 
 

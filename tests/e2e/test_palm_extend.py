@@ -256,8 +256,8 @@ def test_a_users_head_trains_is_checkpointed_and_predicts_from_its_own_graph(ex,
     again.load_ckpt(str(tmp_path / "out" / "ckpt.step4"))
     again.fit_reader(pred_reader, phase="predict")
     at4 = again.predict()
-    np.testing.assert_allclose(at4, numpy_logits(first, "senti", np.concatenate([b["sentence"] for b in other.batches])),
-                               rtol=1e-4, atol=1e-5)
+    sentence_at4 = np.concatenate([b["sentence"] for b in other.batches])
+    np.testing.assert_allclose(at4, numpy_logits(first, "senti", sentence_at4), rtol=1e-4, atol=1e-5)
     assert not np.allclose(at4, logits)  # another checkpoint, other predictions
 
 
