@@ -496,9 +496,7 @@ class Trainer:
         from ernie_mtl.palm.predictor import palm_outputs
         from ernie_mtl.palm.reader import is_builtin_reader
 
-        head, reader = self._pred_head, self._pred_reader
-        if hasattr(head, "reset") and "_results_buffer" in head.__dict__:
-            head.reset()
+        head, reader = self._pred_head, self._pred_reader  # as PALM: what a head keeps stays until its reset()
         if output_dir is not None:
             os.makedirs(output_dir, exist_ok=True)
         kind, path = self._prediction_source()
