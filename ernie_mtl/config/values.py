@@ -19,7 +19,8 @@ from data_tools.cli_utils import str2bool
 NONE_WORDS = {"none", "null", ""}
 
 EXPECTED: Dict[str, str] = {
-    "str": "a string", "path": "a file path", "bool": "true or false", "int": "an integer", "float": "a number",
+    "str": "a string", "path": "a file path", "outpath": "an output path", "bool": "true or false",
+    "int": "an integer", "float": "a number",
     "tuple": "a comma-separated list", "posint": "an integer >= 1", "nonnegint": "an integer >= 0",
     "optposint": "an integer >= 1 (or none)", "posfloat": "a number > 0", "nonneg": "a number >= 0",
     "unit": "a number in (0, 1)", "strlist": "a list", "floatlist": "numbers >= 0 (a list or \"a, b, c\")",
@@ -66,7 +67,7 @@ def _number(value: Any, integer: bool) -> Any:
 def coerce(kind: str, value: Any) -> Any:
     """Typed value of `kind` (see the module docstring); ValueError(f"{value!r} is not ...") otherwise."""
     try:
-        if kind in ("str", "path"):
+        if kind in ("str", "path", "outpath"):
             if value is None or isinstance(value, (list, dict)):
                 raise ValueError
             return str(value)

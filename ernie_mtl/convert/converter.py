@@ -135,6 +135,7 @@ def read_checkpoint(path: Path, *, with_optimizer: bool = False) -> Source:
     if not isinstance(name_map, dict) or not name_map:
         raise ConvertError(f"{path / TRAIN_STATE} has no name_map (structured name -> static name); it was not "
                            "written by ernie_mtl's trainer, so its parameters cannot be named reliably")
+    _refuse_custom_backbone(name_map, raw.get("extra", {}).get("tasks", []), path)
     config = raw.get("config", {})
     arch = dict(raw.get("extra", {}).get("arch") or _arch_from_config(config, path))
     model_type = arch.pop("model_type", config.get("model", {}).get("model_type", "ernie"))
@@ -186,6 +187,7 @@ def read_exported(path: Path) -> Source:
     for name in ("model.pdmodel", "model.pdiparams"):
         if not (path / name).is_file():
             raise ConvertError(f"exported model {path} lacks {name}; re-export it")
+    _refuse_custom_backbone(manifest["name_map"], [{"manifest": manifest}], path)
     arch = dict(manifest["arch"])
     model_type = arch.pop("model_type", manifest.get("model_type", "ernie"))
     scope = paddle.static.Scope()
@@ -273,6 +275,26 @@ def _merge(files: Sequence[Path], *, keep: Callable[[str], bool] = lambda name: 
             merged.setdefault(name, array)
             origin.setdefault(name, file)
     return merged
+
+
+def _refuse_custom_backbone(name_map: Mapping[str, str], tasks: Sequence[Mapping], where: Path) -> None:
+    """A model whose backbone is a PaddlePALM script's own (`backbone.*` parameters, ernie_mtl/palm/adaptor.py)
+    has no PaddleNLP equivalent: one clear refusal instead of a list of missing ERNIE weights."""
+    own = sorted(k for k in name_map if k.startswith("backbone."))
+    if not own:
+        return
+    classes = set()
+    for task in tasks:
+        components = task.get("spec", {}).get("options", {}).get("components") or \
+            json.dumps(task.get("manifest", {}).get("palm_components") or {})
+        try:
+            classes.add(json.loads(components).get("backbone"))
+        except (ValueError, AttributeError):
+            pass
+    name = ", ".join(sorted(c for c in classes if c)) or "a PaddlePALM script's own backbone"
+    raise ConvertError(f"{where}: its backbone is user-defined ({name}; parameters {', '.join(own[:4])}"
+                       f"{', ...' if len(own) > 4 else ''}), not ERNIE or BERT: there is no PaddleNLP model to convert "
+                       "it to. Use the checkpoint (or its exported inference model) as it is")
 
 
 def _by_structured(name_map: Mapping[str, str], params: Mapping[str, np.ndarray], where: Path) -> Dict:

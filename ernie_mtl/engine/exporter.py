@@ -121,10 +121,11 @@ def export_task_model(out_dir: Path, *, program, fwd, task: TaskType, exe, vocab
     name = task.spec.name
     group = next(g.name for g in fwd.groups if name in g.tasks)
     block = program.global_block()
-    feed_names = list(fwd.backbone_feed_names)
     fetch_names = list(fwd.predictions[name])
-    feed_vars = [block.var(fwd.feed_vars[n].name) for n in feed_names]
     fetch_vars = [block.var(fwd.predictions[name][n].name) for n in fetch_names]
+    needed = _ancestors(block, [v.name for v in fetch_vars])  # a user-defined backbone may not read every feed
+    feed_names = [n for n in fwd.backbone_feed_names if fwd.feed_vars[n].name in needed]
+    feed_vars = [block.var(fwd.feed_vars[n].name) for n in feed_names]
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -146,6 +147,23 @@ def export_task_model(out_dir: Path, *, program, fwd, task: TaskType, exe, vocab
     write_json_atomic(tmp / MANIFEST, manifest, sort_keys=False)
     replace_dir(tmp, out_dir)
     return out_dir
+
+
+def _ancestors(block, names) -> set:
+    """Variables of `block` that the variables `names` are computed from (themselves included)."""
+    producers = {}
+    for op in block.ops:
+        for out in op.output_arg_names:
+            producers.setdefault(out, []).append(op)
+    seen, stack = set(), list(names)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for op in producers.get(name, ()):
+            stack.extend(op.input_arg_names)
+    return seen
 
 
 def _persistables(model_file: Path) -> set:

@@ -87,8 +87,9 @@ class Reporter:
                 f"{output_dir}/<task>/infer_model; VisualDL: visualdl --logdir {output_dir}/visualdl")
 
     def note_unexportable(self, task, step: int) -> Optional[str]:
+        why = getattr(task, "unexportable_reason", None) or "predictions need more than the backbone inputs"
         return (f"task {task.spec.name} ({task.name}) finished at step {step}; its type has no inference model "
-                "(predictions need more than the backbone inputs): see the checkpoints")
+                f"({why}): see the checkpoints")
 
 
 class FlagReporter(Reporter):

@@ -136,7 +136,7 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
 
     def stream(t):
         return TaskStream(len(train[t.spec.name]), seed=cfg.train.seed, task_index=t.spec.index,
-                          batch_size=t.spec.batch_size, shuffle=t.shuffle_examples)
+                          batch_size=t.spec.batch_size, shuffle=t.shuffle_examples and t.spec.shuffle)
 
     dev, test = {}, {}
     if load_dev:  # the evaluation data too, so a bad row is found before training, not after it

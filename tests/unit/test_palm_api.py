@@ -60,8 +60,9 @@ def test_readers_count_like_palm_and_keep_its_constructors(files):
         palm.reader.ClassifyReader(str(files / "vocab.txt"), 16, lang="fr")
     with pytest.raises(ValueError, match="phase 'eval'"):
         palm.reader.ClassifyReader(str(files / "vocab.txt"), 16, phase="eval")
-    with pytest.raises(ConfigError, match=r"load_data\(shuffle_train=False\) is not supported"):
-        reader.load_data(str(files / "cls.tsv"), 4, shuffle_train=False)
+    ordered = palm.reader.ClassifyReader(str(files / "vocab.txt"), 16, seed=1)
+    ordered.load_data(str(files / "cls.tsv"), 4, shuffle_train=False)  # PALM's argument: the file's order
+    assert ordered.task_keys()["shuffle"] is False and "shuffle" not in reader.task_keys()
     with pytest.raises(ConfigError, match="no such file"):
         reader.load_data(str(files / "nope.tsv"), 4)
     bad = files / "bad.tsv"
@@ -181,9 +182,11 @@ def test_misuse_is_one_clear_error(files, tmp_path):
     (tmp_path / "params" / "word_embedding").write_bytes(b"")
     trainer.build_predict_forward(palm.backbone.ERNIE.from_config(CONFIG, phase="predict"),
                                   palm.head.Classify(2, 32, phase="predict"))
-    trainer.load_predict_model(str(tmp_path / "params"))
+    trainer.load_ckpt(str(tmp_path / "params"))
     with pytest.raises(ConfigError, match="pretrained parameters, not a trained model"):
         trainer._model_source()
+    trainer.load_predict_model(str(tmp_path / "params"))  # PALM's examples/predict: allowed, with a warning
+    assert trainer._model_source() == ("pretrained", str((tmp_path / "params").resolve()))
     with pytest.raises(ValueError, match="save_type 'model'"):
         trainer.set_saver(str(tmp_path), 5, save_type="model")
     with pytest.raises(ConfigError, match="downloads nothing"):
