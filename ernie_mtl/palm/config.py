@@ -69,8 +69,13 @@ def run_config(root, members: Sequence, *, print_steps: int) -> Dict[str, Any]:
     seeds = [s for s in (_seed_of(m._train_reader) for m in members) if s is not None]
     names = [m._task for m in members]
     if len(set(names)) != len(names):
-        problems.append(f"trainer names {[m.name for m in members]} are not distinct once made folder-safe "
-                        f"({names}); rename them")
+        seen: Dict[str, str] = {}
+        for m in members:
+            if m._task in seen:
+                problems.append(f"trainers {seen[m._task]!r} and {m.name!r} collide: both become task {m._task!r} "
+                                "(a task name is made folder-safe: characters other than letters, digits, '-' and "
+                                "'_' become '_'); rename one of them")
+            seen.setdefault(m._task, m.name)
     tasks: Dict[str, Dict[str, Any]] = {}
     bindings: Dict[str, Any] = {}
     multi = len(members) > 1 or getattr(root, "_multi", False)
@@ -152,7 +157,39 @@ def run_config(root, members: Sequence, *, print_steps: int) -> Dict[str, Any]:
     if root._use_ema and root._ema_decay is not None:
         mapping["ema_decay"] = float(root._ema_decay)
     mapping.update(root._flags)
+    if mapping.get("overwrite_output_dir") and mapping.get("resume") == "none":
+        other = _another_run(mapping["output_dir"], order)
+        if other:
+            raise ConfigError([other])
     return mapping
+
+
+def _another_run(output_dir: str, tasks: Sequence[str]) -> Optional[str]:
+    """Why a fresh PALM run must not start in `output_dir`, or None. PALM overwrote its own outputs when a
+    script ran again, and so does this face; but a folder holding the checkpoints of another run (other
+    tasks, or a run of the command line) is not this script's to delete."""
+    from data_tools.safe_io import read_json_bounded
+    from ernie_mtl.checkpoint.layout import TRAIN_STATE
+    from ernie_mtl.checkpoint.store import existing_outputs
+
+    for path in existing_outputs(output_dir):
+        try:
+            raw = read_json_bounded(path / TRAIN_STATE, max_bytes=64 << 20, what="train state")
+        except (OSError, ValueError) as e:
+            return (f"set_saver / save_path {output_dir} holds {path.name}, whose {TRAIN_STATE} cannot be read "
+                    f"({str(e)[:120]}): whose run it is cannot be told, so this script does not delete it; give this "
+                    "run another save_path, or delete the folder yourself")
+        raw = raw if isinstance(raw, dict) else {}
+        extra = raw.get("extra") if isinstance(raw.get("extra"), dict) else {}
+        theirs = [t.get("name") for t in extra.get("tasks") or [] if isinstance(t, dict)]
+        palm = "PalmLayout" in (extra.get("callbacks") or {})  # the PALM face's layout callback saved its state
+        if not palm or sorted(theirs) != sorted(tasks):
+            what = f"tasks {theirs}" if theirs else "another configuration"
+            return (f"set_saver / save_path {output_dir} holds the checkpoints of another run ({path.name}: step "
+                    f"{raw.get('step')}, {what}{'' if palm else ', not written through the PALM API'}), which this "
+                    f"script's run of {list(tasks)} would delete: give this run another save_path, resume that run "
+                    "(train(resume_from_checkpoint=True)), or delete the folder yourself")
+    return None
 
 
 # The architecture a run with a user-defined backbone names (never built: the backbone replaces it; the

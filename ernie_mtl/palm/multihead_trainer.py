@@ -35,9 +35,16 @@ class MultiHeadTrainer(Trainer):
         trainers = list(trainers)
         if not trainers or not all(isinstance(t, Trainer) and not isinstance(t, MultiHeadTrainer) for t in trainers):
             raise TypeError("MultiHeadTrainer takes a non-empty list of palm.Trainer objects")
-        names = [t.task_name for t in trainers]
-        if len(set(names)) != len(names):
-            raise ValueError(f"trainer names {[t.name for t in trainers]} are not distinct")
+        seen = {}
+        for t in trainers:
+            if t.task_name in seen:
+                same = seen[t.task_name] == t.name
+                raise ValueError(f"trainers {seen[t.task_name]!r} and {t.name!r} "
+                                 + ("have the same name" if same else
+                                    f"collide: both become task {t.task_name!r} (a task name is made folder-safe: "
+                                    "characters other than letters, digits, '-' and '_' become '_')")
+                                 + "; rename one of them")
+            seen[t.task_name] = t.name
         super().__init__("+".join(t.name for t in trainers))
         self._multi = True
         self._trainers = trainers
@@ -161,7 +168,8 @@ class MultiHeadTrainer(Trainer):
         """Train the step of `batch`; returns (outputs, task id) as PALM did: {"<name>.loss": loss} and the
         drawn trainer's position in the list."""
         outputs = super().train_one_step(batch)
-        return outputs, int(batch["__task_id"][0])
+        task_id = batch.get("__task_id") if hasattr(batch, "get") else None  # a script's batch may lack it
+        return outputs, int(np.asarray(task_id).reshape(-1)[0]) if task_id is not None else 0
 
     def predict(self, output_dir=None, print_steps=1000):
         """Each trainer that has a prediction reader predicts it (into `output_dir/<name>/` when given);

@@ -731,7 +731,7 @@ class Trainer:
             if key.startswith(prefix):
                 own = key[len(prefix):]
                 out[f"{display.get(micro.task, micro.task)}.{_PALM_KEYS.get(own, own)}"] = np.asarray(value)
-        if len(display) > 1:  # PALM's task id: the trainer's position in the MultiHeadTrainer's list
+        if len(display) > 1 or getattr(self._root(), "_multi", False):  # PALM's task id: the trainer's position
             out["__task_id"] = np.array([list(display).index(micro.task)], dtype=np.int64)
         out.prepared, out.task = prepared, micro.task
         return out
