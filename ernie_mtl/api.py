@@ -57,7 +57,12 @@ def load_config(source: ConfigSource = None, *, base_dir: Optional[os.PathLike] 
     """A validated RunConfig from `source` and `flags` (see the module docstring); ConfigError lists
     every problem, as the command line does."""
     from ernie_mtl.config.cli import parse_config
+    from ernie_mtl.dist.compat import require_supported_paddle
 
+    try:
+        require_supported_paddle()
+    except UserError as e:
+        raise ConfigError([str(e)]) from None
     if "config" in flags:  # train(config={...}) / train(config="run.yaml"): the configuration, by keyword
         if source is not None:
             raise ConfigError(["the configuration is given twice: as the first argument and as config=; give one"])

@@ -47,7 +47,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def run_command(argv: Sequence[str], notes: Sequence[str] = ()) -> int:
     """The command itself, once `main` has set the process up: parse, then one engine function; a user
     error becomes `run_multitask_static.py: error: ...` and exit status 2 (tests run it in-process)."""
-    return run_cli(PROG, lambda: _main(argv, notes))
+    return run_cli(PROG, lambda: _checked(argv, notes))
+
+
+def _checked(argv: Sequence[str], notes: Sequence[str]) -> int:
+    from ernie_mtl.dist.compat import require_supported_paddle
+
+    require_supported_paddle()  # before any program is built: a Paddle 3 fails deep inside, or segfaults
+    return _main(argv, notes)
 
 
 def _main(argv: Sequence[str], notes: Sequence[str]) -> int:

@@ -210,3 +210,40 @@ def mkl_reproducible() -> Tuple[Optional[bool], str]:
     return False, ("MKL already computed in this process without MKL_CBWR=AUTO,STRICT, so its results depend on the "
                    "thread count: a run continued with another number of threads per process is within float32 "
                    "rounding, not bitwise (call ernie_mtl.configure_process() before any Paddle computation)")
+
+
+# -- the Paddle this project runs on --------------------------------------------------------------------------
+SUPPORTED_PADDLE = ((2, 6), (2, 7))  # [2.6, 2.7): 2.6.2 is the tested release (CPU and the newest paddlepaddle-gpu)
+ALLOW_ANY_PADDLE = "ERNIE_MTL_ALLOW_ANY_PADDLE"
+
+
+def paddle_version_problem(version: str) -> Optional[str]:
+    """Why Paddle `version` cannot run this project, or None for a supported one (module docstring's
+    range; a development build's "0.0.0" is not one)."""
+    import re
+
+    m = re.match(r"^(\d+)\.(\d+)", str(version))
+    found = tuple(int(x) for x in m.groups()) if m else None
+    if found is not None and SUPPORTED_PADDLE[0] <= found < SUPPORTED_PADDLE[1]:
+        return None
+    why = ""
+    if found is not None and found >= (3, 0):
+        why = (" Paddle 3 builds static programs in PIR, where fleet's static minimize, gradient clipping and AMP's "
+               "checks fail on the legacy programs this project builds and variables have no names, so training, "
+               "conversion and the GPU dry run cannot work.")
+    return (f"ernie-mtl runs on PaddlePaddle 2.6.x (2.6.2 is tested); this environment has paddlepaddle {version}."
+            f"{why} Install the supported release in this environment: pip install 'paddlepaddle==2.6.2' (GPU "
+            f"clusters: 'paddlepaddle-gpu==2.6.2'); or set {ALLOW_ANY_PADDLE}=1 to try this version anyway (unsupported)")
+
+
+def require_supported_paddle() -> None:
+    """Refuse (UserError) a Paddle outside the supported range, unless ERNIE_MTL_ALLOW_ANY_PADDLE=1."""
+    import os
+
+    from data_tools.cli_utils import UserError
+
+    if os.environ.get(ALLOW_ANY_PADDLE, "").strip() in ("1", "true", "yes"):
+        return
+    problem = paddle_version_problem(paddle.__version__)
+    if problem:
+        raise UserError(problem)

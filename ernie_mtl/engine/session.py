@@ -86,6 +86,9 @@ def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]]
     executor decisions)."""
     import paddle
 
+    from ernie_mtl.dist.compat import require_supported_paddle
+
+    require_supported_paddle()  # every face trains through here (the PALM face too)
     info, log, topo = start_process(cfg, on_distributed=on_distributed)
     for line in [*notes, *cfg.setup.reports]:
         log.info(line)

@@ -114,3 +114,80 @@ def test_special_or_oversized_configuration_files_are_refused_without_blocking(d
     vocab = _fifo(tmp_path / "vocab.txt")
     message = refused(demo, tmp_path, "--tokenizer_name_or_path", vocab)
     assert f"--tokenizer_name_or_path vocab file {vocab} is a FIFO (named pipe), not a regular file" in message
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--backoff", "nan", "--", "true"], "--backoff nan must be a finite number >= 0"),
+    (["--backoff", "inf", "--", "true"], "--backoff inf must be a finite number >= 0"),
+    (["--max_backoff", "-1", "--", "true"], "--max_backoff -1.0 must be a finite number >= 0"),
+    (["--", "/no/such/program", "--flag"], "the command '/no/such/program' is not found"),
+    (["--max_restarts", "1"], "give the command after --"),
+])
+def test_the_supervisor_refuses_what_it_cannot_run_with_one_line(argv, words, capsys):
+    """A missing command, --backoff nan or inf ended in tracebacks (or a restart loop that never sleeps)."""
+    from ernie_mtl.dist.supervisor import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_a_paddle_outside_the_supported_range_is_refused_up_front(tmp_path):
+    """Paddle 3.3.1 (the newest on PyPI) failed deep inside Paddle or segfaulted in the converter. The check
+    is a pure function of the version string; the entry points run it first (here with the version of the
+    imported paddle replaced, since only 2.6.2 is installed)."""
+    import subprocess
+    import sys
+
+    from ernie_mtl.dist.compat import paddle_version_problem
+    from helpers import ROOT
+
+    assert paddle_version_problem("2.6.2") is None and paddle_version_problem("2.6.0") is None
+    for version in ("3.3.1", "3.0.0b2", "2.5.2", "0.0.0"):
+        problem = paddle_version_problem(version)
+        assert f"ernie-mtl runs on PaddlePaddle 2.6.x (2.6.2 is tested); this environment has paddlepaddle {version}" \
+               in problem and "pip install 'paddlepaddle==2.6.2'" in problem
+    assert "builds static programs in PIR" in paddle_version_problem("3.3.1")
+    code = ("import zlib, sys, paddle\npaddle.__version__ = '3.3.1'\n"
+            "from ernie_mtl.main import main\nsys.exit(main(['--device', 'cpu', '--dry_run']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "run_multitask_static.py: error: ernie-mtl runs on PaddlePaddle 2.6.x" in proc.stderr
+    code = ("import zlib, paddle\npaddle.__version__ = '3.3.1'\nimport ernie_mtl\n"
+            "try:\n    ernie_mtl.load_config({})\nexcept ernie_mtl.ConfigError as e:\n    print('ConfigError:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}).stdout
+    assert out.startswith("ConfigError: ernie-mtl runs on PaddlePaddle 2.6.x"), out
+
+
+def test_the_dry_run_counts_the_newer_collective_op_names_too():
+    """A Paddle 3 program holds `all_reduce`-style ops (in PIR as pd_op.all_reduce) where 2.6 writes
+    c_allreduce_sum: the dry run reported "collectives: none" for a program full of them."""
+    from ernie_mtl.planning.dryrun import collective_type
+
+    assert collective_type("c_allreduce_sum") == "c_allreduce_sum"
+    assert collective_type("pd_op.all_reduce") == "all_reduce" and collective_type("reduce_scatter") == "reduce_scatter"
+    assert collective_type("pd_op.c_broadcast") == "c_broadcast" and collective_type("send_v2") == "send_v2"
+    for not_one in ("c_gen_nccl_id", "c_comm_init", "c_sync_calc_stream", "matmul_v2", "pd_op.matmul", "cast"):
+        assert collective_type(not_one) is None, not_one
+
+
+def test_the_gpu_dry_run_prints_only_its_own_lines(demo, tmp_path):
+    """Paddle's recompute-segment and AMP cast INFO lines were most of a GPU dry run's console; they stay
+    for --log_level debug only (the real command: the framework's loggers are quieted by its entry point)."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ENTRY, ROOT
+
+    argv = tiny_args(demo, tmp_path / "dry") + ["--device", "gpu", "--dry_run", "--use_recompute", "--use_amp",
+                                                "--use_sharding", "--sharding_degree", "4", "--micro_batch_size", "4",
+                                                "--global_batch_size", "64", "--max_steps", "10"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PADDLE_TRAINERS_NUM": "8"}
+    quiet, debug = (subprocess.run([sys.executable, ENTRY] + argv + extra, cwd=tmp_path, capture_output=True,
+                                   text=True, env=env) for extra in ([], ["--log_level", "debug"]))
+    assert quiet.returncode == 0 and "collectives per ring (training program):" in quiet.stdout, quiet.stderr[-2000:]
+    assert "INFO" not in quiet.stdout + quiet.stderr and "recompute segment" not in quiet.stdout + quiet.stderr
+    assert "recompute segment" in debug.stdout + debug.stderr  # the lines are Paddle's, kept for debugging
