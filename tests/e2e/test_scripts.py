@@ -13,7 +13,7 @@ import pytest
 from ernie_mtl.dist import ports
 
 EXCLUSIVE = {"test_real_two_process_cpu_run",  # launches ranks: run alone (tests/conftest.py)
-             "test_secret_looking_variables_stay_out_of_the_launchers_log_folder"}  # launches two ranks: run alone (tests/conftest.py); the rest prints
+             "test_secret_looking_variables_stay_out_of_the_launchers_log_folder"}  # the rest prints
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {name: ROOT / "scripts" / f"{name}.sh" for name in ("run", "run_single_node", "run_cpu")}
