@@ -43,8 +43,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ernie_mtl.checkpoint.errors import CheckpointError  # noqa: F401  (re-exported: the package's error)
 from ernie_mtl.checkpoint.io import fsync_dir as _fsync_dir, sha1_of, write_json_atomic as _write_json_atomic
-from ernie_mtl.checkpoint.layout import (KEPT, LAST_BACKUP, STATE_DIR, SUMS, TRAIN_STATE, is_complete,  # noqa: F401
-                                         state_prefix)
+from ernie_mtl.checkpoint.layout import (KEPT, LAST, LAST_BACKUP, STATE_DIR, SUMS, TRAIN_STATE, is_complete,  # noqa: F401
+                                         kept_name, state_prefix)
 
 _KEPT = KEPT
 _BACKUP = LAST_BACKUP
@@ -418,7 +418,8 @@ class Checkpointer:
                  log: Callable[[str], None] = print,
                  write_state: Optional[Callable[[Dict[str, Any], str], None]] = None,
                  topology: Optional[Mapping[str, Any]] = None, state_format: str = "paddle",
-                 portable_state: Optional[Callable[[Callable[[List[str]], List[str]]], Dict[str, Any]]] = None):
+                 portable_state: Optional[Callable[[Callable[[List[str]], List[str]]], Dict[str, Any]]] = None,
+                 checkpoint_steps: int = 1000, save_steps: int = 10000):
         if keep_last < 1:
             raise ValueError(f"--keep_last {keep_last} must be >= 1 (permanent checkpoints to keep)")
         self.root = Path(output_dir)
@@ -438,6 +439,15 @@ class Checkpointer:
         self.state_format = state_format
         self._portable_state = portable_state
         self.topology = dict(topology) if topology is not None else None  # this run's (Topology.to_dict())
+        self.checkpoint_steps, self.save_steps = checkpoint_steps, save_steps
+        self.saved_at: Dict[str, int] = {}  # name -> the step it was last saved at by this process
+
+    # -- when -------------------------------------------------------------------------------------
+    def due(self, step: int, *, done: bool = False) -> List[str]:
+        """The checkpoints due after optimizer step `step` (`done`: the run's last step): model_last every
+        `checkpoint_steps` steps and at the end, model_<step> every `save_steps` steps."""
+        names = [LAST] if step % self.checkpoint_steps == 0 or done else []
+        return names + ([kept_name(step)] if step % self.save_steps == 0 else [])
 
     # -- writing -------------------------------------------------------------------------
     def save(self, name: str, state: TrainState) -> Path:
@@ -496,6 +506,7 @@ class Checkpointer:
         if self.rank == 0:
             self.log(f"saved checkpoint {final} (step {state.step}) in {time.perf_counter() - began:.2f} s"
                      f"{' (portable format)' if self.state_format == 'portable' else ''}")
+        self.saved_at[name] = state.step
         return final
 
     def _save_portable(self, tmp: Path) -> None:

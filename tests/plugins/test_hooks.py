@@ -26,8 +26,8 @@ this lives in the production loop).
 - `pause_at`: prints `paused at <where>` and sleeps at $ERNIE_MTL_TEST_PAUSE_AT: `import` (this file's
   import, while the command line parses), `start-up` (the trainer built, before the loop) or `train_end`
   (after the last step, before the last evaluation, exports and test): where the signal tests signal.
-  With $ERNIE_MTL_TEST_PAUSE_IN_C=1 the main thread blocks the signals first, so it cannot run a Python
-  handler while it sleeps: as a rank stuck inside a C++ call (a collective) cannot.
+  With $ERNIE_MTL_TEST_PAUSE_IN_C=1 the main thread blocks every signal and sleeps inside C, so it cannot
+  run a Python handler: as a rank stuck inside a C++ call (a collective) cannot.
 - `record_slots`: every micro-batch this rank computes, as a JSON line in
   <output_dir>/slots_rank<r>.jsonl: the step, its slot in the global batch, the task, the
   (example, epoch) pairs it read and its loss (the hook sets the loop's `fetch_step_losses`, as the
@@ -192,10 +192,22 @@ class PauseAt(Callback):
     @staticmethod
     def _pause(where):
         if os.environ.get("ERNIE_MTL_TEST_PAUSE_AT") == where:
+            seconds = float(os.environ.get("ERNIE_MTL_TEST_PAUSE_S", "60"))
             if os.environ.get("ERNIE_MTL_TEST_PAUSE_IN_C"):  # the main thread never sees the signal: as stuck in C++
-                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+                import ctypes
+
+                import threading
+
+                # every signal blocked in this thread: none (not even a SIGCHLD) can cut the C call short; the
+                # marker comes from another thread once this one is inside C, so a signal sent on seeing it
+                # cannot reach a Python handler here (the main thread is in C from before the marker on)
+                signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+                threading.Timer(0.5, lambda: print(f"paused at {where}", flush=True)).start()
+                r, _ = os.pipe()
+                ctypes.CDLL(None).read(r, ctypes.create_string_buffer(1), 1)  # never returns: nobody writes
+                return
             print(f"paused at {where}", flush=True)
-            time.sleep(float(os.environ.get("ERNIE_MTL_TEST_PAUSE_S", "60")))
+            time.sleep(seconds)
 
 
 PauseAt._pause("import")  # $ERNIE_MTL_TEST_PAUSE_AT=import: while the command line parses (plugins load then)

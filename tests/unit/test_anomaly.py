@@ -121,9 +121,9 @@ def test_the_gpu_program_gates_every_update_with_sharding_and_accumulation(build
 
 
 def test_a_dump_names_this_ranks_slots_and_samples(tmp_path):
-    """Under data parallelism `drawn` lists every rank's slots of the step: the dump of rank 1 of 2
-    names its own micro-batches' slots and the samples the feeder gave them (slots 1 and 3 read a
-    task's 2nd and 4th micro-batch of the step), not positions counted as if it computed them all."""
+    """Under data parallelism a step has every rank's slots: the dump of rank 1 of 2 names the
+    micro-batches it trained -- their slots and the samples the feeder gave them (slots 1 and 3 read a
+    task's 2nd and 4th micro-batch of the step) -- not positions counted as if it computed them all."""
     import json
     from types import SimpleNamespace
 
@@ -135,12 +135,11 @@ def test_a_dump_names_this_ranks_slots_and_samples(tmp_path):
             yield MicroBatch("pretrain", {"input_ids": np.full((2, 4), slot)}, tokens=8, slot=slot,
                              examples=[(read[0] * 2 + slot * 2 + j, 0) for j in range(2)])
 
-    streams = [SimpleNamespace(indices=lambda k: [(k * 2 + j, 0) for j in range(2)])]
-    trainer = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(output_dir=str(tmp_path), on_anomaly="replay",
-                                                                        loss_spike_factor=0.0)),
-                              p=SimpleNamespace(anomaly=object()), step=5, feeder=SimpleNamespace(step=step),
-                              plan=SimpleNamespace(streams=streams), info=SimpleNamespace(rank=1))
-    path = AnomalyPolicy(trainer).dump(5, drawn=[0, 0, 0, 0], read=[20])
+    from ernie_mtl.engine.stops import StopRequests
+
+    policy = AnomalyPolicy(SimpleNamespace(on_anomaly="replay", loss_spike_factor=0.0), guard=object(), scope=None,
+                           stops=StopRequests(), say=print, warn=print, output_dir=str(tmp_path), rank=1, grad_clip=1.0)
+    path = policy.dump(5, list(step(5, drawn=[0, 0, 0, 0], read=[20])))  # the micro-batches the step trained
     dumped = json.loads(path.read_text())
     assert dumped["rank"] == 1 and dumped["micro_batches"] == [
         {"task": "pretrain", "slot": 1, "samples": [[42, 0], [43, 0]]},
