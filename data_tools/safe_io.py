@@ -84,12 +84,9 @@ def read_bytes_bounded(path: os.PathLike, *, max_bytes: int, what: str = "file")
 
 def read_text_bounded(path: os.PathLike, *, max_bytes: int, what: str = "file", encoding: str = "utf-8",
                       errors: str = "strict") -> str:
-    """The text of `path` (see `read_bytes_bounded`); a decoding error is a ValueError naming the path."""
-    data = read_bytes_bounded(path, max_bytes=max_bytes, what=what)
-    try:
-        return data.decode(encoding, errors)
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{what} {os.fspath(path)} is not {encoding} text (byte {e.start}: {e.reason})") from None
+    """The text of `path` (see `read_bytes_bounded`); a decoding error is the UnicodeDecodeError (a ValueError)
+    the caller's own handling expects, as from `open(path).read()`."""
+    return read_bytes_bounded(path, max_bytes=max_bytes, what=what).decode(encoding, errors)
 
 
 def loads_json_bounded(text: str, *, source: str = "JSON") -> Any:
