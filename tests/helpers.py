@@ -172,7 +172,8 @@ def with_hooks(argv, env):
                               ("signal_at_step", "ERNIE_MTL_TEST_SIGNAL_AT_STEP"),
                               ("kill_once", "ERNIE_MTL_TEST_KILL_ONCE_MARKER"),
                               ("sleep_on_rank", "ERNIE_MTL_TEST_SLEEP_RANK"),
-                              ("poison_step", "ERNIE_MTL_TEST_POISON_STEP"))
+                              ("poison_step", "ERNIE_MTL_TEST_POISON_STEP"), ("pause_at", "ERNIE_MTL_TEST_PAUSE_AT"),
+                              ("disturb_data", "ERNIE_MTL_TEST_DISTURB"))
              if (env or {}).get(var)]
     return list(argv) + (["--plugins", HOOKS, "--callbacks", ",".join(names)] if names else [])
 

@@ -65,11 +65,20 @@ class DamagedTopology(ReshardError):
 
 # -- names ---------------------------------------------------------------------------------------------
 def aliases(name_map: Mapping[str, str]) -> Dict[str, List[str]]:
-    """static name -> its structured names, in the name map's order (the first is the canonical one)."""
+    """static name -> its structured names, sorted: the first is the canonical one. Sorted, not in the
+    name map's order: train_state.json stores the map with sorted keys, so the live map (the trainer's)
+    and a saved one (the offline tools') listed `decoder_bias` and `decoder.bias` of one variable in
+    opposite orders, and a portable checkpoint written by training was named otherwise than one written by
+    ernie-mtl-reshard ("not the same model")."""
     out: Dict[str, List[str]] = {}
     for structured, static in name_map.items():
         out.setdefault(static, []).append(structured)
-    return out
+    return {static: sorted(names) for static, names in out.items()}
+
+
+def canonical_names(name_map: Mapping[str, str]) -> Dict[str, str]:
+    """Every structured name of `name_map` -> the canonical name of its variable (`aliases`)."""
+    return {alias: names[0] for names in aliases(name_map).values() for alias in names}
 
 
 def split_name(name: str, params: Iterable[str]) -> Optional[Tuple[str, str]]:

@@ -168,6 +168,9 @@ class DataConfig:
     prefetch_factor: int = _f(2, "Micro-batches each worker builds ahead (PyTorch/PaddleNLP meaning): at most "
                                  "num_workers x prefetch_factor are in flight per process, which bounds the memory "
                                  "the data path holds. Ignored with --num_workers 0.")
+    worker_timeout: float = _f(120.0, "Seconds the training loop waits for one micro-batch from a data-loading "
+                                      "worker before it names the worker and stops (a worker stuck reading a network "
+                                      "file system; one stopped with SIGSTOP is named after 5 s). 0: wait forever.")
     data_cache: Optional[str] = _f(None, "Folder of the sample-index caches; default: index-cache/ beside each "
                                          "corpus. A relative path is relative to the working directory (a "
                                          "node-local folder on clusters without a shared filesystem).")
@@ -212,6 +215,31 @@ def canonical_cpu_kernels(value) -> str:
     """The --cpu_kernels value as recorded: a mode word, or the op types joined by commas."""
     mode, types = parse_cpu_kernels(value)
     return ",".join(types) if mode == "list" else mode
+
+
+PREEMPT_SIGNAL_NAMES = ("TERM", "USR1", "USR2", "INT", "HUP")
+
+
+def parse_preempt_signals(value) -> Tuple[str, ...]:
+    """`"TERM,USR1"` -> ("TERM", "USR1"); "none" -> (); ValueError naming the bad value otherwise. An empty
+    value and "none" beside signal names are refused (the empty string used to mean none without a word)."""
+    text = str(value).strip()
+    if not text:
+        raise ValueError(f"--preempt_signals {value!r} is empty: give signal names "
+                         f"({', '.join(PREEMPT_SIGNAL_NAMES)}), or none to turn preemption handling off")
+    names = tuple(s.strip().upper().removeprefix("SIG") for s in text.split(","))
+    if "" in names:
+        raise ValueError(f"--preempt_signals {value!r} has an empty item: separate signal names by single commas")
+    if names == ("NONE",):
+        return ()
+    if "NONE" in names:
+        raise ValueError(f"--preempt_signals {value!r}: none cannot be combined with signal names; give either "
+                         "none or the signals")
+    bad = [n for n in names if n not in PREEMPT_SIGNAL_NAMES]
+    if bad:
+        raise ValueError(f"--preempt_signals {value!r}: {bad} not among {list(PREEMPT_SIGNAL_NAMES)}; give a "
+                         "comma-separated list (e.g. TERM,USR1) or none")
+    return names
 
 
 DEVICES = ("auto", "cpu", "gpu")

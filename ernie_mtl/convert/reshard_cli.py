@@ -44,6 +44,9 @@ def _main(argv: Optional[List[str]]) -> int:
     from data_tools.cli_utils import UserError
 
     args = build_parser().parse_args(argv)
+    from ernie_mtl.dist.compat import require_supported_paddle
+
+    require_supported_paddle()
     from ernie_mtl.checkpoint import portable
     from ernie_mtl.checkpoint.reshard import describe_topology
     from ernie_mtl.checkpoint.store import (read_train_state_file, structured_state_of, verify_files)

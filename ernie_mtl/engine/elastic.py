@@ -110,6 +110,16 @@ def check_init_from(path: str, *, with_optimizer: bool) -> None:
 
     folder = Path(path)
     if is_checkpoint(folder):
+        if with_optimizer:
+            from ernie_mtl.checkpoint.store import read_train_state_file
+
+            raw = read_train_state_file(folder)
+            if raw.get("weights_only"):
+                n = len(raw.get("averaged_from") or [])
+                raise UserError(f"--init_optimizer: --init_from {folder} is weights only (the mean of {n} "
+                                "checkpoints by ernie-mtl-reshard --average) and "
+                                "holds no optimizer state; drop --init_optimizer (the optimizer starts fresh), or warm "
+                                "start from one of the averaged checkpoints")
         return
     if not (folder / "model_state.pdparams").is_file():
         raise UserError(f"--init_from {folder} is neither a checkpoint (train_state.json) nor a PaddleNLP model "

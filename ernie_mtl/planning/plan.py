@@ -136,7 +136,7 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
 
     def stream(t):
         return TaskStream(len(train[t.spec.name]), seed=cfg.train.seed, task_index=t.spec.index,
-                          batch_size=t.spec.batch_size, shuffle=t.shuffle_examples)
+                          batch_size=t.spec.batch_size, shuffle=t.shuffle_examples and t.spec.shuffle)
 
     dev, test = {}, {}
     if load_dev:  # the evaluation data too, so a bad row is found before training, not after it
@@ -226,7 +226,10 @@ def resume_checks(cfg, plan) -> Dict[str, Any]:
             "data": {t.spec.name: data_identity(t.spec.train_file) for t in plan.tasks},
             "vocab": data_identity(str(cfg.data.vocab_file)),
             "total_steps": plan.unresumed_steps, "warmup_rate": o.warmup_rate, "decay_steps": o.decay_steps,
-            "warmup_steps": o.warmup_steps}  # a checkpoint written before --warmup_steps lacks it: not compared
+            # the run's length as asked: a flag-mode plan keeps the checkpoint's samples, so total_steps alone
+            # let a changed --max_steps pass unnoticed ("training steps 7..6", nothing trained, exit 0)
+            "max_steps": o.max_steps,
+            "warmup_steps": o.warmup_steps}  # a checkpoint written before a key lacks it: that key is not compared
 
 def _eval_splits(tasks, split: str, eval_batches: int, *, name_key: bool) -> Dict[str, Any]:
     """{task: data} of the `split` ("dev" or "test") of `tasks`; one ConfigError naming each task's

@@ -225,6 +225,9 @@ def tune_for_cpu(program, *, onednn_types: Optional[Iterable[str]] = None, bias_
     if types:
         changed = use_onednn_ops(program, types)
         parts.append(f"oneDNN kernels on {sum(changed.values())} ops ({', '.join(sorted(changed))})")
+        unused = sorted(set(onednn_conflicts(types)[0]) - set(changed))
+        if unused:  # a listed type this program does not run (or runs only in float16): it switches nothing
+            parts.append(f"no op of this program has the type{'s' if len(unused) > 1 else ''} {', '.join(unused)}")
     if bias_grads:
         parts.append(f"{len(bias_grads_by_matmul(program))} bias gradients by matmul")
     return "; ".join(parts) if parts else "as built"

@@ -12,7 +12,8 @@ import pytest
 
 from ernie_mtl.dist import ports
 
-EXCLUSIVE = {"test_real_two_process_cpu_run"}  # launches two ranks: run alone (tests/conftest.py); the rest prints
+EXCLUSIVE = {"test_real_two_process_cpu_run",  # launches ranks: run alone (tests/conftest.py)
+             "test_secret_looking_variables_stay_out_of_the_launchers_log_folder"}  # the rest prints
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {name: ROOT / "scripts" / f"{name}.sh" for name in ("run", "run_single_node", "run_cpu")}
@@ -109,7 +110,8 @@ def test_thread_settings_per_node(config):
     assert proc.returncode == 0, proc.stderr
     first, command = proc.stdout.splitlines()
     n = max(1, cores // 2)
-    assert first.startswith(f"+ export OMP_NUM_THREADS={n} MKL_NUM_THREADS={n} ERNIE_MTL_THREADS_ORIGIN=")
+    assert first.startswith(f"+ export OMP_NUM_THREADS={n} MKL_NUM_THREADS={n} MKL_CBWR=AUTO,STRICT "
+                            "ERNIE_MTL_THREADS_ORIGIN=")
     assert "/ 2 processes on this node" in first
     assert command.startswith(f"+ {LAUNCH} --nproc_per_node 2 ")
     proc = run("run_cpu", {"DRY_RUN": "1", "PYTHON": "python3", "CONFIG": str(config), "OMP_NUM_THREADS": "3"})
@@ -298,3 +300,22 @@ def test_sh_invocation_and_multitask_config_without_corpus(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == (f"+ {LAUNCH} --ips 10.0.0.1,10.0.0.2 --gpus 0,1 --log_dir /shared/run/launch_log {ENTRY} "
                            f"--config {cfg} --output_dir /shared/run --device gpu --max_steps 5\n")
+
+
+def test_secret_looking_variables_stay_out_of_the_launchers_log_folder(tmp_path):
+    """paddle.distributed.launch writes every process's whole environment into the log folder (envlog.N,
+    backup_env.N.json, default.*.log): the script starts it without secret-looking names (KEEP_ENV passes one
+    on), says which, and makes the folder private. A real one-process launch of a tiny script."""
+    script = tmp_path / "hi.py"
+    script.write_text("print('hi')\n")
+    log_dir = tmp_path / "logs"
+    proc = run("run_cpu", {"SCRIPT": str(script), "NPROC": "1", "LOG_DIR": str(log_dir), "MY_API_TOKEN": "hunter2",
+                           "AWS_SECRET_ACCESS_KEY": "s3cr3t", "HF_TOKEN": "keepme", "KEEP_ENV": "HF_TOKEN",
+                           "PADDLE_XCCL_BACKEND_KEY": "not-a-secret"}, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "+ unset MY_API_TOKEN AWS_SECRET_ACCESS_KEY   # secret-looking names" in proc.stdout
+    written = "".join(p.read_text(errors="replace") for p in log_dir.iterdir() if p.is_file())
+    assert "envlog.0" in {p.name for p in log_dir.iterdir()}  # the launcher did write the environment...
+    assert "hunter2" not in written and "s3cr3t" not in written  # ...without the secrets
+    assert "keepme" in written and "not-a-secret" in written
+    assert (log_dir.stat().st_mode & 0o077) == 0

@@ -43,7 +43,8 @@ def test_damaged_files_are_named(tmp_path):
     path = tmp_path / "a.safetensors"
     portable.write_file(path, {"w": np.ones((64, 64), "float32")})
     path.write_bytes(path.read_bytes()[:-100])
-    with pytest.raises(portable.PortableError, match=r"do not fit its shape \[64, 64\] or the file \(truncated\?\)"):
+    with pytest.raises(portable.PortableError, match=r"tensor 'w' has its bytes at 0..16384, outside the file's 16284 "
+                                                     r"bytes of data \(truncated\?\)"):
         portable.read_file(path)
     path.write_bytes(b"\xff" * 16)
     with pytest.raises(portable.PortableError, match="header length .* beyond the file"):
@@ -155,7 +156,10 @@ def test_convert_and_average_offline(tmp_path):
     assert n == len(full) and read_train_state_file(out)["step"] == 2
     assert all(np.array_equal(portable.read_tensors(out)[k], full[k]) for k in full)
     with pytest.raises(CheckpointError, match="exists; choose another --output or pass --overwrite"):
-        portable.convert_checkpoint(a, tmp_path / "copy")
+        portable.convert_checkpoint(a, (tmp_path / "other").mkdir() or tmp_path / "other")
+    for overwrite in (False, True):  # a resumable checkpoint is never replaced, --overwrite or not
+        with pytest.raises(CheckpointError, match=r"is a checkpoint a run can resume \(step 2\); no tool replaces one"):
+            portable.convert_checkpoint(b, tmp_path / "copy", overwrite=overwrite)
     with pytest.raises(CheckpointError, match="model_<step> must hold that step"):
         portable.convert_checkpoint(a, tmp_path / "model_9")
     avg, n = portable.average_checkpoints([a, b], tmp_path / "avg")
