@@ -62,6 +62,7 @@ def test_a_nan_step_is_skipped_bitwise_and_counted(build_programs, accumulate):
     assert all(np.isfinite(v).all() for k, v in trained.items() if v.dtype.kind == "f")
 
 
+@pytest.mark.slow
 def test_without_clipping_the_guard_still_reads_the_norm_and_changes_no_gradient(build_programs):
     """--grad_clip 0 used to turn the guard off without a word (no clipping, no norm to read). Now the
     program computes the norm with a bound that never clips: the guard skips a non-finite step, and

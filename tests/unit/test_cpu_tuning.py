@@ -294,6 +294,7 @@ def test_the_timer_measures_on_one_thread_whatever_the_process_runs_with(build_p
     assert result["others_cores"] is None or result["others_cores"] >= 0
 
 
+@pytest.mark.slow
 def test_a_disturbed_measurement_decides_until_an_undisturbed_one_replaces_it(build_programs, tmp_path):
     busy = DictTimer(others_cores=1.7)  # another process used 1.7 cores meanwhile
     first, _ = decide(tiny(build_programs), tmp_path, timer=busy)

@@ -173,6 +173,7 @@ def test_the_dry_run_counts_the_newer_collective_op_names_too():
         assert collective_type(not_one) is None, not_one
 
 
+@pytest.mark.slow
 def test_the_gpu_dry_run_prints_only_its_own_lines(demo, tmp_path):
     """Paddle's recompute-segment and AMP cast INFO lines were most of a GPU dry run's console; they stay
     for --log_level debug only (the real command: the framework's loggers are quieted by its entry point)."""
