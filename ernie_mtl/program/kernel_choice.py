@@ -31,7 +31,8 @@ How (`choose_onednn_types`):
 - The cache (`KernelCache`): every signature's two times are stored in one JSON file in the user's
   cache folder (`$XDG_CACHE_HOME/ernie_mtl/cpu_kernels.json`, default `~/.cache/ernie_mtl/`), under
   the machine's identity (`machine_identity`: CPU vendor, model name, family/model/stepping, a hash of
-  its feature flags, logical CPUs, the process's threads, Paddle's version and commit). A later run on
+  its feature flags, logical CPUs, the process's threads, Paddle's version and commit, and the ISA limits
+  set in the environment: ONEDNN_MAX_CPU_ISA / MKL_ENABLE_INSTRUCTIONS). A later run on
   the same kind of machine with the same shapes measures nothing. The file is written atomically; a
   damaged or unwritable one is ignored with a note (the run measures instead), never fatal.
 
@@ -49,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ernie_mtl.dist.machine import isa_limits, read_cpuinfo
 from ernie_mtl.program.cpu_kernels import EXACT_ONEDNN_OPS, onednn_conflicts
 
 # timed by --cpu_kernels auto; the gradient types are chosen independently of their forward types
@@ -67,40 +69,40 @@ _BOOKKEEPING = {"op_role", "op_role_var", "op_namescope", "op_callstack", "op_de
 
 def _cpuinfo() -> Dict[str, str]:
     """The first processor's fields of /proc/cpuinfo (empty when unreadable: not Linux)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return {}
-    fields: Dict[str, str] = {}
-    for line in text.split("\n\n", 1)[0].splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields[key.strip()] = value.strip()
-    return fields
+    processors = read_cpuinfo()
+    return processors[0] if processors else {}
 
 
 def machine_identity(threads: Optional[int] = None, *, cpuinfo: Optional[Mapping[str, str]] = None,
-                     cpus: Optional[int] = None, paddle_version: Optional[str] = None) -> Dict[str, Any]:
+                     cpus: Optional[int] = None, paddle_version: Optional[str] = None,
+                     env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """What a timing depends on besides the shapes: the CPU (vendor, model name, family/model/stepping,
     a hash of its feature flags), its logical CPUs, this process's threads (OMP_NUM_THREADS as paddle
-    runs with it) and Paddle's version and commit. Every input can be given (tests)."""
+    runs with it), Paddle's version and commit, and the ISA limits set in the environment
+    (ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS: the same CPU on other code paths times differently;
+    the key is unchanged when none is set). Every input can be given (tests)."""
     info = _cpuinfo() if cpuinfo is None else dict(cpuinfo)
+    env = os.environ if env is None else env
     if paddle_version is None:
         import paddle
 
         paddle_version = f"{paddle.__version__} ({paddle.version.commit[:12]})"
     if threads is None:
         try:
-            threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+            threads = max(1, int(env.get("OMP_NUM_THREADS", "1")))
         except ValueError:
             threads = 1
     flags = " ".join(sorted(info.get("flags", "").split()))
-    return {"cpu": info.get("model name") or platform.processor() or platform.machine(),
-            "vendor": info.get("vendor_id", ""),
-            "family_model_stepping": "/".join(info.get(k, "?") for k in ("cpu family", "model", "stepping")),
-            "cpu_flags": hashlib.sha1(flags.encode()).hexdigest()[:12] if flags else "",
-            "logical_cpus": int(cpus if cpus is not None else (os.cpu_count() or 1)),
-            "threads": int(threads), "paddle": paddle_version}
+    identity = {"cpu": info.get("model name") or platform.processor() or platform.machine(),
+                "vendor": info.get("vendor_id", ""),
+                "family_model_stepping": "/".join(info.get(k, "?") for k in ("cpu family", "model", "stepping")),
+                "cpu_flags": hashlib.sha1(flags.encode()).hexdigest()[:12] if flags else "",
+                "logical_cpus": int(cpus if cpus is not None else (os.cpu_count() or 1)),
+                "threads": int(threads), "paddle": paddle_version}
+    limits = isa_limits(env)
+    if limits:
+        identity["isa_limits"] = " ".join(v[0] for _, v in sorted(limits.items()))
+    return identity
 
 
 def machine_key(machine: Mapping[str, Any]) -> str:
