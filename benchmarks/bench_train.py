@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -166,7 +167,19 @@ def run_static(args) -> dict:
     kept, _ = sp.timed_steps(train_step, plan["steps"], start=plan["warmup"])
     times, others = [t for t, _ in kept], [c for _, c in kept]
     return {"times": times, "other_cores": others, "threads": threads, "ceiling": ceiling, "flops_per_token": step.flops_per_token(),
-            "tokens_per_step": plan["b"] * args.seq, "arch": _arch_summary(arch), "applied": step.applied}
+            "tokens_per_step": plan["b"] * args.seq, "arch": _arch_summary(arch), "applied": step.applied,
+            "onednn_types": onednn_types_of(step, variant), "machine": sp.machine().to_json()}
+
+
+def onednn_types_of(step, variant) -> list:
+    """The op types the static side runs on oneDNN (what `same_kernels` gives PaddleNLP's program)."""
+    if step.kernels is not None:
+        return sorted(step.kernels.onednn)
+    if "onednn" in variant:
+        from ernie_mtl.program.cpu_kernels import EXACT_ONEDNN_OPS
+
+        return sorted(variant["onednn"].split(":") if variant["onednn"] else EXACT_ONEDNN_OPS)
+    return []
 
 
 def run_dygraph(args) -> dict:
@@ -213,8 +226,15 @@ def run_paddlenlp_static(args) -> dict:
     (no decay on names with "bias" or "norm"), `fleet.distributed_optimizer` with its strategy (execution
     threads 1, fuse_broadcast_ops, inplace), `exe.run(..., use_program_cache=True)` fetching the losses and
     the LR, and the scheduler stepped per run, as the script does. Its best CPU settings: the threads of
-    this machine (the script leaves Paddle's 1), and with `serial` in the variant the serial executor."""
+    this machine (the script leaves Paddle's 1), and with `serial` in the variant the serial executor.
+    With `onednn=T1:T2` (the driver's `same_kernels`: the op types the static side runs on oneDNN here) its
+    program gets the same kernel choice (`cpu_kernels.use_onednn_ops`, with the 2-D views of the oneDNN
+    matmul gradients), and nothing else of the engine (no bias gradients by matmul, no other rewrite)."""
     variant = sp.parse_variant(args.variant)
+    unknown = sorted(set(variant) - {"threads1", "serial", "onednn"})
+    if unknown:
+        raise SystemExit(f"--paddlenlp: {unknown} are static-side variants; PaddleNLP's step takes threads1, serial "
+                         "and same_kernels (or onednn=<types>)")
     threads = sp.prepare_env({k: v for k, v in variant.items() if k in ("threads1", "serial")})
     import paddle
     import paddle.distributed.fleet as fleet
@@ -256,6 +276,12 @@ def run_paddlenlp_static(args) -> dict:
         build.enable_inplace = True
         strategy.execution_strategy, strategy.build_strategy = exec_strategy, build
         fleet.distributed_optimizer(opt, strategy=strategy).minimize(loss)
+    applied = "as built (Paddle's default kernels)"
+    if variant.get("onednn"):
+        from ernie_mtl.program.cpu_kernels import use_onednn_ops
+
+        changed = use_onednn_ops(main, variant["onednn"].split(":"))
+        applied = f"oneDNN kernels on {sum(changed.values())} ops ({', '.join(sorted(changed))})"
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(startup)
     lr_var = main.global_block().vars["learning_rate_0"]
@@ -281,7 +307,7 @@ def run_paddlenlp_static(args) -> dict:
         train_step(i)
     kept, _ = sp.timed_steps(train_step, plan["steps"], start=plan["warmup"])
     return {"times": [t for t, _ in kept], "other_cores": [c for _, c in kept], "threads": threads,
-            "tokens_per_step": plan["b"] * args.seq}
+            "tokens_per_step": plan["b"] * args.seq, "applied": applied}
 
 
 def run_paired(args) -> dict:
@@ -515,6 +541,7 @@ def child_run(mode, model, variant, args, *, with_ceiling=False) -> dict:
         cmd.append("--with_ceiling")
     env = dict(os.environ) if args.keep_env else \
         {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env.update(sp.isa_env(args.isa))
     before = loadavg()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode:
@@ -542,9 +569,16 @@ def main():
     p.add_argument("--runs", type=int, default=3, help="processes per side and variant (default 3)")
     p.add_argument("--no_dygraph", action="store_true", help="static variants only")
     p.add_argument("--paddlenlp", default="",
-                   help="also run PaddleNLP's run_pretrain_static.py step (rebuilt: run_paddlenlp_static) with these "
-                        "settings, comma-separated (e.g. plain,serial: its threads set, Paddle's default or the serial "
-                        "executor); the table gets static / PaddleNLP against the fastest of them")
+                   help="also run PaddleNLP's run_pretrain_static.py step (rebuilt from the script's source: "
+                        "run_paddlenlp_static) with these settings, comma-separated: plain (its threads set), serial "
+                        "(+ the serial executor), and with +same_kernels the static side's kernel choice (oneDNN on the "
+                        "op types ours runs on oneDNN here), e.g. serial,serial+same_kernels; the table gets static / "
+                        "PaddleNLP on its own kernels (the fastest such setting) and on the same kernels")
+    p.add_argument("--isa", default="native", choices=["native"] + sorted(sp.ISA_LIMITS),
+                   help="avx2: hold oneDNN, MKL and NumPy's OpenBLAS to their AVX2 code paths (ONEDNN_MAX_CPU_ISA, "
+                        "MKL_ENABLE_INSTRUCTIONS, OPENBLAS_CORETYPE) on a CPU with AVX-512: an ISA-limited run on this "
+                        "CPU, labelled so in the output (not a real AVX2 machine)")
+    p.add_argument("--json", default="", help="also write the table's figures, the machine and the load to this file")
     p.add_argument("--matmul_repeats", type=int, default=5)
     p.add_argument("--short_docs", action="store_true",
                    help="instead: real tokens/s with samples of U[short_min, seq] real tokens, padded to seq vs "
@@ -571,6 +605,12 @@ def main():
         print(json.dumps(fn(args)))
         return
 
+    os.environ.update(sp.isa_env(args.isa))  # this process's library probes and every run see the limits
+    machine = sp.machine(numpy_blas=False)  # NumPy's BLAS is already loaded here: the timed processes report theirs
+    sp.print_machine(machine)
+    if machine.isa_limited:
+        print(f"ISA-LIMITED RUN: the math libraries are held to {machine.isa_in_effect} on this {machine.isa} CPU "
+              f"({', '.join(v[0] for v in machine.isa_limits.values())}); not a real {machine.isa_in_effect} machine")
     print(f"load average before: {loadavg()}")
     models, variants = args.models.split(","), args.variants.split(",")
     if args.short_docs:
@@ -642,47 +682,103 @@ def main():
                     dygraph_runs[threads_key].append(child_run("dygraph", name, variant, args))
                 for v in pnlp_variants:  # alternating with the static runs, so drifting load hits both
                     if len(pnlp_runs[v]) < args.runs:
-                        pnlp_runs[v].append(child_run("paddlenlp", name, v, args))
+                        pnlp_runs[v].append(child_run("paddlenlp", name, paddlenlp_variant(v, static_runs[0]), args))
             first = static_runs[0]
             ceilings.setdefault(name, first["ceiling"])
             tps = first["tokens_per_step"]
             static = summarize(static_runs, tps)
             dyg = summarize(dygraph_runs[threads_key], tps) if not args.no_dygraph else None
             pnlp = {v: summarize(r, tps) for v, r in pnlp_runs.items() if r}
-            rows.append((name, variant, first, static, dyg, pnlp))
+            load = {"static": sp.other_cores_summary(c for r in static_runs for c in r["other_cores"]),
+                    "dygraph": sp.other_cores_summary(c for r in dygraph_runs.get(threads_key, []) for c in r["other_cores"]),
+                    **{f"paddlenlp[{v}]": sp.other_cores_summary(c for r in rs for c in r["other_cores"])
+                       for v, rs in pnlp_runs.items()}}
+            rows.append((name, variant, first, static, dyg, pnlp, load, static_runs, pnlp_runs))
             print(f"# {name} / {variant}: {first['threads']}; {first.get('applied', '')}; load {loadavg()}",
                   file=sys.stderr)
+            for v, rs in pnlp_runs.items():
+                print(f"# PaddleNLP [{v}]: {rs[0].get('applied', '')}", file=sys.stderr)
 
+    peak = rows[0][2]["machine"].get("peak_gflops") if rows else None
+    if rows:  # the machine as the timed processes saw it (NumPy's BLAS included: it is in the ceiling)
+        child_machine = rows[0][2]["machine"]
+        print(f"\nin the timed processes: ISA in effect {child_machine['isa_in_effect']}; "
+              + "; ".join(f"{k} {v}" for k, v in child_machine["libraries"].items() if k.endswith(("isa", "code_path", "blas"))))
+    warnings = []
     for name, c in ceilings.items():
         print(f"\nfloat32 matmul on {name}'s shapes (batch {PLAN[name]['b']} x seq {args.seq}), GFLOP/s median "
               f"(min-max) of {args.matmul_repeats}: Paddle MKL | Paddle oneDNN | NumPy BLAS")
         for f in c["forms"]:
             cells = " | ".join(f"{f[k][0]:6.1f} ({f[k][1]:.0f}-{f[k][2]:.0f})" for k in ("mkl", "onednn", "numpy"))
             print(f"  {f['form']:<34} x{f['uses']}: {cells}")
+            warnings += [w for w in (check_rate(f[k][0], peak, f"{k} on {f['form']}") for k in ("mkl", "onednn", "numpy")) if w]
         mix = c["mix"]
         print(f"  FLOP-weighted: Paddle MKL {mix['mkl'] / 1e9:.1f}, Paddle oneDNN {mix['onednn'] / 1e9:.1f}, "
-              f"NumPy {mix['numpy'] / 1e9:.1f} GFLOP/s; honest ceiling (fastest per form) {c['ceiling'] / 1e9:.1f} GFLOP/s")
+              f"NumPy {mix['numpy'] / 1e9:.1f} GFLOP/s; honest ceiling (fastest per form) {c['ceiling'] / 1e9:.1f} GFLOP/s"
+              + (f"; estimated FP32 peak {peak:.1f} GFLOP/s: the ceiling is {c['ceiling'] / 1e9 / peak:.0%} of it" if peak else ""))
+        warnings += [w for w in [check_rate(c["ceiling"] / 1e9, peak, f"the honest ceiling of {name}")] if w]
+    for w in warnings:
+        print(f"WARNING: {w}")
     print("\n| model | batch x seq | static variant | static tokens/s (runs) | dygraph tokens/s (runs) | static / dygraph "
-          "| PaddleNLP static tokens/s (runs) | static / PaddleNLP | static GFLOP/s | honest ceiling | of ceiling "
-          "| of Paddle MKL's |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, variant, first, static, dyg, pnlp in rows:
+          "| PaddleNLP step, its own kernels: tokens/s (runs) [setting] | static / PaddleNLP, its own kernels "
+          "| PaddleNLP step, our kernels: tokens/s (runs) | static / PaddleNLP, same kernels "
+          "| static GFLOP/s | honest ceiling | of ceiling | of FP32 peak |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    table = []
+    for name, variant, first, static, dyg, pnlp, load, static_runs, pnlp_runs in rows:
         a = first["arch"]
         gflops = static[0] * first["flops_per_token"] / 1e9
-        dyg_text = f"{dyg[0]:,.0f} ({dyg[1]:,.0f}-{dyg[2]:,.0f})" if dyg else "-"
-        ratio = f"{static[0] / dyg[0]:.2f}x" if dyg else "-"
-        best = max(pnlp.items(), key=lambda kv: kv[1][0]) if pnlp else None
-        pnlp_text = f"{best[1][0]:,.0f} ({best[1][1]:,.0f}-{best[1][2]:,.0f}) [{best[0]}]" if best else "-"
-        pnlp_ratio = f"{static[0] / best[1][0]:.2f}x" if best else "-"
+        own = {v: r for v, r in pnlp.items() if "same_kernels" not in v}
+        same = {v: r for v, r in pnlp.items() if "same_kernels" in v}
+        best_own = max(own.items(), key=lambda kv: kv[1][0]) if own else None
+        best_same = max(same.items(), key=lambda kv: kv[1][0]) if same else None
         c = ceilings[name]
+        cell = lambda x: f"{x[0]:,.0f} ({x[1]:,.0f}-{x[2]:,.0f})"  # noqa: E731
         print(f"| {name} (h{a['hidden_size']}, L{a['num_hidden_layers']}) | {PLAN[name]['b']} x {args.seq} | {variant} | "
-              f"{static[0]:,.0f} ({static[1]:,.0f}-{static[2]:,.0f}) | {dyg_text} | {ratio} | {pnlp_text} | {pnlp_ratio} | "
+              f"{cell(static)} | {cell(dyg) if dyg else '-'} | {f'{static[0] / dyg[0]:.2f}x' if dyg else '-'} | "
+              f"{f'{cell(best_own[1])} [{best_own[0]}]' if best_own else '-'} | "
+              f"{f'{static[0] / best_own[1][0]:.2f}x' if best_own else '-'} | "
+              f"{f'{cell(best_same[1])} [{best_same[0]}]' if best_same else '-'} | "
+              f"{f'{static[0] / best_same[1][0]:.2f}x' if best_same else '-'} | "
               f"{gflops:.1f} | {c['ceiling'] / 1e9:.1f} | {gflops * 1e9 / c['ceiling']:.0%} | "
-              f"{gflops * 1e9 / c['mix']['mkl']:.0%} |")
+              f"{f'{gflops / peak:.0%} of {peak:.0f}' if peak else '-'} |")
         for v, r in pnlp.items():
             print(f"#   PaddleNLP static [{v}]: {r[0]:,.0f} tokens/s ({r[1]:,.0f}-{r[2]:,.0f})", file=sys.stderr)
+        table.append({"model": name, "batch": PLAN[name]["b"], "seq": args.seq, "variant": variant,
+                      "static_tokens_per_s": static, "dygraph_tokens_per_s": dyg, "paddlenlp_tokens_per_s": pnlp,
+                      "paddlenlp_applied": {v: rs[0].get("applied") for v, rs in pnlp_runs.items() if rs},
+                      "static_over_paddlenlp_own_kernels": static[0] / best_own[1][0] if best_own else None,
+                      "static_over_paddlenlp_same_kernels": static[0] / best_same[1][0] if best_same else None,
+                      "static_gflops": gflops, "ceiling_gflops": c["ceiling"] / 1e9, "peak_gflops": peak,
+                      "onednn_types": first.get("onednn_types"), "applied": first.get("applied"),
+                      "threads": first["threads"], "other_cores": load,
+                      "static_run_medians": [tps_ / statistics.median(r["times"]) for r in static_runs
+                                             for tps_ in [first["tokens_per_step"]]]})
+    print("\nCPU used by other processes during the timed steps (cores, median / max): " + "; ".join(
+        f"{t['model']} {side} {v['median']:.2f} / {v['max']:.2f}" for t in table for side, v in t["other_cores"].items() if v))
     print(f"\nload average after: {loadavg()}")
+    if args.json:
+        sp.write_json(args.json, {"isa": args.isa, "ceilings": ceilings, "rows": table, "warnings": warnings,
+                                  "timed_machine": rows[0][2]["machine"] if rows else None}, machine)
 
+
+def check_rate(gflops: float, peak: Optional[float], what: str) -> Optional[str]:
+    """A measurement-error warning when `gflops` exceeds the machine's estimated FP32 peak."""
+    if not peak or gflops <= peak:
+        return None
+    return (f"MEASUREMENT ERROR? {what}: {gflops:.1f} GFLOP/s is above the estimated FP32 peak {peak:.1f} GFLOP/s of this "
+            "machine (cores x clock read x FLOP/cycle; see the header): the timing is wrong or the cores run faster "
+            "than the clock read")
+
+
+def paddlenlp_variant(v: str, static_first: dict) -> str:
+    """A --paddlenlp setting for the child: `same_kernels` becomes `onednn=<the static side's oneDNN op types>`."""
+    parts = [p for p in v.split("+") if p]
+    if "same_kernels" not in parts:
+        return v
+    types = static_first.get("onednn_types") or []
+    parts = [p for p in parts if p != "same_kernels"] + ([f"onednn={':'.join(types)}"] if types else [])
+    return "+".join(parts) or "plain"
 
 if __name__ == "__main__":
     main()
