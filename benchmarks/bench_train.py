@@ -34,6 +34,7 @@ are not tests. Take figures on a quiet machine: the load average is printed befo
 import zlib  # noqa: F401  (before paddle)
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -218,18 +219,97 @@ def run_dygraph(args) -> dict:
     return {"times": times, "other_cores": others, "threads": threads, "tokens_per_step": plan["b"] * args.seq}
 
 
+class PaddleNLPStep:
+    """PaddleNLP's ERNIE 1.0 `run_pretrain_static.py` step, rebuilt from the script's source (PaddleNLP's
+    model_zoo/ernie-1.0/run_pretrain_static.py; the script is not in the paddlenlp wheel, so its program is
+    re-made here with the wheel's classes, the way the script makes it): paddlenlp's `ErnieForPretraining` and
+    `ErniePretrainingCriterion` in a static program (the script's feeds: int32 flattened masked positions padded
+    to a multiple of 8, labels -1 there), loss = MLM + SOP, AdamW over `LinearAnnealingWithWarmupDecay` with
+    global-norm clipping and its weight-decay filter (no decay on names with "bias" or "norm"),
+    `fleet.distributed_optimizer` with its strategy (execution threads 1, fuse_broadcast_ops, inplace),
+    `exe.run(..., use_program_cache=True)` fetching the losses and the LR every run, and the scheduler stepped
+    per run. Not rebuilt: its data loader (random batches in its collate layout are fed), evaluation and
+    checkpoints. `onednn_types`: op types put on oneDNN (`cpu_kernels.use_onednn_ops`, as our engine applies a
+    kernel choice, with the 2-D views of oneDNN matmul gradients); nothing else of the engine is applied."""
+
+    def __init__(self, model: str, b: int, seq: int, onednn_types=()):
+        import paddle
+        import paddle.distributed.fleet as fleet
+        from paddlenlp.transformers import (ErnieConfig, ErnieForPretraining, ErniePretrainingCriterion,
+                                            LinearAnnealingWithWarmupDecay)
+
+        arch = sp._model_cfg(model, False).resolve().arch
+        keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size", "hidden_act", "hidden_dropout_prob",
+                "attention_probs_dropout_prob")
+        paddle.enable_static()
+        fleet.init(is_collective=True)
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            ids = paddle.static.data("input_ids", [-1, -1], "int64")
+            seg = paddle.static.data("segment_ids", [-1, -1], "int64")
+            mask = paddle.static.data("input_mask", [-1, 1, 1, -1], "float32")
+            pos = paddle.static.data("masked_lm_positions", [-1], "int32")
+            labels = paddle.static.data("masked_lm_labels", [-1, 1], "int64")
+            nsp = paddle.static.data("next_sentence_labels", [-1, 1], "int64")
+            model_ = ErnieForPretraining(ErnieConfig(**{k: arch[k] for k in keys}))
+            scores, rel = model_(input_ids=ids, token_type_ids=seg, position_ids=None, attention_mask=mask,
+                                 masked_positions=pos)
+            lm_loss, sop_loss = ErniePretrainingCriterion(with_nsp_loss=True)(scores, rel, labels, nsp)
+            loss = lm_loss + sop_loss
+            scheduler = LinearAnnealingWithWarmupDecay(1e-4, 1e-5, warmup_step=0, decay_step=sp.LR_HORIZON)
+            decay = [p.name for n, p in model_.named_parameters() if not any(t in n for t in ("bias", "norm"))]
+            opt = paddle.optimizer.AdamW(learning_rate=scheduler, beta1=0.9, beta2=0.999, epsilon=1e-8,
+                                         grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0), weight_decay=0.01,
+                                         apply_decay_param_fun=lambda name: name in decay)
+            opt.apply_optimize = opt._apply_optimize
+            strategy = fleet.DistributedStrategy()
+            exec_strategy = paddle.static.ExecutionStrategy()
+            exec_strategy.num_threads = 1
+            exec_strategy.num_iteration_per_drop_scope = 10000
+            build = paddle.static.BuildStrategy()
+            build.fuse_broadcast_ops = True
+            build.enable_inplace = True
+            strategy.execution_strategy, strategy.build_strategy = exec_strategy, build
+            fleet.distributed_optimizer(opt, strategy=strategy).minimize(loss)
+        self.applied = "as built (Paddle's default kernels)"
+        if onednn_types:
+            from ernie_mtl.program.cpu_kernels import use_onednn_ops
+
+            changed = use_onednn_ops(main, list(onednn_types))
+            self.applied = f"oneDNN kernels on {sum(changed.values())} ops ({', '.join(sorted(changed))})"
+        self.main, self.startup, self.loss, self.scheduler = main, startup, loss, scheduler
+        lr = next(v for n, v in main.global_block().vars.items() if n.startswith("learning_rate_"))  # _0 when alone
+        self.fetch = [loss, lm_loss, sop_loss, lr]
+        rng = np.random.RandomState(0)
+        self.feeds = []
+        for _ in range(4):
+            batch = sp.pretrain_batch(rng, b, seq, arch["vocab_size"])
+            n = len(batch["masked_lm_positions"])
+            size = n + (-n) % 8
+            positions = np.zeros(size, "int32")
+            positions[:n] = batch["masked_lm_positions"]
+            mlm = np.full([size, 1], -1, "int64")
+            mlm[:n] = batch["masked_lm_labels"]
+            self.feeds.append({"input_ids": batch["input_ids"], "segment_ids": batch["segment_ids"],
+                               "input_mask": batch["input_mask"], "masked_lm_positions": positions,
+                               "masked_lm_labels": mlm, "next_sentence_labels": batch["next_sentence_labels"]})
+
+    def initialize(self, exe, scope) -> None:
+        exe.run(self.startup, scope=scope)
+
+    def run(self, exe, scope, i: int) -> float:
+        """One training step as the script runs it (the losses and the LR fetched); returns the loss."""
+        out = exe.run(self.main, feed=self.feeds[i % 4], fetch_list=self.fetch, use_program_cache=True, scope=scope)
+        self.scheduler.step()
+        return float(np.asarray(out[0]).reshape(-1)[0])
+
+
 def run_paddlenlp_static(args) -> dict:
-    """PaddleNLP's ERNIE 1.0 `run_pretrain_static.py` step, rebuilt from its description (the script is not
-    in the paddlenlp wheel): paddlenlp's `ErnieForPretraining` and `ErniePretrainingCriterion` in a static
-    program (its feeds: int32 flattened masked positions padded to a multiple of 8, labels -1 there), loss =
-    MLM + SOP, AdamW over `LinearAnnealingWithWarmupDecay` with global-norm clipping and its weight-decay filter
-    (no decay on names with "bias" or "norm"), `fleet.distributed_optimizer` with its strategy (execution
-    threads 1, fuse_broadcast_ops, inplace), `exe.run(..., use_program_cache=True)` fetching the losses and
-    the LR, and the scheduler stepped per run, as the script does. Its best CPU settings: the threads of
-    this machine (the script leaves Paddle's 1), and with `serial` in the variant the serial executor.
-    With `onednn=T1:T2` (the driver's `same_kernels`: the op types the static side runs on oneDNN here) its
-    program gets the same kernel choice (`cpu_kernels.use_onednn_ops`, with the 2-D views of the oneDNN
-    matmul gradients), and nothing else of the engine (no bias gradients by matmul, no other rewrite)."""
+    """PaddleNLP's step (`PaddleNLPStep`) in its own process. Its best CPU settings: the threads of this
+    machine (the script leaves Paddle's 1), and with `serial` in the variant the serial executor. With
+    `onednn=T1:T2` (the driver's `same_kernels`: the op types the static side runs on oneDNN here) its program
+    gets the same kernel choice, and nothing else of the engine (no bias gradients by matmul, no other rewrite)."""
     variant = sp.parse_variant(args.variant)
     unknown = sorted(set(variant) - {"threads1", "serial", "onednn"})
     if unknown:
@@ -237,77 +317,16 @@ def run_paddlenlp_static(args) -> dict:
                          "and same_kernels (or onednn=<types>)")
     threads = sp.prepare_env({k: v for k, v in variant.items() if k in ("threads1", "serial")})
     import paddle
-    import paddle.distributed.fleet as fleet
-    from paddlenlp.transformers import (ErnieConfig, ErnieForPretraining, ErniePretrainingCriterion,
-                                        LinearAnnealingWithWarmupDecay)
 
     plan = PLAN[args.model]
-    arch = sp._model_cfg(args.model, False).resolve().arch
-    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-            "max_position_embeddings", "type_vocab_size", "hidden_act", "hidden_dropout_prob",
-            "attention_probs_dropout_prob")
-    paddle.enable_static()
-    fleet.init(is_collective=True)
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.static.program_guard(main, startup):
-        ids = paddle.static.data("input_ids", [-1, -1], "int64")
-        seg = paddle.static.data("segment_ids", [-1, -1], "int64")
-        mask = paddle.static.data("input_mask", [-1, 1, 1, -1], "float32")
-        pos = paddle.static.data("masked_lm_positions", [-1], "int32")
-        labels = paddle.static.data("masked_lm_labels", [-1, 1], "int64")
-        nsp = paddle.static.data("next_sentence_labels", [-1, 1], "int64")
-        model = ErnieForPretraining(ErnieConfig(**{k: arch[k] for k in keys}))
-        scores, rel = model(input_ids=ids, token_type_ids=seg, position_ids=None, attention_mask=mask,
-                            masked_positions=pos)
-        lm_loss, sop_loss = ErniePretrainingCriterion(with_nsp_loss=True)(scores, rel, labels, nsp)
-        loss = lm_loss + sop_loss
-        scheduler = LinearAnnealingWithWarmupDecay(1e-4, 1e-5, warmup_step=0, decay_step=sp.LR_HORIZON)
-        decay = [p.name for n, p in model.named_parameters() if not any(t in n for t in ("bias", "norm"))]
-        opt = paddle.optimizer.AdamW(learning_rate=scheduler, beta1=0.9, beta2=0.999, epsilon=1e-8,
-                                     grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0), weight_decay=0.01,
-                                     apply_decay_param_fun=lambda name: name in decay)
-        opt.apply_optimize = opt._apply_optimize
-        strategy = fleet.DistributedStrategy()
-        exec_strategy = paddle.static.ExecutionStrategy()
-        exec_strategy.num_threads = 1
-        exec_strategy.num_iteration_per_drop_scope = 10000
-        build = paddle.static.BuildStrategy()
-        build.fuse_broadcast_ops = True
-        build.enable_inplace = True
-        strategy.execution_strategy, strategy.build_strategy = exec_strategy, build
-        fleet.distributed_optimizer(opt, strategy=strategy).minimize(loss)
-    applied = "as built (Paddle's default kernels)"
-    if variant.get("onednn"):
-        from ernie_mtl.program.cpu_kernels import use_onednn_ops
-
-        changed = use_onednn_ops(main, variant["onednn"].split(":"))
-        applied = f"oneDNN kernels on {sum(changed.values())} ops ({', '.join(sorted(changed))})"
-    exe = paddle.static.Executor(paddle.CPUPlace())
-    exe.run(startup)
-    lr_var = main.global_block().vars["learning_rate_0"]
-    rng = np.random.RandomState(0)
-    feeds = []
-    for _ in range(4):
-        batch = sp.pretrain_batch(rng, plan["b"], args.seq, arch["vocab_size"])
-        n = len(batch["masked_lm_positions"])
-        size = n + (-n) % 8
-        positions = np.zeros(size, "int32")
-        positions[:n] = batch["masked_lm_positions"]
-        mlm = np.full([size, 1], -1, "int64")
-        mlm[:n] = batch["masked_lm_labels"]
-        feeds.append({"input_ids": batch["input_ids"], "segment_ids": batch["segment_ids"],
-                      "input_mask": batch["input_mask"], "masked_lm_positions": positions, "masked_lm_labels": mlm,
-                      "next_sentence_labels": batch["next_sentence_labels"]})
-
-    def train_step(i):
-        exe.run(main, feed=feeds[i % 4], fetch_list=[loss, lm_loss, sop_loss, lr_var], use_program_cache=True)
-        scheduler.step()
-
+    step = PaddleNLPStep(args.model, plan["b"], args.seq, (variant.get("onednn") or "").split(":") if variant.get("onednn") else ())
+    scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
+    step.initialize(exe, scope)
     for i in range(plan["warmup"]):
-        train_step(i)
-    kept, _ = sp.timed_steps(train_step, plan["steps"], start=plan["warmup"])
+        step.run(exe, scope, i)
+    kept, _ = sp.timed_steps(lambda i: step.run(exe, scope, i), plan["steps"], start=plan["warmup"])
     return {"times": [t for t, _ in kept], "other_cores": [c for _, c in kept], "threads": threads,
-            "tokens_per_step": plan["b"] * args.seq, "applied": applied}
+            "tokens_per_step": plan["b"] * args.seq, "applied": step.applied}
 
 
 def run_paired(args) -> dict:
@@ -316,29 +335,50 @@ def run_paired(args) -> dict:
     processes falls on all of them alike. Process-level settings (threads, serial, inplace: Paddle's
     executors share one work queue, so serial and threaded executors cannot be mixed) must be the same
     in every variant: compare those with separate runs. Also reports whether each variant's losses
-    equal the first variant's bitwise (same initial weights, feeds and dropout seeds)."""
-    variants = [sp.parse_variant(v) for v in args.variant.split(",")]
+    equal the first variant's bitwise (same initial weights, feeds and dropout seeds).
+
+    A variant `paddlenlp` is PaddleNLP's rebuilt step (`PaddleNLPStep`) on its own kernels under the same
+    process settings; `paddlenlp+same_kernels` puts it on the oneDNN op types of the first of our variants
+    (pretraining only)."""
+    texts = args.variant.split(",")
+    variants = [sp.parse_variant(v) for v in texts if not v.startswith("paddlenlp")]
     process_level = {frozenset(k for k in v if k in ("threads1", "serial", "inplace")) for v in variants}
-    if len(process_level) != 1:
-        raise SystemExit("--paired: threads1/serial/inplace are per process; give every variant the same ones")
+    if len(process_level) != 1 or not variants:
+        raise SystemExit("--paired: threads1/serial/inplace are per process; give every variant the same ones "
+                         "(and one of ours first)")
+    if any(t.startswith("paddlenlp") for t in texts) and args.task != "pretrain":
+        raise SystemExit("--paired: PaddleNLP's step is a pretraining step (--task pretrain)")
     threads = sp.prepare_env(variants[0])
     import paddle
 
     plan = PLAN[args.model]
-    sides = []
-    for variant in variants:
-        step = sp.build_step(args.task, args.model, plan["b"], args.seq, variant)
-        if "seed" not in variant and any(op.type == "dropout" and op.attr("dropout_prob") > 0
-                                         for op in step.main.global_block().ops):
-            step.seed_vars = sp.add_dropout_seed_inputs(step.main)  # identical masks on every side
+    sides, ours = [], []
+    for text in texts:
         scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
-        step.initialize(exe, scope)
-        losses = []
-        for i in range(plan["warmup"]):
-            losses.append(float(np.asarray(exe.run(step.main, feed=step.feed(i), fetch_list=[step.loss],
-                                                   scope=scope)[0]).reshape(-1)[0]))
-            step.after_run()
-        sides.append({"step": step, "exe": exe, "scope": scope, "losses": losses, "times": [], "others": []})
+        if text.startswith("paddlenlp"):
+            extra = set(text.split("+")[1:])
+            if extra - {"same_kernels"}:
+                raise SystemExit(f"--paired: {text!r}: PaddleNLP's step takes only +same_kernels here")
+            types = onednn_types_of(ours[0][0], ours[0][1]) if "same_kernels" in extra else ()
+            step = PaddleNLPStep(args.model, plan["b"], args.seq, types)
+            step.initialize(exe, scope)
+            run = functools.partial(lambda st, e, sc, i: st.run(e, sc, i), step, exe, scope)
+        else:
+            variant = sp.parse_variant(text)
+            step = sp.build_step(args.task, args.model, plan["b"], args.seq, variant)
+            ours.append((step, variant))
+            if "seed" not in variant and any(op.type == "dropout" and op.attr("dropout_prob") > 0
+                                             for op in step.main.global_block().ops):
+                step.seed_vars = sp.add_dropout_seed_inputs(step.main)  # identical masks on every side
+            step.initialize(exe, scope)
+
+            def run(i, step=step, exe=exe, scope=scope):
+                (loss,) = exe.run(step.main, feed=step.feed(i), fetch_list=[step.loss], scope=scope)
+                step.after_run()
+                return float(np.asarray(loss).reshape(-1)[0])
+        losses = [run(i) for i in range(plan["warmup"])]
+        sides.append({"run": run, "losses": losses, "times": [], "others": [], "applied": step.applied,
+                      "ours": not text.startswith("paddlenlp")})
     rounds = args.rounds or plan["steps"] * 2
     for r in range(rounds):
         i = plan["warmup"] + r
@@ -346,15 +386,13 @@ def run_paired(args) -> dict:
             side = sides[(k + r) % len(sides)]
             with sp.OtherLoad() as other:
                 start = time.perf_counter()
-                (loss,) = side["exe"].run(side["step"].main, feed=side["step"].feed(i), fetch_list=[side["step"].loss],
-                                          scope=side["scope"])
+                loss = side["run"](i)
                 side["times"].append(time.perf_counter() - start)
-            side["step"].after_run()
             side["others"].append(other.cores)
-            side["losses"].append(float(np.asarray(loss).reshape(-1)[0]))
-    return {"threads": threads, "variants": args.variant.split(","), "tokens_per_step": plan["b"] * args.seq,
-            "flops_per_token": sides[0]["step"].flops_per_token(),
-            "sides": [{k: s[k] for k in ("times", "others", "losses")} for s in sides]}
+            side["losses"].append(loss)
+    return {"threads": threads, "variants": texts, "tokens_per_step": plan["b"] * args.seq,
+            "flops_per_token": ours[0][0].flops_per_token(), "machine": sp.machine().to_json(),
+            "sides": [{k: s[k] for k in ("times", "others", "losses", "applied", "ours")} for s in sides]}
 
 
 def run_short_docs(args) -> dict:
@@ -625,6 +663,7 @@ def main():
         print(f"load average after: {loadavg()}")
         return
     if args.paired:
+        paired_json = []
         for name in models:
             r = child_run("paired", name, args.variants, args)
             print(f"\n{args.task}: {name}, batch {PLAN[name]['b']} x seq {args.seq}, {r['threads']}; {len(r['sides'][0]['times'])} "
@@ -641,9 +680,19 @@ def main():
                 diff = max(abs(a - b) for a, b in zip(side["losses"], first["losses"]))
                 print(f"| {v} | {1e3 * statistics.median(t):,.0f} ({1e3 * min(t):,.0f}-{1e3 * max(t):,.0f}) | "
                       f"{r['tokens_per_step'] / statistics.median(t):,.0f} | {statistics.median(ratios):.3f}x "
-                      f"({q(0.25):.3f}-{q(0.75):.3f}) | {'yes' if same else f'no (max diff {diff:.2g})'} | "
+                      f"({q(0.25):.3f}-{q(0.75):.3f}) | "
+                      f"{('yes' if same else f'no (max diff {diff:.2g})') if side['ours'] else 'n/a (another program)'} | "
                       f"{statistics.median(side['others']):.2f}, {max(side['others']):.2f} |")
+            for v, side in zip(r["variants"], r["sides"]):
+                print(f"#   {v}: {side['applied']}", file=sys.stderr)
+                if not side["ours"]:  # the first variant over PaddleNLP's step, paired by round
+                    over = sorted(b / a for a, b in zip(first["times"], side["times"]))
+                    print(f"{r['variants'][0]} over {v}: {statistics.median(over):.2f}x (median of {len(over)} rounds, "
+                          f"IQR {over[len(over) // 4]:.2f}-{over[(3 * len(over)) // 4]:.2f})")
+            paired_json.append({"model": name, "task": args.task, **r})
         print(f"\nload average after: {loadavg()}")
+        if args.json:
+            sp.write_json(args.json, {"isa": args.isa, "paired": paired_json}, machine)
         return
     if args.real_loop:
         for name in models:
