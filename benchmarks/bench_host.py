@@ -1,15 +1,30 @@
 """Would a GPU be fed? The host's work per optimizer step next to the GPU step times implied by
 published rates, with 0, 1, 2 and 4 data-loading workers (ernie_mtl/engine/datapath.py).
 
-    python benchmarks/bench_host.py                      # both parts, the tables of docs/performance.md
+    python benchmarks/bench_host.py --part sim           # feed a simulated GPU (the tables of docs/performance.md)
+    python benchmarks/bench_host.py --part sim --sim_exe none   # the loop and the data path alone
     python benchmarks/bench_host.py --part host          # the host path alone (no training)
-    python benchmarks/bench_host.py --part loop          # the real training loop on CPU
+    python benchmarks/bench_host.py --part loop          # the real training loop on CPU (a lower bound: see below)
     python benchmarks/bench_host.py --profile            # where building a micro-batch spends its time
 
-GPU demand. PaddleNLP's static ERNIE-1.0 pretraining reaches 666 sequences/s on one V100 with AMP at
-sequence length 128 (PaddleNLP PR #1744): 1.50 ms per sample; an A100 runs BERT-base about 3x as fast
-(0.50 ms). Those are ERNIE-base at 128; other sizes and lengths are scaled by the training FLOPs per
-sequence (6 x non-embedding parameters + 12 x layers x hidden x seq per token), an estimate.
+GPU demand (`PUBLISHED`, `published_rate`). Published single-GPU training rates with mixed precision:
+ERNIE-1.0 base at seq 128 on a V100 666.11 seq/s (PaddleNLP PR #1744, static graph); BERT-large (ERNIE-large's
+shape) at seq 128 on a V100 224 seq/s (NVIDIA DeepLearningExamples, PyTorch), on an A100 694 seq/s at 128 and
+264 seq/s at 512 (NVIDIA DeepLearningExamples, PaddlePaddle). A (GPU, model, length) without its own figure is
+scaled by training FLOPs per sequence (6 x non-embedding parameters + 12 x layers x hidden x seq per token)
+from that GPU's figure at the same length, else from the same model at the other length: an estimate. The
+step is `--batch` sequences (default 32) per rank.
+
+Part `sim` (the one that answers the question): the real training loop (run_multitask_static.py, flag mode)
+with its real data-loading workers and feed, on a model with ERNIE-base's 12 layers at a tiny width, where a
+plugin replaces the device: every run of the training program queues the GPU's step time of device work,
+which runs asynchronously (the run returns once queued) with at most `--sim_ahead` earlier runs still queued,
+and a fetch (the loss window, every `--sim_logging_freq` steps) waits for the device. Inside each run the host
+does the executor's work per op (`--sim_exe proxy`: the same program run on one sample's first 8 tokens, next
+to no arithmetic) or nothing (`none`: the loop and data path alone). Reported per worker count over
+`--sim_runs` runs: steps/s achieved against the ideal (1 / the GPU step), the exposed host time (achieved step
+period - the GPU step: the device waiting for the host), the trainer's and the workers' CPU per step (from
+/proc: every process counted) and the cores per GPU that CPU means at the ideal rate.
 
 Part `host`: a synthetic Chinese-like corpus (whole words of 1-3 characters, as bench_dataset.py),
 flag-mode pretraining samples (pair, truncation, whole-word masking), `--batch` per step (one
@@ -18,13 +33,11 @@ collates and converts each micro-batch to tensors itself (ms per step on its cri
 workers: the BackgroundFeeder delivers micro-batches to a loop that does nothing else (steps/s the
 data path can sustain per rank, which must exceed what the GPU consumes).
 
-Part `loop`: the real training loop (run_multitask_static.py, flag mode, --device cpu) with a
-callback that records every Executor.run of the training program. Exposed host time per step = the
-time between the end of one run and the start of the next, summed over a step's micro-batches:
-what a device that cannot run ahead of the host would wait (no step of the timed range logs,
-evaluates or saves). On a GPU, runs without a fetch return once queued, so this host time is hidden
-behind the device up to the step time; it is the bound that matters when it is not. Also the CPU
-run's own tokens/s with each worker count (2 threads for the model, workers 1 thread each).
+Part `loop`: the real training loop on CPU with a callback that records every Executor.run of the
+training program: the time between the end of one run and the start of the next. On CPU every step
+takes seconds, so the workers always have a batch ready: this is the loop's own overhead with a batch
+waiting, a lower bound of what a GPU would see (part `sim` measures that instead). Also the CPU run's
+own tokens/s with each worker count (2 threads for the model, workers 1 thread each).
 """
 import zlib  # noqa: F401  (before paddle)
 
@@ -518,6 +531,7 @@ def run_sim_once(corpus, vocab, gpu, model, seq, workers, args) -> dict:
         big = str(10 * total)
         cmd = [sys.executable, str(sp.ROOT / "run_multitask_static.py"), "--device", "cpu", "--cpu_kernels", "plain",
                "--model_name_or_path", sp.MODELS["base"], "--vocab_size", str(vocab_size), *args.sim_model.split(),
+               *(["--num_hidden_layers", str(LARGE["num_hidden_layers"])] if model == "large" else []),  # its op count
                "--input_dir", str(corpus), "--tokenizer_name_or_path", str(vocab), "--split", "98,1,1",
                "--max_seq_len", str(seq), "--micro_batch_size", str(args.batch), "--global_batch_size", str(args.batch),
                "--max_steps", str(total), "--logging_freq", str(args.sim_logging_freq), "--eval_freq", big,
@@ -584,7 +598,8 @@ def print_sim(results, args):
     print(f"\n**Feeding a simulated GPU** (the real loop, data-loading workers and feed of a flag-mode pretraining "
           f"run; the device a fixed wait of the GPU's published step time per micro-batch of {args.batch}, "
           f"asynchronous, at most {args.sim_ahead} step(s) queued ahead, fetches wait for it; logging every "
-          f"{args.sim_logging_freq} steps; model `{args.sim_model}` on ERNIE-base's 12 layers, 1 math thread; "
+          f"{args.sim_logging_freq} steps; model `{args.sim_model}` on the target's layers (12 base, 24 large), 1 math "
+          "thread; "
           f"host work inside each run: {args.sim_exe} (--sim_exe); median of {args.sim_runs} runs, range in "
           "brackets):\n")
     print("| GPU, model, seq | step (ms) | workers | steps/s achieved (ideal) | exposed host ms/step | of the step "
@@ -665,8 +680,8 @@ def main():
     p.add_argument("--sim_logging_freq", type=int, default=20,
                    help="--logging_freq of the simulated run (the loss window's fetch waits for the device)")
     p.add_argument("--sim_model", default="--hidden_size 16 --num_attention_heads 1 --intermediate_size 32",
-                   help="architecture flags of the simulated run's model (ERNIE-base's 12 layers, tiny width: the "
-                        "program has the published model's ops)")
+                   help="architecture flags of the simulated run's model (the target's layers: 12 for base, 24 for "
+                        "large; tiny width: the program has the published model's ops)")
     p.add_argument("--sim_exe", choices=("proxy", "none"), default="proxy",
                    help="the host's work inside each run of the training program: proxy = the program run on one "
                         "sample's first 8 tokens (the executor's host work per op, as a GPU run pays it to launch "

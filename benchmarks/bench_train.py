@@ -1,9 +1,13 @@
 """Training throughput on CPU: our static program vs the same ERNIE in a plain paddlenlp dygraph loop (and,
-with --paddlenlp, PaddleNLP's run_pretrain_static.py step rebuilt), and the model's FLOP/s as a fraction of
-the fastest matmul this machine offers on the model's shapes, measured in the same process.
+with --paddlenlp, PaddleNLP's run_pretrain_static.py step rebuilt from the script's source, on its own kernels
+and on ours), and the model's FLOP/s as a fraction of the fastest matmul this machine offers on the model's
+shapes, measured in the same process, and of the machine's estimated FP32 peak. Every output starts with
+the machine (ernie_mtl/dist/machine.py); --json writes it with the figures and the load.
 
     python benchmarks/bench_train.py                                   # small and base, 3 runs each
-    python benchmarks/bench_train.py --models base --runs 2 --paddlenlp plain,serial
+    python benchmarks/bench_train.py --models base --runs 2 --paddlenlp serial,serial+same_kernels
+    python benchmarks/bench_train.py --models base --paired --variants serial+auto,paddlenlp,paddlenlp+same_kernels
+    python benchmarks/bench_train.py --models base --isa avx2 ...      # the same on the AVX2 code paths
     python benchmarks/bench_train.py --models base --variants threads1,plain,serial+onednn+biasgrad,serial+auto
     python benchmarks/bench_train.py --models base --paired --variants serial,serial+onednn+biasgrad,serial+auto
     python benchmarks/bench_train.py --models base --short_docs        # padding to the longest sample
