@@ -80,11 +80,12 @@ def main():
     p.add_argument("--threads", default="", help="thread counts to compare (default: 1, 2 and all CPUs)")
     p.add_argument("--json", default="", help="also write the figures, the machine and the load to this file")
     args = p.parse_args()
+    threads_line = sp.prepare_env({"serial": None})
+    # after the threads are set: the header asks MKL and oneDNN which code path they take
     from ernie_mtl.dist.machine import describe_machine  # the machine every figure below came from
 
     machine = describe_machine()
     print("\n".join(machine.header()), flush=True)
-    threads_line = sp.prepare_env({"serial": None})
     from ernie_mtl.dist.threads import cpu_budget
     from ernie_mtl.engine.inference import cpu_predictor, predictor_runner, read_manifest
     from ernie_mtl.engine.prediction import predict_batches
