@@ -1,6 +1,7 @@
 # Two commands for a fresh machine (Python 3.11, a C++ compiler, network to PyPI):
 #   make demo   -> virtualenv + install + demo data + the main job
 #   make test   -> virtualenv + install + the test suite
+# and for the inner loop: make test-fast (the in-process unit tests, a few minutes)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 # pip's own chatter about unreachable extra indexes is noise, not progress
 PIP_FLAGS ?= --disable-pip-version-check
 
-.PHONY: install demo demo-pretrain test bench bench-quality clean
+.PHONY: install demo demo-pretrain test test-fast bench bench-quality clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt data_tools/helpers.cpp
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,8 +40,14 @@ demo-pretrain: $(STAMP)
 # Two passes: tests that run in one process at a time share the 2 cores (pytest-xdist), then the ones
 # that launch several processes or measure time (module flag EXCLUSIVE, tests/conftest.py) run alone.
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not exclusive" --durations=10 tests
 	$(PY) -m pytest -q -m exclusive --durations=10 tests
+
+# The inner loop: tests/unit without the tests marked slow (each over about 4 s) or exclusive; both cores.
+test-fast: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -n 2 -m "not slow and not exclusive" --durations=5 tests/unit
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_index.py

@@ -13,5 +13,6 @@ from ernie_mtl.config.cli import build_parser, flag_mode_setup  # noqa: F401
 from ernie_mtl.config.cli import validate as _validate
 from ernie_mtl.engine.validate import HOOKS, parse as parse_config  # noqa: F401
 
-validate = functools.partial(_validate, hooks=HOOKS)
 from ernie_mtl.config import DataConfig, RunConfig, TrainConfig  # noqa: F401
+
+validate = functools.partial(_validate, hooks=HOOKS)

@@ -1,4 +1,4 @@
-"""How long a checkpoint save stalls training, per format, at ERNIE 1.0 base size (issue 22).
+"""How long a checkpoint save stalls training, per format, at ERNIE 1.0 base size.
 
     python benchmarks/bench_checkpoint.py                      # base, 1 process and 2 sharded processes
     python benchmarks/bench_checkpoint.py --model small --layouts 1 dp2

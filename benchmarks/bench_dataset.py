@@ -69,8 +69,8 @@ def main():
             collate_pretrain(batch, pad_id=vocab.pad_id)
         seconds = time.perf_counter() - start
     rate = n / seconds
-    print(f"| corpus | max_seq_len | samples | seconds | samples/s | tokens/sample | target |")
-    print(f"|---|---|---|---|---|---|---|")
+    print("| corpus | max_seq_len | samples | seconds | samples/s | tokens/sample | target |")
+    print("|---|---|---|---|---|---|---|")
     print(f"| {'synthetic' if not args.corpus else args.corpus} | {args.max_seq_len} | {n} | {seconds:.2f} | "
           f"{rate:,.0f} | {tokens / n:.0f} | >= 1,000 ({rate / 1000:.2f}x) |")
 

@@ -42,7 +42,6 @@ own tokens/s with each worker count (2 threads for the model, workers 1 thread e
 import zlib  # noqa: F401  (before paddle)
 
 import argparse
-import copy
 import cProfile
 import json
 import math
@@ -55,7 +54,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(os.path.abspath(__file__)).parent))
 import step_programs as sp  # noqa: E402  (also puts the repository on sys.path)

@@ -126,7 +126,7 @@ def matmul_ceiling(arch, b, seq, repeats=5):
             with paddle.static.program_guard(main, startup):
                 x = paddle.static.data("x", xs, "float32")
                 y = paddle.static.data("y", ys, "float32")
-                out = paddle.matmul(x, y, transpose_x=tx, transpose_y=ty)
+                paddle.matmul(x, y, transpose_x=tx, transpose_y=ty)
             for op in main.global_block().ops:
                 if op.type == "matmul_v2":
                     op._set_attr("use_mkldnn", kernel == "onednn")

@@ -25,7 +25,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(os.path.abspath(__file__)).parent))

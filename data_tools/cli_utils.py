@@ -56,6 +56,21 @@ class UserError(ValueError):
         super().__init__(message)
 
 
+class Terminated(BaseException):
+    """The process was asked to stop by a signal (SIGTERM, SIGINT, SIGHUP) outside a step boundary that
+    could save it (ernie_mtl/dist/preemption.py raises it from the signal handler). A BaseException, like
+    KeyboardInterrupt, so no `except Exception` on the way up swallows it; `run_cli` prints its message
+    and exits 128 + the signal number (143 for SIGTERM, 130 for SIGINT), the status a shell expects."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
 # errno -> what to do about it (the message always names the file and the system's reason)
 IO_FIXES = {
     errno.ENOSPC: "free disk space or write somewhere else",
@@ -91,7 +106,8 @@ def write_error(e: OSError, target: str, outcome: str = "nothing was written") -
     else; nothing was written'."""
     reason = e.strerror or str(e)
     fix = IO_FIXES.get(e.errno)
-    return UserError(f"cannot write {target}: {reason}" + (f"; {fix}" if fix else "") + (f"; {outcome}" if outcome else ""))
+    return UserError(f"cannot write {target}: {reason}" + (f"; {fix}" if fix else "")
+                     + (f"; {outcome}" if outcome else ""))
 
 
 def is_user_fault(e: BaseException) -> bool:
@@ -123,6 +139,9 @@ def run_cli(prog: str, main: Callable[[], int]) -> int:
     """Run `main()` and turn user faults into the one error style (exit 2); Ctrl-C exits 130."""
     try:
         return int(main() or 0)
+    except Terminated as e:
+        sys.stderr.write(f"{prog}: {e}\n")
+        return e.exit_status
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130

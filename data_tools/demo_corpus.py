@@ -188,7 +188,8 @@ def write_pretraining_corpus(out_path: str | os.PathLike, *, include_reviews: bo
         for source, texts in (("peoples_daily_documents", map("\n".join, iter_peoples_daily_documents())),
                               ("review_documents", iter_review_documents() if include_reviews else ())):
             for text in texts:
-                if max_documents is not None and sum(stats[k] for k in stats if k.endswith("_documents")) >= max_documents:
+                if (max_documents is not None
+                        and sum(stats[k] for k in stats if k.endswith("_documents")) >= max_documents):
                     break
                 f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
                 stats[source] += 1

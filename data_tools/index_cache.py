@@ -176,11 +176,13 @@ def _load(folder: Path) -> Dict[str, np.ndarray]:
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise IndexCacheError(f"index cache file {path} is unreadable ({exc}); delete {folder} to rebuild it") from exc
+            raise IndexCacheError(f"index cache file {path} is unreadable ({exc}); "
+                                  f"delete {folder} to rebuild it") from exc
         if list(array.shape) != meta["shape"] or array.dtype.str != meta["dtype"]:
             raise IndexCacheError(
                 f"index cache file {path} has shape {array.shape} dtype {array.dtype.str}, but "
-                f"{folder / DESCRIPTION_FILE} records {tuple(meta['shape'])} {meta['dtype']}; delete {folder} to rebuild it")
+                f"{folder / DESCRIPTION_FILE} records {tuple(meta['shape'])} {meta['dtype']}; "
+                f"delete {folder} to rebuild it")
         arrays[key] = array
     return arrays
 

@@ -49,7 +49,7 @@ Rows come out ordered by (epoch, start sentence); with ``shuffle`` they are perm
 shuffle_order(N, seed, 3). Columns: start sentence, end sentence (exclusive), target length;
 dtype int32 when S < 2**31 and max_seq_len < 2**31, else int64. A split without any sentence
 gives a [0, 3] array; a split whose documents all have fewer than ``min_num_sent`` (but some)
-sentences raises ValueError (PaddleNLP hung forever there, issue #1921).
+sentences raises ValueError (PaddleNLP hung forever there: its GitHub issue #1921).
 
 Vectorised form used here: per epoch, the eligible documents are sorted by sentence count
 (descending) so that the documents still running at sentence position j form a prefix; one

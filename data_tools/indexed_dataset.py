@@ -93,6 +93,16 @@ def file_identity(path_prefix: Union[str, os.PathLike]) -> dict:
                                   "is not built; run `python -m data_tools.create_pretraining_data`)") from None
 
 
+def _stat_identity(st: os.stat_result) -> Tuple[int, int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def _when(mtime_ns: int) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mtime_ns / 1e9))
+
+
 class MMapIndexedDataset:
     """Read-only view of a `.bin/.idx` pair through memory maps.
 
@@ -152,6 +162,36 @@ class MMapIndexedDataset:
             self._validate(idx, bin_, n_seq, n_doc, bin_size)
         # np.memmap refuses empty files; an empty corpus has nothing to map
         self._bin_map = np.memmap(bin_, dtype=np.uint8, mode="r") if bin_size else np.zeros(0, np.uint8)
+        self._watch_files(idx, bin_)
+
+    # -- the files must not change under a run: a truncated map is SIGBUS, one zeroed in place trains on [PAD]
+    def _watch_files(self, idx: str, bin_: str) -> None:
+        """Keep descriptors of both files and what they were when mapped (size, modification time, inode)."""
+        for name in ("_idx_fd", "_bin_fd"):
+            if getattr(self, name, None) is not None:
+                os.close(getattr(self, name))
+        self._idx_fd, self._bin_fd = os.open(idx, os.O_RDONLY), os.open(bin_, os.O_RDONLY)
+        self._identity = tuple(_stat_identity(os.fstat(fd)) for fd in (self._idx_fd, self._bin_fd))
+
+    def check_unchanged(self) -> None:
+        """IndexedDatasetError when either file changed since it was mapped (`get` calls this first)."""
+        for fd, path, then in zip((self._idx_fd, self._bin_fd), (".idx", ".bin"), self._identity):
+            now = _stat_identity(os.fstat(fd))
+            if now != then:
+                raise IndexedDatasetError(
+                    f"{self.path_prefix}{path} changed while this run was reading it ({then[0]:,} bytes modified at "
+                    f"{_when(then[1])}, now {now[0]:,} bytes modified at {_when(now[1])}): a running job's corpus must "
+                    "not be written. Put the corpus back as it was (or rebuild it and start a new run), then run the "
+                    "same command again: it resumes from the last checkpoint")
+
+    def __del__(self):
+        for name in ("_idx_fd", "_bin_fd"):
+            fd = getattr(self, name, None)
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def _validate(self, idx: str, bin_: str, n_seq: int, n_doc: int, bin_size: int) -> None:
         if n_doc < 1:
@@ -222,15 +262,19 @@ class MMapIndexedDataset:
         if offset < 0 or length < 0 or offset + length > size:
             raise IndexError(f"tokens [{offset}, {offset + length}) out of range for sentence {i} of "
                              f"{size} tokens")
+        self.check_unchanged()
         start = int(self.pointers[i]) + offset * self.dtype.itemsize
         return np.frombuffer(self._bin_map, dtype=self.dtype, count=length, offset=start)
 
     def __getstate__(self):
-        return {"path_prefix": self.path_prefix}
+        return {"path_prefix": self.path_prefix, "identity": self._identity}
 
     def __setstate__(self, state):
-        # validated when first opened; a worker re-open only maps the files
+        # validated when first opened; a worker re-open only maps the files, and checks they are the same
         self._open(state["path_prefix"], validate=False)
+        if state.get("identity") is not None:
+            self._identity = tuple(tuple(x) for x in state["identity"])
+            self.check_unchanged()
 
     def __repr__(self) -> str:
         return (f"MMapIndexedDataset({self.path_prefix!r}: {self.num_docs} documents, {len(self)} sentences, "

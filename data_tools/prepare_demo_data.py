@@ -6,8 +6,9 @@
 4. fine-tuning task files: sentiment classification and word segmentation (sequence labeling);
 
 then print their statistics and one decoded sentence of the corpus. (The sample-index caches are
-built by the first run, or ahead of it with the run's own flags plus `--prebuild_index`.) Every step skips work whose output
-already exists (outputs appear only when complete); `--force` rebuilds everything.
+built by the first run, or ahead of it with the run's own flags plus `--prebuild_index`.) Every step
+skips work whose output already exists (outputs appear only when complete); `--force` rebuilds
+everything.
 
     python -m data_tools.prepare_demo_data --output_dir demo_data
 """

@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import io
 import functools
 import hashlib
 import json
@@ -59,15 +60,21 @@ def bom_problem(vocab_file: PathLike, first_token: str) -> str:
             f"e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' {vocab_file}")
 
 
+VOCAB_MAX_BYTES = 256 << 20  # a vocab.txt larger than this is not a vocabulary (ERNIE's is 90 KB)
+
+
 def load_vocab(vocab_file: PathLike) -> Dict[str, int]:
-    """token -> id from a vocab.txt (id = line number), read as paddlenlp reads it."""
+    """token -> id from a vocab.txt (id = line number), read as paddlenlp reads it; a FIFO, device or
+    oversized file is refused (`data_tools.safe_io`) instead of blocking or filling memory."""
+    from data_tools.safe_io import read_text_bounded
+
     vocab: Dict[str, int] = {}
     try:
-        f = open(vocab_file, encoding="utf-8")
+        text = read_text_bounded(vocab_file, max_bytes=VOCAB_MAX_BYTES, what="vocab file")
     except FileNotFoundError:
         raise FileNotFoundError(f"vocab file {vocab_file} not found; build one with "
                                 "`python -m data_tools.build_vocab`") from None
-    with f:
+    with io.StringIO(text, newline=None) as f:  # universal newlines, as open() in text mode reads
         for i, line in enumerate(f):
             token = line.rstrip("\n")
             if i == 0 and token.startswith(BOM):
@@ -696,8 +703,9 @@ class _JiebaModel:
         self.hash_keys, self.hash_values = arrays["hash_keys"], arrays["hash_values"]
         self.hash_bits = int(len(self.hash_keys)).bit_length() - 1
         long_text = np.asarray(arrays["long_words"]).tobytes().decode("utf-8")
-        self.long: Dict[str, Optional[float]] = dict(zip(long_text.split("\n") if long_text else [],
-                                                          [None if v != v else v for v in arrays["long_values"].tolist()]))
+        self.long: Dict[str, Optional[float]] = dict(zip(
+            long_text.split("\n") if long_text else [],
+            [None if v != v else v for v in arrays["long_values"].tolist()]))
         self.fallback = float(arrays["fallback"])
         self.hmm_start = tuple(arrays["hmm_start"].tolist())
         self.hmm_trans = tuple(arrays["hmm_trans"].tolist())

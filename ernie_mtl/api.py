@@ -51,12 +51,23 @@ __all__ = ["CheckpointError", "Callback", "ConfigError", "PrebuildResult", "RunC
            "register_callback", "register_task_type", "train"]
 
 
-def load_config(source: ConfigSource = None, *, base_dir: Optional[os.PathLike] = None, world_size: Optional[int] = None,
+def load_config(source: ConfigSource = None, *, base_dir: Optional[os.PathLike] = None,
+                world_size: Optional[int] = None,
                 tasks: Optional[Mapping[str, Mapping[str, Any]]] = None, **flags: Any) -> RunConfig:
     """A validated RunConfig from `source` and `flags` (see the module docstring); ConfigError lists
     every problem, as the command line does."""
     from ernie_mtl.config.cli import parse_config
+    from ernie_mtl.dist.compat import require_supported_paddle
 
+    try:
+        require_supported_paddle()
+    except UserError as e:
+        raise ConfigError([str(e)]) from None
+    if "config" in flags:  # train(config={...}) / train(config="run.yaml"): the configuration, by keyword
+        if source is not None:
+            raise ConfigError(["the configuration is given twice: as the first argument and as config=; give one"])
+        source = flags.pop("config")
+    _check_source(source)
     if isinstance(source, RunConfig):
         if flags or tasks:
             raise ConfigError(["a RunConfig is already resolved: pass flags to load_config() when building it"])
@@ -76,6 +87,21 @@ def load_config(source: ConfigSource = None, *, base_dir: Optional[os.PathLike] 
     with _static_mode_restored():
         return parse_config(argv, hooks=HOOKS, world_size=world_size, config=mapping,
                             config_dir=os.fspath(base_dir) if base_dir is not None else None)
+
+
+def _check_source(source: Any) -> None:
+    """A configuration of a kind `load_config` takes, or a ConfigError naming what was given."""
+    if source is None or isinstance(source, (str, os.PathLike, Mapping, RunConfig)):
+        return
+    if isinstance(source, (list, tuple)):
+        bad = [a for a in source if not isinstance(a, (str, os.PathLike, int, float))]
+        if not bad:
+            return
+        raise ConfigError([f"the configuration {source!r} is a list, so it must hold command-line arguments (strings), "
+                           f"not {type(bad[0]).__name__} {bad[0]!r}"])
+    raise ConfigError([f"the configuration {source!r} ({type(source).__name__}) is none of what train/plan/prebuild "
+                       "take: a YAML path, a mapping of flags and multi-task keys (tasks inline under tasks:), a list "
+                       "of command-line arguments, or a RunConfig from ernie_mtl.load_config()"])
 
 
 def train(source: ConfigSource = None, *, callbacks: Sequence[Callback] = (), watch_peers: bool = False,
@@ -115,7 +141,8 @@ def plan(source: ConfigSource = None, *, world_size: Optional[int] = None, **fla
 
 
 def evaluate(output_dir: os.PathLike, task: str, eval_file: os.PathLike, *, checkpoint: Optional[os.PathLike] = None,
-             eval_output: Optional[os.PathLike] = None, device: str = "cpu", cpu_kernels: str = "auto") -> Dict[str, Any]:
+             eval_output: Optional[os.PathLike] = None, device: str = "cpu",
+             cpu_kernels: str = "auto") -> Dict[str, Any]:
     """Metrics of `task` on the labelled `eval_file`: its exported model in `output_dir`, or the
     weights of `checkpoint` (a model_last / model_<step> / best_<task> folder). Returns the report
     (task, source, step, examples, metrics) also written to `eval_output` (default

@@ -23,7 +23,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     (ernie_mtl/dist/console.py), and the orphan guard (a rank whose launcher died exits:
     ernie_mtl/dist/watchdog.py). These are the process's business, so they live here, not in the
     engine."""
-    from ernie_mtl.dist import console, process, threads, watchdog
+    from ernie_mtl.dist import console, preemption, process, threads, watchdog
 
     argv = list(sys.argv[1:] if argv is None else argv)
     device = threads.device_hint(argv)
@@ -36,11 +36,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         pass
     console.quiet_framework(debug=console.debug_requested(argv))  # imports paddle, without its chatter
     console.quiet_fleet_loggers()
+    preemption.guard()  # a signal before or after the loop stops cleanly, not in Paddle's C++ handler
     watchdog.install_orphan_guard()
-    code = run_cli(PROG, lambda: _main(argv, notes))
+    code = run_command(argv, notes)
     if process.ProcessInfo.from_env().world_size > 1:
         watchdog.leave(code)
     return code
+
+
+def run_command(argv: Sequence[str], notes: Sequence[str] = ()) -> int:
+    """The command itself, once `main` has set the process up: parse, then one engine function; a user
+    error becomes `run_multitask_static.py: error: ...` and exit status 2 (tests run it in-process)."""
+    return run_cli(PROG, lambda: _checked(argv, notes))
+
+
+def _checked(argv: Sequence[str], notes: Sequence[str]) -> int:
+    from ernie_mtl.dist.compat import require_supported_paddle
+
+    require_supported_paddle()  # before any program is built: a Paddle 3 fails deep inside, or segfaults
+    return _main(argv, notes)
 
 
 def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
@@ -50,9 +64,11 @@ def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
     from ernie_mtl.dist import preemption, watchdog
     from ernie_mtl.engine import run
     from ernie_mtl.engine.anomaly import EXIT_ANOMALY, AnomalyStop
+    from ernie_mtl.engine.feeding import EXIT_WORKER_LOST, DataWorkerLost
     from ernie_mtl.engine.validate import parse
 
     cfg = parse(argv)
+    preemption.guard_again()  # paddlenlp's import (model and tokenizer classes) reset SIGTERM to its default
     t = cfg.train
     if t.do_predict:
         run.predict(cfg)
@@ -74,6 +90,9 @@ def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
             watchdog.finish()
             print(f"run_multitask_static.py: {e}", file=sys.stderr)
             return EXIT_ANOMALY
+        except DataWorkerLost as e:  # not the configuration's fault: one message, no traceback, a status to retry on
+            print(f"run_multitask_static.py: error: {e}", file=sys.stderr)
+            return EXIT_WORKER_LOST
         watchdog.finish()  # this rank completed: its peers stop watching it
     return 0
 

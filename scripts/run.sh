@@ -32,6 +32,13 @@
 #                            from the newest intact checkpoint (python -m ernie_mtl.dist.supervisor:
 #                            doubling backoff, never after a user error or a preemption; default 0)
 #   DRY_RUN=1                print the command and exit without running it
+#   KEEP_ENV                 variables to pass to the processes although their names look secret, e.g.
+#                            KEEP_ENV=WANDB_API_KEY,HF_TOKEN (see "Secrets" below)
+# Secrets: paddle.distributed.launch writes the whole environment of every process into LOG_DIR
+# (envlog.N, backup_env.N.json, default.*.log), often on shared storage. This script starts it without
+# the variables whose names look secret (containing TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL, AUTH,
+# COOKIE, SESSION, PRIVATE or KEY, except PADDLE_*, FLAGS_*, NCCL_*, CUDA_*, ERNIE_MTL_*, OMP_*, MKL_*),
+# names what it left out, and creates LOG_DIR readable by you only.
 # OMP_NUM_THREADS/MKL_NUM_THREADS: a value you set is kept; otherwise they are decided for this node
 # by `python -m ernie_mtl.dist.threads` (cores / processes per node) and printed before the command.
 # PORT_RANGE: a value you set (LOW:HIGH, 1 <= LOW < HIGH <= 65535, at least processes + 2 ports) is
@@ -270,12 +277,26 @@ quoted=()
 for arg in "${cmd[@]}"; do
     if [[ "$arg" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then quoted+=("$arg"); else quoted+=("'${arg//\'/\'\\\'\'}'"); fi
 done
+# --- secrets stay out of LOG_DIR (see "Secrets" above): names that look secret are not passed on
+keep=",${KEEP_ENV:-},"
+withheld=()
+while IFS='=' read -r name _; do
+    [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || continue
+    [[ "$name" =~ ^(PADDLE_|FLAGS_|NCCL_|CUDA_|ERNIE_MTL_|OMP_|MKL_) ]] && continue
+    [[ "${name^^}" =~ (TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|KEY) ]] || continue
+    [[ "$keep" == *",$name,"* ]] && continue
+    withheld+=("$name")
+done < <(env)
+
 [[ -z "$threads_export" ]] || echo "+ $threads_export"
 [[ -z "$ports_export" ]] || echo "+ $ports_export"
+[[ ${#withheld[@]} -eq 0 ]] || echo "+ unset ${withheld[*]}   # secret-looking names: the launcher writes the environment into $LOG_DIR (KEEP_ENV=NAME,... passes one on)"
 echo "+ ${quoted[*]}"
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
     exit 0
 fi
 [[ -z "$threads_export" ]] || eval "$threads_export"
 [[ -z "$ports_export" ]] || eval "$ports_export"
+for name in ${withheld[@]+"${withheld[@]}"}; do unset "$name"; done
+(umask 077 && mkdir -p "$LOG_DIR") && chmod 700 "$LOG_DIR" 2>/dev/null || true
 exec "${cmd[@]}"

@@ -80,10 +80,11 @@ def job(tmp_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that launch several processes, pick ports or measure time bounds get the `exclusive`
-    marker: `make test` runs them alone, after the others (which share the cores through xdist).
-    A module says which with `EXCLUSIVE`: True (all its tests), or names that are matched against a
-    test's id (a substring) and its fixtures (e.g. a fixture that launches two ranks)."""
+    """Tests that launch several processes, pick ports or measure memory get the `exclusive` marker:
+    `make test` runs them alone, after the others (which share the cores through xdist). A module
+    says which with `EXCLUSIVE`, per test: names matched against a test's id (a substring) and its
+    fixtures (e.g. a fixture that launches two ranks); True only where every test of the module
+    launches (tests/unit/test_suite_layout.py checks that every name matches something)."""
     for item in items:
         flag = getattr(item.module, "EXCLUSIVE", False)
         if flag is True or (flag and any(n in item.name or n in item.fixturenames for n in flag)):

@@ -90,7 +90,8 @@ class PretrainingPrograms:
     def feed_names(self):
         return [s.name for s in self.programs.fwd.feeds]
 
-    def feed(self, batch: Mapping[str, np.ndarray], step: int = 0, slot: int = 0, seed: int = 1) -> Dict[str, np.ndarray]:
+    def feed(self, batch: Mapping[str, np.ndarray], step: int = 0, slot: int = 0,
+             seed: int = 1) -> Dict[str, np.ndarray]:
         """The program's feed of a pretraining batch (unprefixed names, as collate_pretrain makes)."""
         from ernie_mtl.program.forward import make_feed
         from ernie_mtl.program.randomness import DROPOUT_SEEDS, draw_dropout_seeds
@@ -164,12 +165,15 @@ def params(programs, scope):
 # -- end-to-end runs -------------------------------------------------------------------------------------
 def with_hooks(argv, env):
     """The test-only callbacks (tests/plugins/test_hooks.py) when the environment asks for them."""
-    names = [n for n, var in (("kill_at_step", "ERNIE_MTL_TEST_KILL_AT_STEP"), ("dump_state", "ERNIE_MTL_TEST_DUMP_DIR"),
-                              ("eval_at_start", "ERNIE_MTL_TEST_EVAL_AT_START"), ("record_slots", "ERNIE_MTL_TEST_SLOTS"),
+    names = [n for n, var in (("kill_at_step", "ERNIE_MTL_TEST_KILL_AT_STEP"),
+                              ("dump_state", "ERNIE_MTL_TEST_DUMP_DIR"),
+                              ("eval_at_start", "ERNIE_MTL_TEST_EVAL_AT_START"),
+                              ("record_slots", "ERNIE_MTL_TEST_SLOTS"),
                               ("signal_at_step", "ERNIE_MTL_TEST_SIGNAL_AT_STEP"),
                               ("kill_once", "ERNIE_MTL_TEST_KILL_ONCE_MARKER"),
                               ("sleep_on_rank", "ERNIE_MTL_TEST_SLEEP_RANK"),
-                              ("poison_step", "ERNIE_MTL_TEST_POISON_STEP"))
+                              ("poison_step", "ERNIE_MTL_TEST_POISON_STEP"), ("pause_at", "ERNIE_MTL_TEST_PAUSE_AT"),
+                              ("disturb_data", "ERNIE_MTL_TEST_DISTURB"))
              if (env or {}).get(var)]
     return list(argv) + (["--plugins", HOOKS, "--callbacks", ",".join(names)] if names else [])
 
@@ -228,7 +232,8 @@ def state(prefix) -> Dict[str, np.ndarray]:
     out = {}
     for ext in (".pdparams", ".pdopt"):
         with open(f"{prefix}{ext}", "rb") as f:
-            out.update({k: np.asarray(v) for k, v in pickle.load(f).items() if not k.startswith("StructuredToParameter")})
+            out.update({k: np.asarray(v) for k, v in pickle.load(f).items()
+                        if not k.startswith("StructuredToParameter")})
     return out
 
 
@@ -565,7 +570,8 @@ def write_topic_lm_tasks(root: Path, rng, chars, *, rows: int, width: int, batch
 
 # -- the golden runs (tests/e2e/test_golden.py), also the reference of the Python API's runs ---------------
 GOLDEN_CHARS = [chr(0x4E00 + i) for i in range(80)]
-GOLDEN_COMMON = ["--device", "cpu", "--model_name_or_path", "ernie-tiny-test", "--vocab_size", str(5 + len(GOLDEN_CHARS)),
+GOLDEN_COMMON = ["--device", "cpu", "--model_name_or_path", "ernie-tiny-test", "--vocab_size",
+                 str(5 + len(GOLDEN_CHARS)),
                  "--num_workers", "0", "--logging_freq", "1", "--eval_freq", "1000", "--checkpoint_steps", "1000",
                  "--save_steps", "1000", "--hidden_dropout_prob", "0.1", "--attention_probs_dropout_prob", "0.1",
                  "--max_lr", "5e-3", "--min_lr", "1e-4", "--warmup_rate", "0.2", "--seed", "7",

@@ -41,6 +41,9 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from data_tools.safe_io import loads_json_bounded
+from ernie_mtl.checkpoint.errors import CheckpointError
+
 FORMAT = "portable"
 TENSORS = "tensors"
 RUN_GROUP = "@run"  # run-level variables (AMP loss scaling)
@@ -50,8 +53,11 @@ _DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int64": "I64",
 _NUMPY = {v: k for k, v in _DTYPES.items()}
 
 
-class PortableError(ValueError):
-    """A file of the portable format is not what it should be (the message names it)."""
+MAX_HEADER = 100 << 20  # the safetensors specification's bound on the JSON header
+
+
+class PortableError(CheckpointError):
+    """A file of the portable format is not what it should be (the message names it and the defect)."""
 
 
 def group_of(key: str, parameters: Iterable[str]) -> str:
@@ -95,7 +101,8 @@ def write_file(path: os.PathLike, tensors: Mapping[str, np.ndarray], *, metadata
             raise PortableError(f"{key}: dtype {dtype} has no safetensors code")
         if array.dtype.byteorder == ">":
             array = array.astype(array.dtype.newbyteorder("<"))
-        header[key] = {"dtype": _DTYPES[dtype], "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        header[key] = {"dtype": _DTYPES[dtype], "shape": list(array.shape),
+                       "data_offsets": [offset, offset + array.nbytes]}
         offset += array.nbytes
         arrays.append(array)
     if metadata:
@@ -119,26 +126,57 @@ def write_file(path: os.PathLike, tensors: Mapping[str, np.ndarray], *, metadata
 
 
 def read_header(path: os.PathLike) -> Tuple[Dict[str, dict], int]:
-    """(header without __metadata__, offset of the data) of a safetensors file; PortableError if damaged."""
+    """(header without __metadata__, offset of the data) of a safetensors file, every entry checked: a
+    known dtype, a shape of non-negative integers, data offsets inside the file that hold exactly the
+    shape's bytes. PortableError naming the file and the defect otherwise (a garbage header whose
+    checksums were recomputed is still refused, before any tensor is read)."""
     path = Path(path)
     try:
+        size = path.stat().st_size
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) != 8:
                 raise PortableError(f"{path}: shorter than a safetensors header")
             (n,) = struct.unpack("<Q", head)
-            size = path.stat().st_size
-            if n > size - 8:
-                raise PortableError(f"{path}: header length {n} beyond the file's {size} bytes")
-            header = json.loads(f.read(n).decode("utf-8"))
+            if n > size - 8 or n > MAX_HEADER:
+                raise PortableError(f"{path}: header length {n} beyond the file's {size} bytes (or the format's "
+                                    f"{MAX_HEADER} bytes)")
+            header = loads_json_bounded(f.read(n).decode("utf-8"), source=f"{path}'s header")
     except (UnicodeDecodeError, ValueError) as e:
         if isinstance(e, PortableError):
             raise
-        raise PortableError(f"{path}: damaged safetensors header ({e})") from None
+        raise PortableError(f"{path}: damaged safetensors header ({str(e)[:200]})") from None
     if not isinstance(header, dict):
-        raise PortableError(f"{path}: its header is not a JSON object")
+        raise PortableError(f"{path}: damaged safetensors header (not a JSON object)")
     header.pop("__metadata__", None)
+    data_size = size - 8 - n
+    for key, entry in header.items():
+        why = _entry_problem(entry, data_size)
+        if why:
+            raise PortableError(f"{path}: damaged safetensors header: tensor {key!r} {why}")
     return header, 8 + n
+
+
+def _entry_problem(entry, data_size: int) -> str:
+    """What is wrong with one header entry ('' when nothing)."""
+    if not isinstance(entry, dict):
+        return f"is described by {type(entry).__name__}, not an object"
+    dtype = entry.get("dtype")
+    if dtype not in _NUMPY:
+        return f"has the unknown dtype {dtype!r}"
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        return f"has the shape {shape!r:.80}, not a list of non-negative integers"
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and not isinstance(o, bool)
+                                                                      for o in offsets)):
+        return f"has the data offsets {offsets!r:.80}, not [begin, end]"
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_size:
+        return f"has its bytes at {begin}..{end}, outside the file's {data_size} bytes of data (truncated?)"
+    expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(_NUMPY[dtype]).itemsize
+    if end - begin != expected:
+        return f"has {end - begin} bytes for the shape {shape} of {dtype} ({expected} bytes)"
+    return ""
 
 
 def read_file(path: os.PathLike, keys: Optional[Iterable[str]] = None) -> Dict[str, np.ndarray]:
@@ -155,15 +193,11 @@ def read_file(path: os.PathLike, keys: Optional[Iterable[str]] = None) -> Dict[s
             for key in sorted(wanted):
                 entry = header[key]
                 begin, end = entry["data_offsets"]
-                dtype = np.dtype(_NUMPY.get(entry.get("dtype"), "")) if entry.get("dtype") in _NUMPY else None
-                if dtype is None:
-                    raise PortableError(f"{path}: {key} has an unknown dtype {entry.get('dtype')!r}")
-                shape = tuple(entry["shape"])
-                if start + end > size or end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
-                    raise PortableError(f"{path}: {key}'s bytes {begin}..{end} do not fit its shape {list(shape)} "
-                                        "or the file (truncated?)")
+                dtype = np.dtype(_NUMPY[entry["dtype"]])
+                if start + end > size:
+                    raise PortableError(f"{path}: {key}'s bytes {begin}..{end} are beyond the file (truncated?)")
                 out[key] = np.frombuffer(data, dtype=dtype.newbyteorder("<"), count=(end - begin) // dtype.itemsize,
-                                         offset=start + begin).reshape(shape).astype(dtype, copy=True)
+                                         offset=start + begin).reshape(tuple(entry["shape"])).astype(dtype, copy=True)
         finally:
             if size:
                 data.close()
@@ -174,14 +208,45 @@ def tensor_files(checkpoint: os.PathLike) -> List[Path]:
     return sorted((Path(checkpoint) / TENSORS).glob(f"*{SUFFIX}"))
 
 
-def read_tensors(checkpoint: os.PathLike, keys: Optional[Iterable[str]] = None) -> Dict[str, np.ndarray]:
+def read_tensors(checkpoint: os.PathLike, keys: Optional[Iterable[str]] = None, *,
+                 name_map: Optional[Mapping[str, str]] = None) -> Dict[str, np.ndarray]:
     """Every tensor of a portable checkpoint by structured key (or the `keys` among them). Verify the
-    checkpoint first (the store's `verify_files`)."""
+    checkpoint first (the store's `verify_files`: it also refuses tensor files the checkpoint does not
+    list). With the checkpoint's `name_map`, keys come back under the canonical name of their variable
+    (a file written under another alias of it reads the same), and a key found in another variable's file
+    is refused; a key in two files is refused either way."""
+    from ernie_mtl.checkpoint.reshard import canonical_names
+
+    canon = canonical_names(name_map) if name_map else {}
+    every = set(canon)
     wanted = None if keys is None else set(keys)
     out: Dict[str, np.ndarray] = {}
+    seen: Dict[str, Path] = {}
     for file in tensor_files(checkpoint):
-        out.update(read_file(file, wanted))
-    return out
+        stem = file.name[:-len(SUFFIX)]
+        got = read_file(file)
+        if canon:
+            renamed = {}
+            for key, array in got.items():
+                group = group_of(key, every)
+                if canon.get(group, group) != canon.get(stem, stem):
+                    raise PortableError(f"{file} holds {key!r}, which belongs to {group!r}'s file, not {stem!r}'s: "
+                                        "the tensor files were edited or mixed up")
+                renamed[canon[group] + key[len(group):] if group in canon else key] = array
+            got = renamed
+        twice = sorted(set(got) & set(out))
+        if twice:
+            raise PortableError(f"{twice[0]!r} is in both {seen[twice[0]]} and {file}: the tensor files were edited "
+                                "or mixed up")
+        seen.update({k: file for k in got})
+        out.update(got)
+    if canon:  # every variable of the name map has its tensor: a file removed (and unlisted) is damage
+        absent = sorted(set(canon.values()) - set(out))
+        if absent:
+            raise PortableError(f"{checkpoint} lacks the tensors of {len(absent)} variable(s) its name map lists "
+                                f"({', '.join(absent[:3])}{' ...' if len(absent) > 3 else ''}): a tensor file is "
+                                f"missing from {Path(checkpoint) / TENSORS}; the checkpoint is damaged")
+    return out if wanted is None else {k: v for k, v in out.items() if k in wanted}
 
 
 def describe(checkpoint: os.PathLike) -> List[str]:
@@ -217,22 +282,28 @@ def grouped(state: Mapping[str, np.ndarray], parameters: Iterable[str]) -> Dict[
 
 # -- offline: converting, inspecting, averaging (ernie-mtl-reshard) ---------------------------------------------
 def _write_checkpoint(out: os.PathLike, raw: Mapping, state: Mapping[str, np.ndarray], *, overwrite: bool,
-                      **fields) -> Path:
+                      inputs: Sequence[os.PathLike] = (), **fields) -> Path:
     """A complete portable checkpoint folder `out` from train state `raw` and structured `state`:
     written in a hidden temporary folder (tensor files, the writer's record, train_state.json last)
-    and renamed into place; an existing `out` is refused unless `overwrite`."""
+    and renamed into place; an existing `out` is refused unless `overwrite`, and never replaced when it is
+    one of `inputs` (or inside one), a resumable checkpoint or a run's output folder (`output_problem`).
+    A write that fails (a full disk) names `out` and leaves nothing behind."""
     import shutil
 
+    from data_tools.cli_utils import write_error
     from ernie_mtl.checkpoint.io import fsync_dir, replace_dir, write_json_atomic
     from ernie_mtl.checkpoint.layout import KEPT, STATE_DIR, SUMS, TRAIN_STATE
     from ernie_mtl.checkpoint.reshard import aliases
-    from ernie_mtl.checkpoint.store import CheckpointError
+    from ernie_mtl.checkpoint.store import output_problem
 
     out = Path(out)
     kept = KEPT.match(out.name)
     if kept and int(kept.group(1)) != int(raw["step"]):
         raise CheckpointError(f"{out}: a folder named model_<step> must hold that step; this checkpoint is at step "
                               f"{raw['step']} (name it model_{raw['step']}, or anything not model_<number>)")
+    problem = output_problem(out, inputs, flag="--output")
+    if problem:
+        raise CheckpointError(problem)
     if out.exists() and not overwrite:
         raise CheckpointError(f"{out} exists; choose another --output or pass --overwrite to replace it")
     tmp = out.with_name(f".{out.name}.tmp")
@@ -245,6 +316,10 @@ def _write_checkpoint(out: os.PathLike, raw: Mapping, state: Mapping[str, np.nda
                                               "state_format": FORMAT, "files": files})
         fsync_dir(tmp)
         replace_dir(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = f" ({out} is as it was)" if out.exists() else ""
+        raise CheckpointError(str(write_error(e, str(out), f"nothing was written{kept}"))) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -259,7 +334,7 @@ def convert_checkpoint(source: os.PathLike, out: os.PathLike, *, overwrite: bool
     raw = read_train_state_file(source)
     verify_files(source, raw)
     state = structured_state_of(source, raw)
-    return _write_checkpoint(out, raw, state, overwrite=overwrite), len(state)
+    return _write_checkpoint(out, raw, state, overwrite=overwrite, inputs=[source]), len(state)
 
 
 def average_checkpoints(sources: Sequence[os.PathLike], out: os.PathLike, *, overwrite: bool = False
@@ -273,6 +348,11 @@ def average_checkpoints(sources: Sequence[os.PathLike], out: os.PathLike, *, ove
 
     if len(sources) < 2:
         raise CheckpointError("--average needs at least two checkpoints")
+    from ernie_mtl.checkpoint.store import output_problem
+
+    problem = output_problem(out, sources, flag="--output")  # before reading gigabytes of inputs
+    if problem:
+        raise CheckpointError(problem)
     weights: List[Dict[str, np.ndarray]] = []
     raws = []
     for source in sources:
@@ -297,4 +377,4 @@ def average_checkpoints(sources: Sequence[os.PathLike], out: os.PathLike, *, ove
                                   "of one model")
     mean = {k: (sum(w[k].astype(np.float64) for w in weights) / len(weights)).astype(first[k].dtype) for k in first}
     note = {"weights_only": True, "averaged_from": [f"{Path(s)} (step {r['step']})" for s, r in zip(sources, raws)]}
-    return _write_checkpoint(out, raws[-1], mean, overwrite=overwrite, **note), len(mean)
+    return _write_checkpoint(out, raws[-1], mean, overwrite=overwrite, inputs=sources, **note), len(mean)

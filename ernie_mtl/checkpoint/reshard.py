@@ -65,11 +65,20 @@ class DamagedTopology(ReshardError):
 
 # -- names ---------------------------------------------------------------------------------------------
 def aliases(name_map: Mapping[str, str]) -> Dict[str, List[str]]:
-    """static name -> its structured names, in the name map's order (the first is the canonical one)."""
+    """static name -> its structured names, sorted: the first is the canonical one. Sorted, not in the
+    name map's order: train_state.json stores the map with sorted keys, so the live map (the trainer's)
+    and a saved one (the offline tools') listed `decoder_bias` and `decoder.bias` of one variable in
+    opposite orders, and a portable checkpoint written by training was named otherwise than one written by
+    ernie-mtl-reshard ("not the same model")."""
     out: Dict[str, List[str]] = {}
     for structured, static in name_map.items():
         out.setdefault(static, []).append(structured)
-    return out
+    return {static: sorted(names) for static, names in out.items()}
+
+
+def canonical_names(name_map: Mapping[str, str]) -> Dict[str, str]:
+    """Every structured name of `name_map` -> the canonical name of its variable (`aliases`)."""
+    return {alias: names[0] for names in aliases(name_map).values() for alias in names}
 
 
 def split_name(name: str, params: Iterable[str]) -> Optional[Tuple[str, str]]:
@@ -293,7 +302,7 @@ def decide(raw: Mapping[str, Any], now: Mapping[str, Any], *, flag_mode: bool,
             c.notes.append("exact: the same samples in the same optimizer steps, with the same dropout masks; float "
                            "results equal the uninterrupted run's bitwise when a step's micro-batch gradients are "
                            "summed in the same order (2 processes <-> 1 process with accumulation 2), else within "
-                           "float32 rounding (README, 'Changing the cluster')")
+                           "float32 rounding (docs/checkpoints.md, 'Changing the cluster')")
         else:
             c.notes.append(f"micro batch {saved['micro_batch_size']} -> {now['micro_batch_size']}: the same samples in "
                            "the same optimizer steps, but a dropout op now draws one mask for a tensor of another "
@@ -322,7 +331,8 @@ def batch_change_refusal(saved: Mapping[str, Any], now: Mapping[str, Any], *, fl
     if flag_mode:
         g, micro = int(saved["global_batch_size"]), int(now["micro_batch_size"])
         what = f"global batch {saved['global_batch_size']} samples per step vs {now['global_batch_size']} now"
-        keep = [m for m in (micro, *(micro // d for d in (2, 4, 8) if micro % d == 0)) if m >= 1 and g % (m * world) == 0]
+        keep = [m for m in (micro, *(micro // d for d in (2, 4, 8) if micro % d == 0))
+                if m >= 1 and g % (m * world) == 0]
         fix = (f"keep --global_batch_size {g} (micro batch x {world} data-parallel ranks x accumulation: e.g. "
                f"--micro_batch_size {keep[0]} gives accumulation {g // (keep[0] * world)})" if keep else
                f"keep --global_batch_size {g} with a --micro_batch_size that divides {g // world} "

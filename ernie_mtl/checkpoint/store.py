@@ -41,18 +41,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from data_tools.cli_utils import UserError
+from ernie_mtl.checkpoint.errors import CheckpointError  # noqa: F401  (re-exported: the package's error)
 from ernie_mtl.checkpoint.io import fsync_dir as _fsync_dir, sha1_of, write_json_atomic as _write_json_atomic
-from ernie_mtl.checkpoint.layout import (KEPT, LAST_BACKUP, STATE_DIR, SUMS, TRAIN_STATE, is_complete,  # noqa: F401
-                                         state_prefix)
+from ernie_mtl.checkpoint.layout import (KEPT, LAST, LAST_BACKUP, STATE_DIR, SUMS, TRAIN_STATE, is_complete,  # noqa: F401
+                                         kept_name, state_prefix)
 
 _KEPT = KEPT
 _BACKUP = LAST_BACKUP
 _FORMAT = 2  # 1: no file checksums (read, without the integrity check)
-
-
-class CheckpointError(UserError):
-    """A checkpoint cannot be written, found or resumed from (the message says which and why)."""
 
 
 @dataclass
@@ -159,7 +155,8 @@ def state_problems(raw: Mapping, folder_name: str = "") -> List[str]:
         base = [0, 0]
     if _is_int(position, per_step) and per_step > 0 and position != base[0] + (step - base[1]) * per_step:
         problems.append(f"step {step} disagrees with sampler.position {position} (micro-batches drawn: {per_step} "
-                        f"per optimizer step" + (f" from position {base[0]} at step {base[1]}" if base != [0, 0] else "")
+                        f"per optimizer step"
+                        + (f" from position {base[0]} at step {base[1]}" if base != [0, 0] else "")
                         + ")")
     if not (isinstance(counts, list) and _is_int(*counts) and _is_int(position)):
         return problems
@@ -185,8 +182,12 @@ def check_differences(raw: Mapping[str, Any], check: Mapping[str, Any], *, free:
 
 def resume_refusal(path: os.PathLike, diffs: Sequence[str]) -> str:
     """The refusal of a resume whose settings differ from the checkpoint's (`check_differences`)."""
+    longer = any(d.startswith(("max_steps:", "total_steps:")) for d in diffs)
+    hint = (" A run's length is part of its schedule (the learning-rate decay, the data each step reads): to train "
+            f"on from these weights, start a new run with --init_from {path} --init_optimizer and another "
+            "--output_dir." if longer else "")
     return (f"cannot resume exactly from {path}: " + "; ".join(diffs) +
-            ". Restore those settings, or start a fresh run with another --output_dir or --resume none.")
+            ". Restore those settings, or start a fresh run with another --output_dir or --resume none." + hint)
 
 
 def read_train_state(path: Path) -> Optional[TrainState]:
@@ -208,6 +209,14 @@ def verify_files(path: os.PathLike, raw: Optional[Mapping] = None, *, ranks: Opt
         raise CheckpointError(f"{path / TRAIN_STATE} is damaged: no file list")
     world = int(raw.get("world_size", 1))
     wanted = ranks if ranks is not None else (list(range(world)) if raw.get("per_rank_state") else [0])
+    fmt = raw.get("state_format", "paddle")
+    if fmt not in STATE_FORMATS:
+        raise CheckpointError(f"{path / TRAIN_STATE} is damaged: state_format {fmt!r} is none of {list(STATE_FORMATS)} "
+                              "(the trainer writes one of them)")
+    if not is_portable(raw) and (path / "tensors").is_dir() and not any((path / STATE_DIR).glob("rank_*.pdparams")):
+        raise CheckpointError(f"{path / TRAIN_STATE} is damaged: it says the Paddle format, but the folder holds "
+                              "tensors/ and no state/rank_<r>.pdparams, the files of the portable format (its "
+                              "state_format was edited)")
     if is_portable(raw):
         wanted = []  # files named by tensor, not by rank: `files` and the ranks' records cover them
         if isinstance(files, dict):
@@ -248,6 +257,13 @@ def _check_portable_records(path: Path, files: Mapping[str, Any]) -> None:
         if not isinstance(mine, dict):
             raise CheckpointError(f"{sums} is damaged (not a JSON object)")
         recorded.update(mine)
+    on_disk = {f"{TENSORS}/{p.name}" for p in (path / TENSORS).glob("*")} if (path / TENSORS).is_dir() else set()
+    extra = sorted(on_disk - set(files))
+    if extra:
+        raise CheckpointError(f"{path / extra[0]} is not listed in {path / TRAIN_STATE}"
+                              f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}: the checkpoint's save did "
+                              "not write it, and its tensors would be loaded with the others; remove it (or resume "
+                              "another checkpoint)")
     if recorded != dict(files):
         differ = sorted(rel for rel in set(recorded) | set(files) if recorded.get(rel) != files.get(rel))
         raise CheckpointError(f"the ranks' records in {path / STATE_DIR} disagree with {path / TRAIN_STATE} about "
@@ -358,6 +374,33 @@ def existing_outputs(output_dir: os.PathLike) -> List[Path]:
                   and _looks_like_checkpoint(p))
 
 
+def output_problem(out: os.PathLike, inputs: Sequence[os.PathLike], *, flag: str) -> Optional[str]:
+    """Why an offline tool (ernie-mtl-reshard, static_to_dynamic.py) must not write `out`, even with
+    --overwrite, or None: it is one of its `inputs`, inside one or holds one; it is a checkpoint a run can
+    resume (a weights-only average may be replaced); or it holds such checkpoints (a run's output folder)."""
+    target = Path(out).resolve()
+    for source in inputs:
+        src = Path(source).resolve()
+        if target == src or src in target.parents or target in src.parents:
+            relation = "is" if target == src else ("is inside" if src in target.parents else "holds")
+            return (f"{flag} {out} {relation} the input {source}: the output would write over what it is read from; "
+                    f"choose another {flag}")
+    if (target / TRAIN_STATE).is_file():
+        try:
+            raw = read_train_state_file(target)
+        except CheckpointError:
+            raw = {}
+        if not raw.get("weights_only"):
+            return (f"{flag} {out} is a checkpoint a run can resume (step {raw.get('step', '?')}); no tool replaces "
+                    f"one, --overwrite or not: choose another {flag} (or delete it yourself if it is no longer "
+                    "needed)")
+    held = existing_outputs(target)
+    if held:
+        return (f"{flag} {out} holds the checkpoints of a run ({', '.join(p.name for p in held[:4])}"
+                f"{' ...' if len(held) > 4 else ''}); no tool replaces them: choose another {flag}")
+    return None
+
+
 class Checkpointer:
     """Writes and finds checkpoints; owns the layout, the integrity checks and the retention policy.
 
@@ -375,7 +418,8 @@ class Checkpointer:
                  log: Callable[[str], None] = print,
                  write_state: Optional[Callable[[Dict[str, Any], str], None]] = None,
                  topology: Optional[Mapping[str, Any]] = None, state_format: str = "paddle",
-                 portable_state: Optional[Callable[[Callable[[List[str]], List[str]]], Dict[str, Any]]] = None):
+                 portable_state: Optional[Callable[[Callable[[List[str]], List[str]]], Dict[str, Any]]] = None,
+                 checkpoint_steps: int = 1000, save_steps: int = 10000):
         if keep_last < 1:
             raise ValueError(f"--keep_last {keep_last} must be >= 1 (permanent checkpoints to keep)")
         self.root = Path(output_dir)
@@ -395,6 +439,15 @@ class Checkpointer:
         self.state_format = state_format
         self._portable_state = portable_state
         self.topology = dict(topology) if topology is not None else None  # this run's (Topology.to_dict())
+        self.checkpoint_steps, self.save_steps = checkpoint_steps, save_steps
+        self.saved_at: Dict[str, int] = {}  # name -> the step it was last saved at by this process
+
+    # -- when -------------------------------------------------------------------------------------
+    def due(self, step: int, *, done: bool = False) -> List[str]:
+        """The checkpoints due after optimizer step `step` (`done`: the run's last step): model_last every
+        `checkpoint_steps` steps and at the end, model_<step> every `save_steps` steps."""
+        names = [LAST] if step % self.checkpoint_steps == 0 or done else []
+        return names + ([kept_name(step)] if step % self.save_steps == 0 else [])
 
     # -- writing -------------------------------------------------------------------------
     def save(self, name: str, state: TrainState) -> Path:
@@ -453,6 +506,7 @@ class Checkpointer:
         if self.rank == 0:
             self.log(f"saved checkpoint {final} (step {state.step}) in {time.perf_counter() - began:.2f} s"
                      f"{' (portable format)' if self.state_format == 'portable' else ''}")
+        self.saved_at[name] = state.step
         return final
 
     def _save_portable(self, tmp: Path) -> None:
@@ -658,7 +712,8 @@ def merged_state(path: os.PathLike, *, verify: bool = True) -> Dict[str, Any]:
             from ernie_mtl.checkpoint.portable import read_tensors
             from ernie_mtl.checkpoint.reshard import static_state
 
-            return static_state(read_tensors(path), raw.get("name_map") or {})
+            name_map = raw.get("name_map") or {}
+            return static_state(read_tensors(path, name_map=name_map), name_map)
     merged: Dict[str, Any] = {}
     for file in sorted(folder.glob("rank_*.pdparams")) + sorted(folder.glob("rank_*.pdopt")):
         merged.update(paddle.load(str(file), return_numpy=True))
@@ -700,7 +755,7 @@ def structured_state_of(path: os.PathLike, raw: Mapping[str, Any]) -> Dict[str, 
     if is_portable(raw):
         from ernie_mtl.checkpoint.portable import read_tensors
 
-        return read_tensors(path)
+        return read_tensors(path, name_map=raw.get("name_map") or {})
     return structured_state(merged_state(path, verify=False), raw.get("name_map") or {}, where=str(path))
 
 
@@ -723,5 +778,6 @@ def unreadable_state_file(prefix: os.PathLike) -> Optional[Tuple[Path, str]]:
 def kept_checkpoints(output_dir: os.PathLike) -> List[CheckpointRef]:
     """Permanent checkpoints in step order."""
     root = Path(output_dir)
-    refs = [CheckpointRef(p, int(m.group(1))) for p in root.iterdir() if (m := _KEPT.match(p.name))] if root.is_dir() else []
+    refs = [CheckpointRef(p, int(m.group(1)))
+            for p in root.iterdir() if (m := _KEPT.match(p.name))] if root.is_dir() else []
     return sorted(refs, key=lambda r: r.step)

@@ -32,15 +32,15 @@ from ernie_mtl.config.hooks import ParseHooks
 from ernie_mtl.config.multitask import MTL_DEFAULTS, MTL_KEYS, RUN_WIDE_KEYS, MultiTaskConfig, MultiTaskSetup
 from ernie_mtl.config.run import SLICES, RunConfig
 from ernie_mtl.config.slices import (DataConfig, DEVICES, LOG_LEVELS, OptimConfig, RESUME_WORDS, TrainConfig,
-                                     canonical_cpu_kernels, field_help, parse_cpu_kernels)
+                                     canonical_cpu_kernels, field_help, parse_cpu_kernels, parse_preempt_signals)
 from ernie_mtl.config.task import TaskSpec
 from ernie_mtl.config.values import EXPECTED, NONE_WORDS, coerce, read_yaml, suggest
 
 PROG = "run_multitask_static.py"
 FLAG_MODE_TASK = "pretrain"  # the one task of a flag-mode pretraining run
-CONFIG_MAPPING = "configuration mapping"
-PREEMPT_SIGNALS = ("TERM", "USR1", "USR2", "INT", "HUP")
-ANOMALY_POLICIES = ("skip", "stop", "replay", "none")  # dist/preemption.SIGNAL_NAMES  # how messages name a configuration given as a Python mapping
+CONFIG_MAPPING = "configuration mapping"  # how messages name a configuration given as a Python mapping
+ANOMALY_POLICIES = ("skip", "stop", "replay", "none")
+MAX_WORKERS = 64  # --num_workers: more processes per rank only cost memory
 RUN_WIDE = "mtl"  # pseudo-slice of the run-wide multi-task flags
 # flag name -> (slice name, field type); run-wide multi-task keys -> ("mtl", kind)
 _FLAGS: Dict[str, Tuple[str, Any]] = {
@@ -242,7 +242,8 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, hooks: ParseHooks,
     sources: Dict[str, str] = {}
     setup = None
     if multitask:
-        try:  # every command-line value: flags that are also task keys (max_seq_len, masked_lm_prob, ...) reach the tasks
+        # every command-line value: flags that are also task keys (max_seq_len, masked_lm_prob, ...) reach the tasks
+        try:
             setup = palm.load_multitask_config(
                 config_file, hooks=hooks, data=config, base_dir=config_dir, cli={**mtl_cli, **given}, task_cli=task_cli,
                 flag_names={k for k, (s, _) in _FLAGS.items() if s != RUN_WIDE},
@@ -433,8 +434,14 @@ def _multitask_problems(cfg: RunConfig, arch: Optional[Mapping[str, Any]]) -> Li
 def _vocab_problems(vocab_file: Path, *, need_mask: bool) -> Tuple[Optional[int], List[str]]:
     """(size, problems) of a vocab.txt: readable UTF-8, not empty, with the special tokens the model
     needs ([PAD], [CLS], [SEP], [UNK]; [MASK] for masked-LM and pretraining tasks)."""
+    from data_tools.safe_io import UnsafeFile, read_bytes_bounded
+    from data_tools.tokenization import VOCAB_MAX_BYTES
+
     try:
-        tokens = [line.rstrip("\r\n") for line in vocab_file.read_text(encoding="utf-8").splitlines()]
+        raw = read_bytes_bounded(vocab_file, max_bytes=VOCAB_MAX_BYTES, what="vocab file")
+        tokens = [line.rstrip("\r\n") for line in raw.decode("utf-8").splitlines()]
+    except UnsafeFile as e:
+        return None, [f"--tokenizer_name_or_path {e}; give the vocab.txt the corpus was tokenized with"]
     except UnicodeDecodeError as e:
         return None, [f"--tokenizer_name_or_path {vocab_file}: not UTF-8 text (byte {e.start}); give the vocab.txt "
                       "the corpus was tokenized with"]
@@ -488,7 +495,7 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_
     if data.vocab_file is None:
         problems.append("--tokenizer_name_or_path is required when --model_name_or_path is an architecture name: "
                         "give the vocab.txt the corpus was tokenized with (or its directory)")
-    elif not data.vocab_file.is_file():
+    elif not data.vocab_file.exists():
         problems.append(f"--tokenizer_name_or_path {data.tokenizer_name_or_path}: {data.vocab_file} not found; "
                         "give a vocab.txt or a directory containing one")
     else:
@@ -507,6 +514,11 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_
                             f"vocab_size is {arch['vocab_size']}; pass --vocab_size {vocab_size}")
     if data.num_workers < 0:
         problems.append(f"--num_workers {data.num_workers} must be >= 0 (0 = load in the training process)")
+    elif data.num_workers > MAX_WORKERS:
+        problems.append(f"--num_workers {data.num_workers}: at most {MAX_WORKERS} data-loading processes per rank "
+                        "(each is a process with its own memory; 2-4 keep a GPU fed: docs/performance.md)")
+    if not data.worker_timeout >= 0 or data.worker_timeout == float("inf"):
+        problems.append(f"--worker_timeout {data.worker_timeout} must be a number of seconds >= 0 (0: wait forever)")
     if data.prefetch_factor < 1:
         problems.append(f"--prefetch_factor {data.prefetch_factor} must be >= 1 (micro-batches each worker builds "
                         "ahead; 2 is PyTorch's and PaddleNLP's default)")
@@ -519,11 +531,10 @@ def _train_problems(train: TrainConfig, optim: OptimConfig) -> List[str]:
         value = getattr(train, name)
         if value < 1:
             problems.append(f"--{name} {value} must be >= 1")
-    names = [s.strip().upper().removeprefix("SIG") for s in train.preempt_signals.split(",") if s.strip()]
-    bad = [n for n in names if n not in PREEMPT_SIGNALS + ("NONE",)]
-    if bad:
-        problems.append(f"--preempt_signals {train.preempt_signals!r}: {bad} not among {list(PREEMPT_SIGNALS)}; "
-                        "give a comma-separated list (e.g. TERM,USR1) or none")
+    try:
+        parse_preempt_signals(train.preempt_signals)
+    except ValueError as e:
+        problems.append(str(e))
     if train.on_anomaly not in ANOMALY_POLICIES:
         problems.append(f"--on_anomaly {train.on_anomaly!r} is not supported; use one of {list(ANOMALY_POLICIES)}")
     if train.loss_spike_factor < 0 or 0 < train.loss_spike_factor <= 1:

@@ -52,8 +52,12 @@ TASK_KEYS: Dict[str, str] = {
     **{k: "path" for k in SPLIT_KEYS}, "reader": "str", "paradigm": "str", "max_seq_len": "posint",
     "batch_size": "posint", "loss_weight": "nonneg", "num_epochs": "posfloat", "do_lower_case": "bool",
     "for_cn": "bool", "export_from": "exportfrom",
+    # PALM 1.x's reader and prediction keys: shuffle (False: the file's order every epoch), pred_batch_size
+    # (prediction's batch size), pred_output_path (where Controller.pred writes), print_first_n (noted, unused)
+    "shuffle": "bool", "pred_batch_size": "posint", "pred_output_path": "outpath", "print_first_n": "nonnegint",
 }
-BROADCAST_KEYS = ("max_seq_len", "batch_size", "loss_weight", "do_lower_case", "for_cn")
+BROADCAST_KEYS = ("max_seq_len", "batch_size", "loss_weight", "do_lower_case", "for_cn", "shuffle", "pred_batch_size",
+                  "print_first_n")
 # A reader's name in PALM task files -> ours; and the PALM paradigm names accepted with each reader.
 PALM_READERS = {"ner": "seq_label"}
 PALM_PARADIGMS = {"seq_label": ("seq_label", "ner")}
@@ -153,7 +157,8 @@ def load_multitask_config(global_yaml: str, *, hooks: ParseHooks, data: Optional
     `tasks` ({task: {key: value}}), where relative paths are against the global file's folder.
     Raises one ConfigError listing every problem.
     """
-    return _Loader(global_yaml, hooks, data, base_dir, dict(cli or {}), {t: dict(v) for t, v in (task_cli or {}).items()},
+    return _Loader(global_yaml, hooks, data, base_dir, dict(cli or {}),
+                   {t: dict(v) for t, v in (task_cli or {}).items()},
                    set(flag_names), tuple(splits)).load()
 
 
@@ -186,6 +191,13 @@ class _Loader:
                                      "({name: {reader: ..., train_file: ...}}), got "
                                      f"{type(self.inline).__name__}")
                 raise ConfigError(self.problems)
+        for layer, where in ((data, self.path), (self.cli, "the command line")):
+            if "epoch" in layer:  # PALM 1.x's name of num_epochs
+                if "num_epochs" in layer:
+                    self.problems.append(f"{where}: both 'epoch' (PALM 1.x's name) and 'num_epochs' are set; keep one")
+                else:
+                    layer["num_epochs"] = layer.pop("epoch")
+                    self.reports.append(f"{where}: PALM's epoch sets num_epochs {layer['num_epochs']}")
         layers = [(f"global {self.path}", data), ("command line", self.cli)]
         mtl_raw = {k: (v, src) for src, layer in layers for k, v in layer.items() if k in MTL_KEYS}
         mtl = self._mtl(mtl_raw)
@@ -475,6 +487,10 @@ class _Loader:
             else:
                 add(key, _yaml_value(value), where, where, os.getcwd())
         values: Dict[str, Any] = {}
+        if "print_first_n" in layers:
+            self.reports.append(f"task {name}: PALM's print_first_n is accepted and not used (the start-up log "
+                                "describes the data instead of printing examples)")
+            layers.pop("print_first_n")
         for key, entries in layers.items():
             label, value, base = entries[-1]
             for lower_label, lower_value, _ in entries[:-1]:

@@ -1,4 +1,5 @@
-"""Typed configuration slices of a run: each component receives only its slice (design habit 1).
+"""Typed configuration slices of a run: each component receives only its slice, so none depends on
+flags it does not use.
 
 Every field carries its `--help` text in `field.metadata["help"]`; the command-line flag is
 `--<field name>`. `validate()` reports every problem of a slice at once as one `ConfigError`.
@@ -167,6 +168,9 @@ class DataConfig:
     prefetch_factor: int = _f(2, "Micro-batches each worker builds ahead (PyTorch/PaddleNLP meaning): at most "
                                  "num_workers x prefetch_factor are in flight per process, which bounds the memory "
                                  "the data path holds. Ignored with --num_workers 0.")
+    worker_timeout: float = _f(120.0, "Seconds the training loop waits for one micro-batch from a data-loading "
+                                      "worker before it names the worker and stops (a worker stuck reading a network "
+                                      "file system; one stopped with SIGSTOP is named after 5 s). 0: wait forever.")
     data_cache: Optional[str] = _f(None, "Folder of the sample-index caches; default: index-cache/ beside each "
                                          "corpus. A relative path is relative to the working directory (a "
                                          "node-local folder on clusters without a shared filesystem).")
@@ -213,6 +217,31 @@ def canonical_cpu_kernels(value) -> str:
     return ",".join(types) if mode == "list" else mode
 
 
+PREEMPT_SIGNAL_NAMES = ("TERM", "USR1", "USR2", "INT", "HUP")
+
+
+def parse_preempt_signals(value) -> Tuple[str, ...]:
+    """`"TERM,USR1"` -> ("TERM", "USR1"); "none" -> (); ValueError naming the bad value otherwise. An empty
+    value and "none" beside signal names are refused (the empty string used to mean none without a word)."""
+    text = str(value).strip()
+    if not text:
+        raise ValueError(f"--preempt_signals {value!r} is empty: give signal names "
+                         f"({', '.join(PREEMPT_SIGNAL_NAMES)}), or none to turn preemption handling off")
+    names = tuple(s.strip().upper().removeprefix("SIG") for s in text.split(","))
+    if "" in names:
+        raise ValueError(f"--preempt_signals {value!r} has an empty item: separate signal names by single commas")
+    if names == ("NONE",):
+        return ()
+    if "NONE" in names:
+        raise ValueError(f"--preempt_signals {value!r}: none cannot be combined with signal names; give either "
+                         "none or the signals")
+    bad = [n for n in names if n not in PREEMPT_SIGNAL_NAMES]
+    if bad:
+        raise ValueError(f"--preempt_signals {value!r}: {bad} not among {list(PREEMPT_SIGNAL_NAMES)}; give a "
+                         "comma-separated list (e.g. TERM,USR1) or none")
+    return names
+
+
 DEVICES = ("auto", "cpu", "gpu")
 LOG_LEVELS = ("info", "debug")
 RESUME_WORDS = ("auto", "none")
@@ -228,9 +257,10 @@ class TrainConfig:
     checkpoint_steps: int = _f(1000, "Every this many steps overwrite the rolling checkpoint output_dir/model_last.")
     keep_last: int = _f(3, "How many model_<step> checkpoints to keep (older ones are removed).")
     checkpoint_format: str = _f("paddle", '"paddle": each rank\'s program state as paddle.static.save writes it '
-                                          '(state/rank_<r>.pdparams/.pdopt); "portable": every tensor by structured name '
-                                          "in safetensors files, one set of files whatever the topology, readable with "
-                                          "NumPy (docs/launch.md, Changing the cluster). Either resumes on any topology.")
+                                          '(state/rank_<r>.pdparams/.pdopt); "portable": every tensor by '
+                                          "structured name in safetensors files, one set of files whatever the "
+                                          "topology, readable with NumPy (docs/launch.md, Changing the cluster). "
+                                          "Either resumes on any topology.")
     logging_freq: int = _f(20, "Log (console, VisualDL) every this many steps.")
     eval_freq: int = _f(1000, "Evaluate on the valid split every this many steps (and after the last step).")
     eval_iters: int = _f(10, "Global batches per evaluation; the final test split uses 10x as many.")
@@ -239,7 +269,8 @@ class TrainConfig:
     cpu_kernels: str = _f("auto", "CPU runs: which op types run on oneDNN's kernels instead of Paddle's plain ones "
                                   "(MKL for matmul). auto: time both on this run's op shapes at start-up and take the "
                                   "faster per op type (matmul_v2 and its gradient, elementwise_add, scale, sum, "
-                                  "transpose2(_grad)); cached per machine in $XDG_CACHE_HOME/ernie_mtl/cpu_kernels.json "
+                                  "transpose2(_grad)); cached per machine in "
+                                  "$XDG_CACHE_HOME/ernie_mtl/cpu_kernels.json "
                                   "(~/.cache/...) and recorded in checkpoints, so a resume continues with the same "
                                   "kernels. exact: the fixed list measured bitwise exact on an Intel machine. plain: "
                                   "the programs as built (the numerical reference). Or a comma-separated list of op "
@@ -253,7 +284,8 @@ class TrainConfig:
     resume: str = _f("auto", '"auto": continue from the newest complete checkpoint in --output_dir if any; '
                              '"none": start fresh; or the path of a model_last / model_<step> folder. A checkpoint '
                              "continues on another number of processes, data-parallel or sharding degree, micro "
-                             "batch or accumulation when the global batch is the same (README: Changing the cluster).")
+                             "batch or accumulation when the global batch is the same (docs/checkpoints.md: "
+                             "Changing the cluster).")
     allow_batch_change: bool = _f(False, "Resume a checkpoint with another global batch: the data continues at the "
                                          "next unread sample (by samples, not steps) and the learning-rate schedule is "
                                          "re-planned by samples. Without it such a resume is refused (a different "
@@ -290,9 +322,10 @@ class TrainConfig:
                                  "and exit with status 77), replay (run the step again: the same result means the "
                                  "data or the numerics, whose batch is written to output_dir/anomalies/ and skipped; "
                                  "another result means a transient fault, and the replay is kept), or none. stop and "
-                                 "replay read the counter every step. Needs --grad_clip > 0 (the norm clipping computes).")
-    loss_spike_factor: float = _f(3.0, "Warn when a task's mean loss over a logging window exceeds this factor times its "
-                                       "median over the previous windows (0: off).")
+                                 "replay read the counter every step. Needs --grad_clip > 0 (the norm clipping "
+                                 "computes).")
+    loss_spike_factor: float = _f(3.0, "Warn when a task's mean loss over a logging window exceeds this factor "
+                                       "times its median over the previous windows (0: off).")
     slow_rank_factor: float = _f(0.2, "Warn when a rank's own work (outside the program) exceeds the median rank's by "
                                       "more than this fraction of a step, several windows running (0: off); every "
                                       "logging window records min/median/max step and host times (perf/*).")

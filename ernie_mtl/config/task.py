@@ -29,13 +29,21 @@ class TaskSpec:
     for_cn: bool = True
     export_from: Optional[str] = None  # "best" or "last" weights in the exported model (default: best with a dev_file)
     options: Mapping[str, Any] = field(default_factory=dict)  # the type's own keys, defaults filled in
+    shuffle: bool = True  # False: read the training examples in the file's order every epoch (PALM's shuffle)
+    pred_batch_size: Optional[int] = None  # batch size of prediction (default: batch_size)
+    pred_output_path: Optional[str] = None  # where PALM 1.x's Controller.pred writes the predictions
 
     def to_json(self) -> dict:
-        """JSON-friendly copy (stored in manifests and checkpoints)."""
+        """JSON-friendly copy (stored in manifests and checkpoints). The PALM 1.x keys (shuffle,
+        pred_batch_size, pred_output_path) appear only when set, so records written before them compare
+        equal when resumed."""
         from dataclasses import asdict
 
         data = asdict(self)
         data["options"] = dict(self.options)
+        for key, default in _OPTIONAL_DEFAULTS.items():
+            if data[key] == default:
+                del data[key]
         return data
 
     def file(self, split: str) -> Optional[str]:
@@ -43,3 +51,6 @@ class TaskSpec:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
         return getattr(self, f"{split}_file")
+
+
+_OPTIONAL_DEFAULTS = {"shuffle": True, "pred_batch_size": None, "pred_output_path": None}

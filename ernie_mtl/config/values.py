@@ -19,7 +19,8 @@ from data_tools.cli_utils import str2bool
 NONE_WORDS = {"none", "null", ""}
 
 EXPECTED: Dict[str, str] = {
-    "str": "a string", "path": "a file path", "bool": "true or false", "int": "an integer", "float": "a number",
+    "str": "a string", "path": "a file path", "outpath": "an output path", "bool": "true or false",
+    "int": "an integer", "float": "a number",
     "tuple": "a comma-separated list", "posint": "an integer >= 1", "nonnegint": "an integer >= 0",
     "optposint": "an integer >= 1 (or none)", "posfloat": "a number > 0", "nonneg": "a number >= 0",
     "unit": "a number in (0, 1)", "strlist": "a list", "floatlist": "numbers >= 0 (a list or \"a, b, c\")",
@@ -66,7 +67,7 @@ def _number(value: Any, integer: bool) -> Any:
 def coerce(kind: str, value: Any) -> Any:
     """Typed value of `kind` (see the module docstring); ValueError(f"{value!r} is not ...") otherwise."""
     try:
-        if kind in ("str", "path"):
+        if kind in ("str", "path", "outpath"):
             if value is None or isinstance(value, (list, dict)):
                 raise ValueError
             return str(value)
@@ -189,6 +190,9 @@ def load_yaml_text(stream) -> Any:
     return yaml.load(stream, Loader=_unique_key_loader())  # noqa: S506  (a SafeLoader subclass)
 
 
+YAML_MAX_BYTES = 16 << 20  # a configuration file is a few KB: anything past this is not one
+
+
 def read_yaml(path: str, problems: List[str], *, what: str = "config", label: Optional[str] = None,
               empty: Optional[str] = None) -> Optional[Dict[str, Any]]:
     """The mapping in YAML file `path` (keys without leading dashes), or None after appending a
@@ -198,12 +202,19 @@ def read_yaml(path: str, problems: List[str], *, what: str = "config", label: Op
     (YAML would keep the last value silently)."""
     import yaml
 
+    from data_tools.safe_io import UnsafeFile, read_bytes_bounded
+
     label = label or path
     try:
-        with open(path, encoding="utf-8") as f:
-            data = load_yaml_text(f)
+        data = load_yaml_text(read_bytes_bounded(path, max_bytes=YAML_MAX_BYTES, what=what).decode("utf-8"))
     except UnicodeDecodeError as e:
         problems.append(f"{label}: the {what} is not UTF-8 text (byte {e.start}); save it as UTF-8")
+        return None
+    except UnsafeFile as e:  # a FIFO would block the start-up; a device or a huge file would fill memory
+        problems.append(f"{label}: {e}; give a YAML file")
+        return None
+    except RecursionError:
+        problems.append(f"{label}: the {what} nests too deeply to be read (a configuration nests a few levels)")
         return None
     except OSError as e:
         problems.append(f"{label}: cannot read the {what} ({e.strerror}); give an existing YAML file")

@@ -47,6 +47,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _main(argv: Optional[List[str]]) -> int:
     args = build_parser().parse_args(argv)
     from ernie_mtl.convert import ConvertError, VerificationError, convert, read_source, verify  # noqa: F401
+    from ernie_mtl.dist.compat import require_supported_paddle
+
+    require_supported_paddle()
 
     if args.atol <= 0:
         sys.stderr.write(f"{PROG}: error: --atol {args.atol} must be > 0, e.g. 1e-5\n")

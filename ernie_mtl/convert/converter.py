@@ -48,6 +48,7 @@ _PAIR_KEYS = ("cls.seq_relationship.weight", "cls.seq_relationship.bias")
 
 from data_tools.cli_utils import UserError  # noqa: E402
 from ernie_mtl.checkpoint import STATE_DIR, CheckpointError, verified_state  # noqa: E402
+from ernie_mtl.checkpoint.store import output_problem  # noqa: E402
 from ernie_mtl.checkpoint.io import replace_dir, write_json_atomic  # noqa: E402
 from ernie_mtl.config import ConfigError, ModelConfig, model_family  # noqa: E402
 from ernie_mtl.program.builder import load_pretrained_into_scope  # noqa: E402
@@ -125,10 +126,16 @@ def read_checkpoint(path: Path, *, with_optimizer: bool = False) -> Source:
         raw = verified_state(path, use="convert")
     except CheckpointError as e:
         raise ConvertError(str(e)) from None
+    if with_optimizer and raw.get("weights_only"):
+        n = len(raw.get("averaged_from") or [])
+        raise ConvertError(f"--with_optimizer: {path} is weights only (the mean of {n} checkpoints by "
+                           "ernie-mtl-reshard --average) and holds "
+                           "no optimizer state; drop --with_optimizer, or convert one of the averaged checkpoints")
     name_map = raw.get("name_map")
     if not isinstance(name_map, dict) or not name_map:
         raise ConvertError(f"{path / TRAIN_STATE} has no name_map (structured name -> static name); it was not "
                            "written by ernie_mtl's trainer, so its parameters cannot be named reliably")
+    _refuse_custom_backbone(name_map, raw.get("extra", {}).get("tasks", []), path)
     config = raw.get("config", {})
     arch = dict(raw.get("extra", {}).get("arch") or _arch_from_config(config, path))
     model_type = arch.pop("model_type", config.get("model", {}).get("model_type", "ernie"))
@@ -180,6 +187,7 @@ def read_exported(path: Path) -> Source:
     for name in ("model.pdmodel", "model.pdiparams"):
         if not (path / name).is_file():
             raise ConvertError(f"exported model {path} lacks {name}; re-export it")
+    _refuse_custom_backbone(manifest["name_map"], [{"manifest": manifest}], path)
     arch = dict(manifest["arch"])
     model_type = arch.pop("model_type", manifest.get("model_type", "ernie"))
     scope = paddle.static.Scope()
@@ -267,6 +275,26 @@ def _merge(files: Sequence[Path], *, keep: Callable[[str], bool] = lambda name: 
             merged.setdefault(name, array)
             origin.setdefault(name, file)
     return merged
+
+
+def _refuse_custom_backbone(name_map: Mapping[str, str], tasks: Sequence[Mapping], where: Path) -> None:
+    """A model whose backbone is a PaddlePALM script's own (`backbone.*` parameters, ernie_mtl/palm/adaptor.py)
+    has no PaddleNLP equivalent: one clear refusal instead of a list of missing ERNIE weights."""
+    own = sorted(k for k in name_map if k.startswith("backbone."))
+    if not own:
+        return
+    classes = set()
+    for task in tasks:
+        components = task.get("spec", {}).get("options", {}).get("components") or \
+            json.dumps(task.get("manifest", {}).get("palm_components") or {})
+        try:
+            classes.add(json.loads(components).get("backbone"))
+        except (ValueError, AttributeError):
+            pass
+    name = ", ".join(sorted(c for c in classes if c)) or "a PaddlePALM script's own backbone"
+    raise ConvertError(f"{where}: its backbone is user-defined ({name}; parameters {', '.join(own[:4])}"
+                       f"{', ...' if len(own) > 4 else ''}), not ERNIE or BERT: there is no PaddleNLP model to convert "
+                       "it to. Use the checkpoint (or its exported inference model) as it is")
 
 
 def _by_structured(name_map: Mapping[str, str], params: Mapping[str, np.ndarray], where: Path) -> Dict:
@@ -393,6 +421,9 @@ def convert(source: Source, output_dir: os.PathLike, *, overwrite: bool = False)
     import paddle
 
     out = Path(output_dir)
+    problem = output_problem(out, [source.path], flag="--output_dir")
+    if problem:
+        raise ConvertError(problem)
     if out.exists() and not out.is_dir():
         raise ConvertError(f"--output_dir {out} is a file, not a folder; --overwrite replaces a converted folder "
                            "only: choose another path")

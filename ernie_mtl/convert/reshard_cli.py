@@ -21,7 +21,8 @@ PROG = "ernie-mtl-reshard"
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("checkpoints", nargs="+", help="Checkpoint folder(s): model_last, model_<step>, best_<task>, "
                                                   "either format, written by any number of processes.")
     p.add_argument("--output", default=None, help="The portable checkpoint to write (convert, --average).")
@@ -43,6 +44,9 @@ def _main(argv: Optional[List[str]]) -> int:
     from data_tools.cli_utils import UserError
 
     args = build_parser().parse_args(argv)
+    from ernie_mtl.dist.compat import require_supported_paddle
+
+    require_supported_paddle()
     from ernie_mtl.checkpoint import portable
     from ernie_mtl.checkpoint.reshard import describe_topology
     from ernie_mtl.checkpoint.store import (read_train_state_file, structured_state_of, verify_files)

@@ -476,7 +476,8 @@ class MixturePlan:
         self.count_epochs()
         wanted = [(k, name) for k, name in enumerate(SPLIT_NAMES) if self.num_samples[k] != 0]
         sizes = ", ".join(f"{name} {_n(self.num_samples[k])}" for k, name in wanted)
-        head = (f"corpus mixture ({self.mixture.what}): {len(self.corpora)} corpor{'a' if len(self.corpora) > 1 else 'us'}, "
+        head = (f"corpus mixture ({self.mixture.what}): "
+                f"{len(self.corpora)} corpor{'a' if len(self.corpora) > 1 else 'us'}, "
                 f"split {self.split}; blended samples {sizes}; per corpus ceil(N x share x {OVERSAMPLE})"
                 if len(self.corpora) > 1 else
                 f"corpus ({self.mixture.what}): split {self.split}; samples {sizes}")
@@ -592,7 +593,8 @@ class BlendedDataset:
         return state
 
     def __setstate__(self, state):
-        state["dataset_index"], state["sample_index"] = reopened(state["dataset_index"]), reopened(state["sample_index"])
+        state["dataset_index"], state["sample_index"] = (reopened(state["dataset_index"]),
+                                                         reopened(state["sample_index"]))
         self.__dict__.update(state)
 
     def __getitem__(self, i: int):

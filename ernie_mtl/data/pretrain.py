@@ -140,7 +140,8 @@ class ErniePretrainDataset:
         else:
             a, b, label = np.concatenate(sentences), np.zeros(0, dtype=np.int64), 0
         a, b = _truncate_pair(a, b, target, rng)
-        tokens = np.concatenate([[vocab.cls_id], a, [vocab.sep_id], b, [vocab.sep_id] if len(b) else []]).astype(np.int64)
+        tokens = np.concatenate([[vocab.cls_id], a, [vocab.sep_id], b,
+                                 [vocab.sep_id] if len(b) else []]).astype(np.int64)
         segment_ids = np.zeros(len(tokens), dtype=np.int64)
         segment_ids[len(a) + 2:] = 1
         input_ids, positions, labels = mask_whole_word_ngrams(
@@ -287,7 +288,8 @@ def _check_vocab_matches(corpus_prefix: str, vocab: Optional[VocabInfo]) -> None
             "(--tokenizer_name_or_path) or re-run create_pretraining_data with this one")
 
 
-def collate_pretrain(samples, *, pad_id: int, pad_to: Optional[int] = None, multiple_of: int = 8) -> Dict[str, np.ndarray]:
+def collate_pretrain(samples, *, pad_id: int, pad_to: Optional[int] = None,
+                     multiple_of: int = 8) -> Dict[str, np.ndarray]:
     """Stack samples into the feed layout of the static pretraining program.
 
     Sequences are padded to the longest in the batch rounded up to `multiple_of` (or to

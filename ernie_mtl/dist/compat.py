@@ -180,3 +180,70 @@ def emulate_gpu_program(rank: int, world_size: int, *,
         yield
     finally:
         patches.restore()
+
+
+# MKL's service functions (the public MKL_CBWR_Set/Get are macros over them): values from mkl_service.h
+_CBWR_AUTO, _CBWR_STRICT, _CBWR_ALL = 2, 0x10000, -1
+
+
+def mkl_reproducible() -> Tuple[Optional[bool], str]:
+    """(whether Paddle's MKL computes independently of the thread count, what was done): MKL_CBWR with
+    STRICT was set before Paddle's first MKL call (ernie_mtl/dist/threads.plan_math), or is set now through
+    MKL's service function when MKL has not computed yet in this process (a notebook or script that did
+    not call `ernie_mtl.configure_process()`). None when this build has no MKL library."""
+    import ctypes
+    import os
+
+    path = os.path.join(os.path.dirname(paddle.__file__), "libs", "libmklml_intel.so")
+    if not os.path.exists(path):
+        return None, "no MKL library in this Paddle build"
+    try:
+        lib = ctypes.CDLL(path)
+        current = int(lib.mkl_serv_cbwr_get(_CBWR_ALL))
+    except (OSError, AttributeError) as e:
+        return None, f"MKL's reproducibility mode cannot be read ({e})"
+    if current & _CBWR_STRICT:
+        return True, "MKL in strict reproducibility mode"
+    status = int(lib.mkl_serv_cbwr_set(_CBWR_AUTO | _CBWR_STRICT))
+    if status == 0:
+        return True, "MKL switched to strict reproducibility mode"
+    return False, ("MKL already computed in this process without MKL_CBWR=AUTO,STRICT, so its results depend on the "
+                   "thread count: a run continued with another number of threads per process is within float32 "
+                   "rounding, not bitwise (call ernie_mtl.configure_process() before any Paddle computation)")
+
+
+# -- the Paddle this project runs on --------------------------------------------------------------------------
+SUPPORTED_PADDLE = ((2, 6), (2, 7))  # [2.6, 2.7): 2.6.2 is the tested release (CPU and the newest paddlepaddle-gpu)
+ALLOW_ANY_PADDLE = "ERNIE_MTL_ALLOW_ANY_PADDLE"
+
+
+def paddle_version_problem(version: str) -> Optional[str]:
+    """Why Paddle `version` cannot run this project, or None for a supported one (module docstring's
+    range; a development build's "0.0.0" is not one)."""
+    import re
+
+    m = re.match(r"^(\d+)\.(\d+)", str(version))
+    found = tuple(int(x) for x in m.groups()) if m else None
+    if found is not None and SUPPORTED_PADDLE[0] <= found < SUPPORTED_PADDLE[1]:
+        return None
+    why = ""
+    if found is not None and found >= (3, 0):
+        why = (" Paddle 3 builds static programs in PIR, where fleet's static minimize, gradient clipping and AMP's "
+               "checks fail on the legacy programs this project builds and variables have no names, so training, "
+               "conversion and the GPU dry run cannot work.")
+    return (f"ernie-mtl runs on PaddlePaddle 2.6.x (2.6.2 is tested); this environment has paddlepaddle {version}."
+            f"{why} Install the supported release in this environment: pip install 'paddlepaddle==2.6.2' (GPU "
+            f"clusters: 'paddlepaddle-gpu==2.6.2'); or set {ALLOW_ANY_PADDLE}=1 to try this version anyway (unsupported)")
+
+
+def require_supported_paddle() -> None:
+    """Refuse (UserError) a Paddle outside the supported range, unless ERNIE_MTL_ALLOW_ANY_PADDLE=1."""
+    import os
+
+    from data_tools.cli_utils import UserError
+
+    if os.environ.get(ALLOW_ANY_PADDLE, "").strip() in ("1", "true", "yes"):
+        return
+    problem = paddle_version_problem(paddle.__version__)
+    if problem:
+        raise UserError(problem)

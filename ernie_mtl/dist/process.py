@@ -195,6 +195,12 @@ def start_process(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]
 
     info = ProcessInfo.from_env()
     log = get_logger(info.rank)
+    if resolve_device(cfg.train.device) == "cpu":
+        from ernie_mtl.dist.compat import mkl_reproducible
+
+        reproducible, why = mkl_reproducible()
+        if reproducible is False and info.rank == 0:
+            log.warning(why)
     init_distributed(info)
     if on_distributed is not None:
         on_distributed(info)

@@ -41,6 +41,8 @@ def cause(status: int, tail: Sequence[str]) -> str:
     what = f"killed by SIG{signal.Signals(-status).name}" if status < 0 else f"exit status {status}"
     if status == 75:
         what += " (the watchdog stopped the job: a rank or node was lost)"
+    elif status == 74:
+        what += " (a data-loading worker was lost: killed, stopped or stuck)"
     line = next((ln for ln in reversed(tail) if any(h in ln for h in _ERROR_HINTS)), None)
     return f"{what}" + (f"; last error line: {line.strip()[:300]}" if line else "")
 
@@ -63,8 +65,13 @@ class Supervisor:
 
     def run_once(self) -> int:
         tail: collections.deque = collections.deque(maxlen=40)
-        self.child = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      bufsize=1, errors="replace")
+        try:
+            self.child = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          bufsize=1, errors="replace")
+        except OSError as e:  # the command vanished or is not executable (checked at start, may change since)
+            self.last_tail = [f"cannot start {self.command[0]}: {e.strerror or e}"]
+            self.log(self.last_tail[0])
+            return EXIT_USER_ERROR
         for line in self.child.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
@@ -119,8 +126,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--max_backoff", type=float, default=300.0, help="longest wait between restarts")
     args = parser.parse_args(argv[:split])
     command = argv[split + 1:]
-    problems = [f"--{k} {getattr(args, k)} must be >= 0" for k in ("max_restarts", "backoff", "max_backoff")
-                if getattr(args, k) < 0] + (["no command after --"] if not command else [])
+    problems = [f"--{k} {getattr(args, k)} must be a finite number >= 0 (seconds)" if k != "max_restarts" else
+                f"--{k} {getattr(args, k)} must be >= 0"
+                for k in ("max_restarts", "backoff", "max_backoff")
+                if not (0 <= getattr(args, k) < float("inf"))] + (["no command after --"] if not command else [])
+    if command and not problems:
+        import shutil
+
+        if shutil.which(command[0]) is None:
+            problems.append(f"the command {command[0]!r} is not found (not an executable file, nor on PATH); give "
+                            "the program to supervise, e.g. python -m paddle.distributed.launch ... or python "
+                            "run_multitask_static.py ...")
     if problems:
         print(f"{PREFIX}: " + "; ".join(problems), file=sys.stderr)
         return EXIT_USER_ERROR

@@ -48,6 +48,13 @@ from typing import Callable, Dict, Iterable, List, Mapping, MutableMapping, Opti
 
 OMP = "OMP_NUM_THREADS"
 MKL = "MKL_NUM_THREADS"
+# MKL's conditional numerical reproducibility: with STRICT, ?gemm gives the same bits whatever the number of
+# threads (Intel's MKL documentation; measured with Paddle 2.6.2's MKL: a [1,1024]x[1024,768] product and
+# 4 training steps of tiny ERNIE bitwise equal on 1 and 2 threads, 1.6e-6 apart without it). AUTO keeps the
+# code path this CPU would take anyway. So a run of 1 process x 2 threads continues bitwise on 2 processes
+# x 1 thread (README, "Changing the cluster").
+CBWR = "MKL_CBWR"
+CBWR_VALUE = "AUTO,STRICT"
 ORIGIN = "ERNIE_MTL_THREADS_ORIGIN"  # set by the launch scripts next to the values they decided
 GPU_HOST_THREADS_MAX = 4
 
@@ -216,6 +223,17 @@ def plan_threads(env: Mapping[str, str], budget: CpuBudget, *, device: str = "cp
                       description=f"threads: {OMP}={decided}, {mkl_text} ({basis})", basis=basis)
 
 
+def plan_math(env: Mapping[str, str]) -> Tuple[Dict[str, str], str]:
+    """({variable: value} to set, a log fragment): MKL_CBWR=AUTO,STRICT unless the user set MKL_CBWR."""
+    user = env.get(CBWR, "").strip()
+    if not user:
+        return {CBWR: CBWR_VALUE}, f"{CBWR}={CBWR_VALUE} (results independent of the thread count)"
+    if "STRICT" in user.upper():
+        return {}, f"{CBWR}={user} (from the environment, kept)"
+    return {}, (f"{CBWR}={user} (from the environment, kept; without STRICT MKL's results depend on the thread "
+                "count, so a run continued on another number of processes is within float32 rounding, not bitwise)")
+
+
 # Every math library's thread variable a data-loading worker pins to 1 (numpy uses OpenBLAS here)
 WORKER_THREAD_VARS = (OMP, MKL, "OPENBLAS_NUM_THREADS")
 
@@ -304,20 +322,24 @@ def configure_threads(env: Optional[MutableMapping[str, str]] = None, *, device:
         raise RuntimeError("configure_threads() must run before paddle is imported: paddle's import has "
                            f"already set {OMP}={env.get(OMP)}; call it at the top of the entry point")
     plan = plan_threads(env, budget or cpu_budget(), device=device, local_size=local_size)
+    math_vars, math_text = plan_math(env)
     env.update(plan.to_set)
+    env.update(math_vars)
     if env is os.environ:
         _DECIDED[:] = [plan.threads]
-    return plan.description
+    return f"{plan.description}; {math_text}"
 
 
 def shell_exports(env: Mapping[str, str], budget: CpuBudget, *, device: str, nproc_per_node: int) -> Tuple[str, str]:
     """(`export ...` line for a launch script, description). Exports nothing the user set; marks
     the decision in ERNIE_MTL_THREADS_ORIGIN so each rank's start-up line says where it came from."""
     plan = plan_threads(env, budget, device=device, local_size=nproc_per_node)
+    math_vars, _ = plan_math(env)
     if not plan.to_set:
-        return "", plan.description
+        return ("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in math_vars.items()) if math_vars else ""), \
+            plan.description
     origin = f"set per node by the launch script: {plan.basis}"
-    exports = dict(plan.to_set, **{ORIGIN: origin})
+    exports = dict(plan.to_set, **math_vars, **{ORIGIN: origin})
     return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in exports.items()), plan.description
 
 

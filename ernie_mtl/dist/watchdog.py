@@ -148,11 +148,13 @@ class OrphanGuard:
     """Stops this rank when its launcher (the parent process at install time) is gone."""
 
     def __init__(self, launcher_pid: int, rank: str, poll_s: float,
-                 on_orphan: Optional[Callable[[str], None]] = None):
+                 on_orphan: Optional[Callable[[str], None]] = None, *, getppid: Callable[[], int] = os.getppid,
+                 sleep: Callable[[float], None] = time.sleep):
         self.launcher_pid = launcher_pid
         self.rank = rank
         self.poll_s = poll_s
         self._on_orphan = on_orphan or _kill_own_group
+        self._getppid, self._sleep = getppid, sleep  # tests count polls instead of timing them
         self._thread = threading.Thread(target=self._run, name="ernie-mtl-orphan-guard", daemon=True)
 
     def start(self) -> "OrphanGuard":
@@ -161,13 +163,13 @@ class OrphanGuard:
 
     def _run(self) -> None:
         while True:
-            ppid = os.getppid()
+            ppid = self._getppid()
             if ppid != self.launcher_pid:
                 self._on_orphan(
                     f"rank {self.rank}: its launcher (pid {self.launcher_pid}) is gone (parent is now pid {ppid}); "
                     "stopping this rank and its child processes so the job frees its devices. " + resume_hint())
                 return
-            time.sleep(self.poll_s)
+            self._sleep(self.poll_s)
 
 
 def _kill_own_group(message: str) -> None:

@@ -4,7 +4,8 @@ A callback subclasses `Callback` and overrides any of `on_train_begin`, `on_step
 `on_save`, `on_train_end`. The trainer calls them on every rank in the same order. Decisions that
 change training (early stopping, best checkpoints: both save or export on every rank together)
 must be rank-independent: `on_evaluate` receives rank 0's metrics on every rank (the trainer
-shares them through the job's store), so callbacks deciding from them agree everywhere. A user's callback is registered by name in a plugin file:
+shares them through the job's store), so callbacks deciding from them agree everywhere. A user's
+callback is registered by name in a plugin file:
 
     from ernie_mtl.engine.callbacks import Callback, register_callback
 
@@ -17,7 +18,7 @@ and enabled with `callbacks: [print_best]` in the global YAML.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Type
+from typing import Any, Callable, Dict, List, Mapping, Optional, Type
 
 from ernie_mtl.checkpoint.layout import best_name
 from ernie_mtl.config import ConfigError
@@ -115,7 +116,8 @@ class EarlyStopping(Callback):
             return
         self.bad[task] = self.bad.get(task, 0) + 1
         if self.bad[task] >= self.patience:
-            trainer.finish_task(task, reason=f"early stopping: {t.main_metric} has not improved on {self.best[task]:.4f} "
+            trainer.finish_task(task,
+                                reason=f"early stopping: {t.main_metric} has not improved on {self.best[task]:.4f} "
                                              f"for {self.patience} evaluations")
 
     def state_dict(self):
@@ -153,10 +155,30 @@ class BestCheckpoint(Callback):
         self.steps = dict(state.get("steps", {}))
 
 
-def built_in_callbacks(mtl, writer) -> List[Callback]:
+class CallbackList(list):
+    """The run's callbacks, called in order (`emit`); their states are one `Stateful`, keyed by class name
+    (enabling a callback later still resumes)."""
+
+    def emit(self, hook: str, trainer, *args) -> None:
+        for cb in self:
+            getattr(cb, hook)(trainer, *args)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {type(cb).__name__: cb.state_dict() for cb in self}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for cb in self:
+            if type(cb).__name__ in state:
+                cb.load_state_dict(state[type(cb).__name__])
+
+    def find(self, kind: Type[Callback]) -> Optional[Callback]:
+        return next((cb for cb in self if isinstance(cb, kind)), None)
+
+
+def built_in_callbacks(mtl, writer) -> CallbackList:
     """The callbacks every run has (VisualDL and metrics file, best checkpoints, early stopping when
     asked), then those the configuration names (`callbacks:` / `--callbacks`)."""
-    out: List[Callback] = [VisualDLLogger(writer), BestCheckpoint()]
+    out = CallbackList([VisualDLLogger(writer), BestCheckpoint()])
     if mtl.early_stopping_patience:
         out.append(EarlyStopping(mtl.early_stopping_patience))
-    return out + make_callbacks(mtl.callbacks)
+    return CallbackList(out + make_callbacks(mtl.callbacks))

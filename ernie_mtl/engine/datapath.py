@@ -59,10 +59,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ernie_mtl.engine.feeding import (Feeder, FeedRecipe, MicroBatch, SampleError, SampleUserError, sample_error,
-                                     to_tensors)
+from ernie_mtl.engine.feeding import (DataWorkerLost, Feeder, FeedRecipe, MicroBatch, SampleError, SampleUserError,
+                                     sample_error, to_tensors)
 
 _POLL_S = 0.2
+STOPPED_S = 5.0  # a worker the kernel reports stopped (SIGSTOP, a debugger) this long while it owes a result is lost
 _BOOT = ("import zlib, sys\n"  # zlib before anything could import paddle (docs/platform.md)
          "sys.path.insert(0, sys.argv[1])\n"
          "from ernie_mtl.engine.datapath import worker_main\n"
@@ -76,7 +77,7 @@ def open_feeder(session, *, log=None):
     if data.num_workers <= 0:
         return Feeder(recipe, place=session.exe.place)
     return BackgroundFeeder(recipe, num_workers=data.num_workers, prefetch_factor=data.prefetch_factor,
-                            place=session.exe.place,
+                            place=session.exe.place, worker_timeout=data.worker_timeout,
                             plugins=session.cfg.setup.mtl.plugins, log=log)
 
 
@@ -101,7 +102,7 @@ class BackgroundFeeder:
 
     def __init__(self, recipe: FeedRecipe, *, num_workers: int, prefetch_factor: int = 2,
                  accumulate_steps: Optional[int] = None, place=None, plugins: Sequence[str] = (), log=None,
-                 stage: bool = True):
+                 stage: bool = True, worker_timeout: float = 120.0):
         if num_workers < 1 or prefetch_factor < 1:
             raise ValueError(f"num_workers {num_workers} and prefetch_factor {prefetch_factor} must be >= 1")
         if accumulate_steps is not None and accumulate_steps != recipe.accumulate:
@@ -112,6 +113,7 @@ class BackgroundFeeder:
         self.accumulate_steps = int(recipe.accumulate)  # this rank's micro-batches per step
         self.slots_per_step = self.accumulate_steps * int(recipe.data_world)  # all ranks' (the schedule's draws)
         self.place, self.plugins, self.stage = place, tuple(plugins), stage
+        self.worker_timeout = float(worker_timeout)  # seconds the loop waits for one micro-batch (0: forever)
         self.log = log or (lambda message: None)
         self.workers: List[_Worker] = []
         self._staged: "queue.Queue" = queue.Queue()
@@ -122,6 +124,7 @@ class BackgroundFeeder:
         self._shadow_step = 0
         self._planned: Deque[Tuple] = collections.deque()  # (step, micro, drawn, read) not yet posted
         self._expected: Deque[Tuple[int, Tuple]] = collections.deque()  # (j, order) posted, in order
+        self._order_of: Dict[int, Tuple] = {}  # the recent orders by number (for messages)
         self._next_j = 0  # the next order's number
         self._pulled = 0  # results taken off the staged queue (stale ones included)
         self._current = 0  # first order of the current plan: older results are stale
@@ -237,11 +240,16 @@ class BackgroundFeeder:
             except OSError:
                 raise self._died(worker) from None
             self._expected.append((self._next_j, order))
+            self._order_of[self._next_j] = order
+            self._order_of.pop(self._next_j - 2 * self.capacity - 1, None)
             self._next_j += 1
 
     def _take(self, j: int) -> MicroBatch:
-        """Result `j` from the staging queue (stale results before it are dropped)."""
+        """Result `j` from the staging queue (stale results before it are dropped). The wait is bounded: a
+        worker that owes it and is stopped for STOPPED_S, or has not delivered it in `worker_timeout`
+        seconds, is lost (`DataWorkerLost` naming it and what it was building)."""
         started = time.perf_counter()
+        stopped_since: Optional[float] = None
         try:
             while True:
                 try:
@@ -250,6 +258,21 @@ class BackgroundFeeder:
                     if self._thread is None or not self._thread.is_alive():
                         raise RuntimeError("the data path's staging thread stopped without a reason; "
                                            "run with --num_workers 0 to build samples in the training process")
+                    waited = time.perf_counter() - started
+                    worker = self.workers[j % self.num_workers] if self.workers else None
+                    state = _process_state(worker.process.pid) if worker is not None else ""
+                    if state in ("T", "t"):
+                        stopped_since = stopped_since or time.perf_counter()
+                        if time.perf_counter() - stopped_since >= STOPPED_S:
+                            raise self._lost(worker, j, f"is stopped (process state {state}: SIGSTOP or a debugger) "
+                                                        f"since {time.perf_counter() - stopped_since:.0f} s")
+                    else:
+                        stopped_since = None
+                    if self.worker_timeout > 0 and waited >= self.worker_timeout:
+                        what = {"D": " (process state D: waiting for the disk or a network file system)",
+                                "Z": " (it has exited)"}.get(state, "")
+                        raise self._lost(worker, j, f"has not delivered it in {waited:.0f} s (--worker_timeout "
+                                                    f"{self.worker_timeout:g}){what}")
                     continue
                 if isinstance(item, _Fatal):
                     self._staged.put(item)  # every later request fails the same way
@@ -311,6 +334,16 @@ class BackgroundFeeder:
             return message
         return None
 
+    def _lost(self, worker: Optional[_Worker], j: int, how: str) -> DataWorkerLost:
+        order = next((o for k, o in self._expected if k == j), None) or self._order_of.get(j)
+        what = self.recipe.describe(*order) if order is not None else f"micro-batch #{j}"
+        name = f"data-loading worker {worker.index} (pid {worker.process.pid})" if worker is not None else \
+            "the data path"
+        return DataWorkerLost(f"{name}, building {what}, {how}. The run stops rather than wait forever; its last "
+                              "checkpoint is intact: run the same command again to resume (a worker stuck on a "
+                              "network file system: check the mount), or use --num_workers 0 to build samples in the "
+                              "training process")
+
     def _died(self, worker: _Worker) -> Exception:
         try:
             code = worker.process.wait(timeout=2)
@@ -319,10 +352,10 @@ class BackgroundFeeder:
         how = ("is gone" if code is None else f"was killed by signal {signal.Signals(-code).name}" if code < 0
                else f"exited with status {code}")
         hint = " (out of memory? see the kernel log: dmesg)" if code == -signal.SIGKILL else ""
-        return SampleError(f"data-loading worker {worker.index} (pid {worker.process.pid}) {how}{hint} while "
-                           "building micro-batches; its output is in this process's log. Run again (the run "
-                           "resumes from its last checkpoint), or with --num_workers 0 to build samples in the "
-                           "training process")
+        return DataWorkerLost(f"data-loading worker {worker.index} (pid {worker.process.pid}) {how}{hint} while "
+                              "building micro-batches; its output is in this process's log. Run again (the run "
+                              "resumes from its last checkpoint), or with --num_workers 0 to build samples in the "
+                              "training process")
 
     @staticmethod
     def _worker_error(worker: _Worker, message) -> BaseException:
@@ -338,6 +371,15 @@ class BackgroundFeeder:
     def stats(self) -> Dict[str, Any]:
         return {"workers": [w.hello for w in self.workers], "wait_s": self.wait_s, "restarts": self.restarts,
                 "opened_s": self.opened_s}
+
+
+def _process_state(pid: int) -> str:
+    """The kernel's one-letter state of process `pid` (R, S, D, T, t, Z, ...), '' when unknown (not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def _memory_file(name: str, data: bytes) -> int:

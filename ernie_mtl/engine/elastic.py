@@ -15,7 +15,7 @@ differences. (ERNIE issues 398 and 514: a warm start that kept a finished LR sch
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -110,6 +110,16 @@ def check_init_from(path: str, *, with_optimizer: bool) -> None:
 
     folder = Path(path)
     if is_checkpoint(folder):
+        if with_optimizer:
+            from ernie_mtl.checkpoint.store import read_train_state_file
+
+            raw = read_train_state_file(folder)
+            if raw.get("weights_only"):
+                n = len(raw.get("averaged_from") or [])
+                raise UserError(f"--init_optimizer: --init_from {folder} is weights only (the mean of {n} "
+                                "checkpoints by ernie-mtl-reshard --average) and "
+                                "holds no optimizer state; drop --init_optimizer (the optimizer starts fresh), or warm "
+                                "start from one of the averaged checkpoints")
         return
     if not (folder / "model_state.pdparams").is_file():
         raise UserError(f"--init_from {folder} is neither a checkpoint (train_state.json) nor a PaddleNLP model "
@@ -145,8 +155,8 @@ def warm_start(session, path: str, *, with_optimizer: bool) -> str:
     except ReshardError as e:
         raise UserError(f"--init_from {folder}: {e}") from None
     what = "weights and optimizer state" if with_optimizer else "weights"
-    return (f"warm start from {folder}: its {what} ({n} variables; it was at step {raw['step']}); a new run from step 0 "
-            "with this run's LR schedule and task schedule")
+    return (f"warm start from {folder}: its {what} ({n} variables; it was at step {raw['step']}); "
+            "a new run from step 0 with this run's LR schedule and task schedule")
 
 
 def batch_ratio(c: Continuation, topo) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -66,42 +66,40 @@ class Evaluator:
         return self.s.barrier.share(what, local)
 
 
-def final_test(trainer) -> Dict[str, Any]:
-    """The final test evaluation: every target with a test split, with the final weights and with its
-    best checkpoint's weights (when it has one, loaded through the checkpoint store: verified, from
-    the rank files its writer recorded); logged, written to VisualDL (`test/...`, `test_best/...`) and
-    to `<output_dir>/test_results.json`. The run is over: its last state is in model_last."""
-
-    s, ev = trainer.session, trainer.evaluator
+def final_test(session, evaluator: Evaluator, checkpointer, *, step: int,
+               report: Callable[[str, str, int, Dict[str, float], str], None]) -> Dict[str, Any]:
+    """The final test evaluation at `step`: every target with a test split, with the final weights and
+    with its best checkpoint's weights (when it has one, loaded through `checkpointer`: verified, from
+    the rank files its writer recorded); each result goes to `report(prefix, task, step, metrics, what)`
+    (the log and VisualDL: `test/...`, `test_best/...`), all to `<output_dir>/test_results.json`. The run
+    is over: its last state is in model_last."""
+    s = session
     tasks = [t for t in s.plan.tasks if t.spec.name in s.plan.test]
     if not tasks:
         return {}
     data = s.plan.test  # read and checked before training (ernie_mtl/planning/plan.py)
-    final = ev.evaluate(tasks, data, "test")
-    results: Dict[str, Any] = {t.spec.name: {"last": {"step": trainer.step, "metrics": final[t.spec.name]}}
-                               for t in tasks}
+    final = evaluator.evaluate(tasks, data, "test")
+    results: Dict[str, Any] = {t.spec.name: {"last": {"step": step, "metrics": final[t.spec.name]}} for t in tasks}
     for t in tasks:
         name = t.spec.name
         folder = best_dir(s.cfg.train.output_dir, name)
-        if not s.barrier.share("best exists", trainer.checkpointer.is_complete(folder)):
+        if not s.barrier.share("best exists", checkpointer.is_complete(folder)):
             continue
-        best_step = s.barrier.share("best step", trainer.checkpointer.step_of(folder) if s.is_rank0 else None)
-        if best_step == trainer.step:  # saved from the weights just evaluated: the same figures, not a second pass
+        best_step = s.barrier.share("best step", checkpointer.step_of(folder) if s.is_rank0 else None)
+        if best_step == step:  # saved from the weights just evaluated: the same figures, not a second pass
             results[name]["best"] = {"step": best_step, "metrics": final[name]}
-            trainer.print(f"test: the best {name} checkpoint is the final step's ({best_step}): "
-                          "its figures are the final weights'")
+            if s.is_rank0:
+                s.log.info(f"test: the best {name} checkpoint is the final step's ({best_step}): "
+                           "its figures are the final weights'")
             continue
-        ref = trainer.checkpointer.restore_weights(folder)
-        results[name]["best"] = {"step": ref.step, "metrics": ev.evaluate([t], data, "best test")[name]}
+        ref = checkpointer.restore_weights(folder)
+        results[name]["best"] = {"step": ref.step, "metrics": evaluator.evaluate([t], data, "best test")[name]}
     for t in tasks:
         name = t.spec.name
         for which, prefix in (("last", "test"), ("best", "test_best")):
             if which in results[name]:
                 entry = results[name][which]
-                line, scalars = trainer.reporter.metrics(prefix, name, entry["step"], entry["metrics"],
-                                                         what=f" ({which} weights, {len(data[name])} examples)")
-                trainer.print(line)
-                trainer.writer.scalars(trainer.step, scalars)
+                report(prefix, name, entry["step"], entry["metrics"], f" ({which} weights, {len(data[name])} examples)")
     if s.is_rank0:
         write_json_atomic(Path(s.cfg.train.output_dir) / TEST_RESULTS, results)
     return results

@@ -19,7 +19,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -33,64 +33,52 @@ from ernie_mtl.program.edits import static_mode
 
 
 class Exporter:
-    """Exports targets of a running session: each once, when it finishes or at the end."""
+    """Exports targets of a running session: each once, when it finishes or at the end. It holds which
+    were exported (its state, in every checkpoint); the loop evaluates a target that is due before
+    exporting it. `best` is the run's best-checkpoint callback (its records go into the manifest)."""
 
-    def __init__(self, trainer):
-        self.t = trainer
-        self.s = trainer.session
+    def __init__(self, session, *, checkpointer, evaluator, best=None):
+        self.s, self.checkpointer, self.evaluator, self.best = session, checkpointer, evaluator, best
         self.exported: Dict[str, int] = {}  # task -> step of its export
 
-    def due(self, final: bool):
-        """Targets not yet exported that finished (or, at the end, every target)."""
-        t = self.t
-        return [task for task in self.s.plan.tasks if task.spec.is_target and task.spec.name not in self.exported
-                and (final or t.schedule.is_finished(task.spec.index))]
+    def state_dict(self) -> Dict[str, int]:
+        return dict(self.exported)
 
-    def export_due(self, final: bool = False) -> None:
-        """Export every due target, after a last evaluation of those with a dev file that were not
-        evaluated at this step."""
-        due = self.due(final)
-        t = self.t
-        last_eval = [task.spec.name for task in due if task.spec.name in self.s.plan.dev
-                     and t.evaluated_at.get(task.spec.name) != t.step]
-        if last_eval:
-            t.evaluate(only=last_eval)
-        for task in due:
-            if task.exportable:
-                self.export(task)
-            else:
-                note = t.reporter.note_unexportable(task, t.step)
-                if note:
-                    t.print(note)
-            self.exported[task.spec.name] = t.step
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.exported = dict(state)
+
+    def due(self, final: bool) -> list:
+        """Targets not yet exported that finished (or, at the end, every target)."""
+        schedule = self.s.plan.schedule
+        return [task for task in self.s.plan.tasks if task.spec.is_target and task.spec.name not in self.exported
+                and (final or schedule.is_finished(task.spec.index))]
 
     def best_metric(self, name: str) -> Optional[Dict[str, Any]]:
         """The best-checkpoint callback's record of `name` (for the manifest), if any."""
-        from ernie_mtl.engine.callbacks import BestCheckpoint
-
-        best = next((cb for cb in self.t.callbacks if isinstance(cb, BestCheckpoint)), None)
-        if best is None or name not in best.best:
+        if self.best is None or name not in self.best.best:
             return None
-        return {"name": self.t.task(name).main_metric, "value": best.best[name], "step": best.steps.get(name)}
+        task = next(t for t in self.s.plan.tasks if t.spec.name == name)
+        return {"name": task.main_metric, "value": self.best.best[name], "step": self.best.steps.get(name)}
 
-    def export(self, task) -> Path:
+    def export(self, task, step: int) -> Tuple[Path, str]:
         """Write `task`'s inference model from its best checkpoint (`export_from: best`, when there is
-        one) or from the current weights (EMA averages when kept); rank 0 decides for every rank."""
-        s, t, p = self.s, self.t, self.s.programs
+        one) or from the current weights at `step` (EMA averages when kept); rank 0 decides for every
+        rank. Returns (folder, the line for the log)."""
+        s, p = self.s, self.s.programs
         name = task.spec.name
         out = export_dir(s.cfg.train.output_dir, name)
         best = best_dir(s.cfg.train.output_dir, name)
         choice = task.spec.export_from or ("best" if task.spec.dev_file else "last")
-        source = "best" if choice == "best" and t.checkpointer.is_complete(best) else "last"
-        step = read_train_state_file(best)["step"] if source == "best" else t.step
-        source, step = s.barrier.share("export source", [source, step])
+        source = "best" if choice == "best" and self.checkpointer.is_complete(best) else "last"
+        from_step = read_train_state_file(best)["step"] if source == "best" else step
+        source, from_step = s.barrier.share("export source", [source, from_step])
         mtl = s.cfg.setup.mtl
         writer = functools.partial(export_task_model, out, program=p.forward, fwd=p.export_fwd, task=task, exe=s.exe,
                                    vocab_file=str(s.cfg.data.vocab_file), arch=p.arch,
                                    model_type=s.cfg.model.model_type, use_task_id=mtl.use_task_id,
-                                   extra={"step": step, "export_from": source, "best_metric": self.best_metric(name),
-                                          "ema": p.ema is not None, "exported_by": "ernie_mtl",
-                                          "plugins": list(mtl.plugins)})
+                                   extra={"step": from_step, "export_from": source,
+                                          "best_metric": self.best_metric(name), "ema": p.ema is not None,
+                                          "exported_by": "ernie_mtl", "plugins": list(mtl.plugins)})
         sharded = s.topo.sharding_degree > 1
         if source == "best":
             s.barrier("export")  # every rank's files of the best checkpoint are complete
@@ -98,7 +86,7 @@ class Exporter:
                 write_from_state(writer, merged_state(best), p.name_map, use_ema=p.ema is not None,
                                  place=s.exe.place)
         else:
-            with t.evaluator.averaged_weights():
+            with self.evaluator.averaged_weights():
                 if sharded or p.amp_level == "O2":
                     state = gather_program_state(p.main, s.cfg.train.output_dir, name, s.info, s.barrier,
                                                  sharded=sharded, scope=s.scope)
@@ -107,9 +95,12 @@ class Exporter:
                 elif s.is_rank0:
                     write_from_scope(writer, s.scope)
         s.barrier("export")
-        t.print(f"exported task {name} ({source} weights, step {step}) to {out}")
-        t.emit("on_save", str(out))
-        return out
+        self.exported[name] = step
+        return out, f"exported task {name} ({source} weights, step {from_step}) to {out}"
+
+    def skip(self, task, step: int) -> None:
+        """A due target whose type has no inference model: recorded as done."""
+        self.exported[task.spec.name] = step
 
 
 def export_task_model(out_dir: Path, *, program, fwd, task: TaskType, exe, vocab_file: str, arch: Mapping[str, Any],
@@ -121,10 +112,11 @@ def export_task_model(out_dir: Path, *, program, fwd, task: TaskType, exe, vocab
     name = task.spec.name
     group = next(g.name for g in fwd.groups if name in g.tasks)
     block = program.global_block()
-    feed_names = list(fwd.backbone_feed_names)
     fetch_names = list(fwd.predictions[name])
-    feed_vars = [block.var(fwd.feed_vars[n].name) for n in feed_names]
     fetch_vars = [block.var(fwd.predictions[name][n].name) for n in fetch_names]
+    needed = _ancestors(block, [v.name for v in fetch_vars])  # a user-defined backbone may not read every feed
+    feed_names = [n for n in fwd.backbone_feed_names if fwd.feed_vars[n].name in needed]
+    feed_vars = [block.var(fwd.feed_vars[n].name) for n in feed_names]
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -146,6 +138,23 @@ def export_task_model(out_dir: Path, *, program, fwd, task: TaskType, exe, vocab
     write_json_atomic(tmp / MANIFEST, manifest, sort_keys=False)
     replace_dir(tmp, out_dir)
     return out_dir
+
+
+def _ancestors(block, names) -> set:
+    """Variables of `block` that the variables `names` are computed from (themselves included)."""
+    producers = {}
+    for op in block.ops:
+        for out in op.output_arg_names:
+            producers.setdefault(out, []).append(op)
+    seen, stack = set(), list(names)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for op in producers.get(name, ()):
+            stack.extend(op.input_arg_names)
+    return seen
 
 
 def _persistables(model_file: Path) -> set:

@@ -62,6 +62,15 @@ class SampleError(RuntimeError):
     """Building a training micro-batch failed (a bug: the message names where, the cause follows)."""
 
 
+class DataWorkerLost(SampleError):
+    """A data-loading worker died, stopped or stopped answering (not the data's fault): the message names
+    the worker, what it was building and what to do. The command line exits with EXIT_WORKER_LOST (a run
+    that may succeed again: the supervisor restarts it)."""
+
+
+EXIT_WORKER_LOST = 74  # documented in docs/launch.md: a data-loading worker was lost; run the same command again
+
+
 class SampleUserError(UserError):
     """Building a training micro-batch failed for a reason the user fixes (data, I/O)."""
 
@@ -146,6 +155,22 @@ class FeedRecipe:
             feed[DROPOUT_SEEDS] = draw_dropout_seeds(self.seed, step, slot, self.dropout_seeds)
         tokens = int((np.asarray(batch["input_mask"]) == 0).sum()) * self.data_world
         return MicroBatch(name, feed, tokens, slot=slot, examples=[(int(a), int(b)) for a, b in examples])
+
+    def describe(self, step: int, micro: int, drawn: Sequence[int], read: Sequence[int]) -> str:
+        """What building this rank's micro-batch `micro` of step `step` reads, for messages: the task, its
+        file and the examples (stream positions, the same as `micro` takes)."""
+        slot = slot_of(micro, self.data_rank, self.data_world)
+        if slot >= len(drawn):
+            return f"micro-batch {micro} of step {step + 1}"
+        i = drawn[slot]
+        task = self.tasks[i]
+        try:
+            examples = self.streams[i].indices(position_of(drawn, read, slot))
+            span = f"examples {examples[0][0]}..{examples[-1][0]} (epoch {examples[0][1]}) of " if examples else ""
+        except Exception:  # noqa: BLE001  (a description must not fail)
+            span = ""
+        return (f"micro-batch {micro} of step {step + 1} (slot {slot}): task {task.spec.name}, {span}"
+                f"{task.spec.train_file}")
 
     def step(self, step: int, drawn: Sequence[int], read: Sequence[int]) -> Iterator[MicroBatch]:
         """This rank's `accumulate` micro-batches of optimizer step `step`, one at a time."""

@@ -410,7 +410,8 @@ class CheckpointModel:
         records = raw.get("extra", {}).get("tasks", [])
         self.names = names = [r["name"] for r in records]
         if task_name not in names:
-            raise ConfigError([f"--task {task_name}: checkpoint {checkpoint} holds the tasks {names}; pick one of them"])
+            raise ConfigError([f"--task {task_name}: checkpoint {checkpoint} holds the tasks {names}; "
+                               "pick one of them"])
         vocab = config.get("data", {}).get("tokenizer_name_or_path")
         vocab = str(Path(vocab) / "vocab.txt") if vocab and Path(vocab).is_dir() else vocab
         if not vocab or not Path(vocab).is_file():

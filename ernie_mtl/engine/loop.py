@@ -1,44 +1,46 @@
 """The training loop: one `Trainer` for flag-mode pretraining (one task, `pretrain`) and multi-task
-runs alike. It reads like a table of contents; evaluation (ernie_mtl/engine/evaluation.py), export
-(ernie_mtl/engine/exporter.py), checkpoints (ernie_mtl/checkpoint) and the train state
-(ernie_mtl/engine/state.py) are components it calls.
+runs alike. It reads like a table of contents; its collaborators get what they need, never the
+trainer: evaluation (engine/evaluation.py), export (engine/exporter.py), the anomaly policy
+(engine/anomaly.py), preemption and the one stop request both post (engine/stops.py), the reporter
+(engine/reporting.py), the checkpointer, which decides when a save is due (checkpoint/store.py), and
+the train state, which the stateful components give and take back (engine/state.py).
 
 Per optimizer step the schedule draws the task of each of the step's `slots_per_step` slots (the
 micro-batches of all ranks), identically on every rank; each rank feeds its own slots' examples
-(ernie_mtl/engine/feeding.py), the dropout seeds of (step, slot) and the idle-group flags of the
-step; one `exe.run` per micro-batch, the update happening inside the program on the last one
-(gradient merge, then the all-reduce). Logged
-losses are rank 0's (not all-reduced); tokens/s counts rank 0's non-pad tokens times the
-data-parallel size. Nothing is fetched per micro-batch: the losses are summed per task on the
-device and fetched once per logging step (ernie_mtl/program/loss_sums.py).
+(engine/feeding.py, or the data-loading workers: engine/datapath.py), the dropout seeds of (step, slot)
+and the idle-group flags of the step; one `exe.run` per micro-batch, the update happening inside the
+program on the last one (gradient merge, then the all-reduce). Logged losses are rank 0's (not
+all-reduced); tokens/s counts rank 0's non-pad tokens times the data-parallel size. Nothing is fetched
+per micro-batch: the losses are summed per task on the device and fetched once per logging step
+(program/loss_sums.py).
 
-Callbacks (ernie_mtl/engine/callbacks.py) receive the trainer and may read `step`, `schedule`,
-`tasks`, `task(name)`, `plan`, `cfg`, `info`, `topo`, `is_rank0`, `p` (the programs), `scope`,
-`freeze`, `evaluator`, `reporter`, `consumed_samples`, and call `finish_task`, `save_checkpoint`
-and `print`.
+Callbacks (engine/callbacks.py) receive the trainer and may read `step`, `schedule`, `tasks`,
+`task(name)`, `plan`, `cfg`, `info`, `topo`, `is_rank0`, `p` (the programs), `exe`, `scope`, `freeze`,
+`evaluator`, `reporter`, `writer`, `feeder`, `consumed_samples`, `latest_eval`, and call `finish_task`,
+`save_checkpoint`, `evaluate` and `print`.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ernie_mtl.checkpoint.layout import LAST, kept_name
-from ernie_mtl.dist import preemption
+from ernie_mtl.checkpoint.layout import LAST
 from ernie_mtl.dist.watchdog import job_endpoints
 from ernie_mtl.engine.anomaly import AnomalyPolicy
-from ernie_mtl.engine.callbacks import Callback, built_in_callbacks
+from ernie_mtl.engine.callbacks import BestCheckpoint, Callback, built_in_callbacks
 from ernie_mtl.engine.datapath import open_feeder
 from ernie_mtl.engine.elastic import batch_ratio
-from ernie_mtl.engine.feeding import MicroBatch
 from ernie_mtl.engine.evaluation import Evaluator, final_test
 from ernie_mtl.engine.exporter import Exporter
+from ernie_mtl.engine.feeding import MicroBatch
 from ernie_mtl.engine.metrics import MetricWriter, Window
-from ernie_mtl.engine.reporting import reporter_for
+from ernie_mtl.engine.reporting import consumed_samples, reporter_for
+from ernie_mtl.engine.session import Session
+from ernie_mtl.engine.state import LRState, ResumeState, clear_previous_run, restore, train_state
+from ernie_mtl.engine.stops import Preemption, StopRequests
 from ernie_mtl.engine.stragglers import StragglerWatch
-from ernie_mtl.engine.state import ResumeState, clear_previous_run, restore, resume_checks, train_state
 
 
 @dataclass
@@ -54,33 +56,35 @@ class PreparedStep:
 class Trainer:
     """The loop over optimizer steps of a `Session` (ernie_mtl/engine/session.py)."""
 
-    def __init__(self, session, *, callbacks: Sequence[Callback] = (), preempt_signals: Sequence[str] = ()):
-        s = self.session = session
-        self.cfg, self.info, self.topo, self.plan = s.cfg, s.info, s.topo, s.plan
-        self.p, self.exe, self.barrier, self.log, self.scope = s.programs, s.exe, s.barrier, s.log, s.scope
-        self.setup, self.tasks, self.schedule = s.cfg.setup, s.plan.tasks, s.plan.schedule
-        self.is_rank0, self.data_rank = s.is_rank0, s.data_rank
-        self.freeze, self.ema = s.programs.freeze, s.programs.ema  # on the device (program/idle_heads.py, ema.py)
-        self.group_of = {t: g.name for g in s.programs.groups for t in g.tasks}
+    def __init__(self, session: Session, *, callbacks: Sequence[Callback] = (), preempt_signals: Sequence[str] = ()):
+        self.session = session
+        cfg, info = session.cfg, session.info
         self.step = 0
         self.last_losses: Dict[str, float] = {}  # task -> its mean loss in the latest step (fetch_step_losses)
         self.fetch_step_losses = False  # fetch every micro-batch's loss (the stepped API): a sync per micro-batch
         self.evaluated_at: Dict[str, int] = {}  # task -> step of its latest evaluation
         self.latest_eval: Dict[str, Dict[str, float]] = {}  # task -> its latest dev metrics
-        self.reporter = reporter_for(s.cfg)
-        self.writer = MetricWriter(s.cfg.train.output_dir, enabled=self.is_rank0)
+        self.reporter = reporter_for(session)
+        self.writer = MetricWriter(cfg.train.output_dir, enabled=session.is_rank0)
         self.window, self.bar = Window(), None
-        self.evaluator, self.exporter = Evaluator(s), Exporter(self)
-        self.feeder = open_feeder(s, log=self.print)  # in-process, or --num_workers processes (engine/datapath.py)
-        self.callbacks: List[Callback] = built_in_callbacks(self.setup.mtl, self.writer) + list(callbacks)
-        self.checkpointer = s.checkpointer(log=self.print)
-        self.resume_checks = resume_checks(s.cfg, s.plan)
-        self.signals, self.previous_handlers = tuple(preempt_signals), {}
-        self.anomaly = AnomalyPolicy(self)
-        t = s.cfg.train
-        self.stragglers = StragglerWatch(s.barrier, s.info.rank, s.info.world_size, factor=t.slow_rank_factor,
-                                         windows=t.slow_rank_windows, endpoints=job_endpoints())
-        self.stop = preemption.StopAgreement(s.info.rank, s.info.world_size, s.barrier.store) if self.signals else None
+        self.checkpointer = session.checkpointer(log=self.print)
+        self.callbacks = built_in_callbacks(cfg.setup.mtl, self.writer)
+        self.callbacks.extend(callbacks)
+        self.evaluator = Evaluator(session)
+        self.exporter = Exporter(session, checkpointer=self.checkpointer, evaluator=self.evaluator,
+                                 best=self.callbacks.find(BestCheckpoint))
+        self.feeder = open_feeder(session, log=self.print)  # in-process, or --num_workers processes
+        self.stops = StopRequests()
+        self.anomaly = AnomalyPolicy(cfg.train, guard=session.programs.anomaly, scope=session.scope, stops=self.stops,
+                                     say=self.print, warn=session.log.warning, output_dir=cfg.train.output_dir,
+                                     rank=info.rank, grad_clip=cfg.optim.grad_clip)
+        self.preemption = Preemption(preempt_signals, rank=info.rank, world_size=info.world_size,
+                                     store=session.barrier.store, share=session.barrier.share)
+        self.stragglers = StragglerWatch(session.barrier, info.rank, info.world_size, factor=cfg.train.slow_rank_factor,
+                                         windows=cfg.train.slow_rank_windows, endpoints=job_endpoints())
+        # what a checkpoint carries besides the program state, each part given and taken back by its owner
+        self.stateful = {"sampler": session.plan.schedule, "lr_scheduler": LRState(session.programs.lr_scheduler),
+                         "exported": self.exporter, "callbacks": self.callbacks}
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self) -> Dict:
@@ -89,122 +93,133 @@ class Trainer:
             self.feeder.open()  # workers start up while the checkpoint loads
             self.resume()
             self.train()
-            return final_test(self)
+            return self.final_test()
         finally:
             self.close()
 
     def resume(self) -> Optional[ResumeState]:
-        state = restore(self.checkpointer, self.session.resume_from, self.topo, self.resume_checks,
-                        continuation=self.session.continuation, sampler=self.plan.resume_sampler)
+        s = self.session
+        state = restore(self.checkpointer, s.resume_from, s.topo, s.resume_checks, continuation=s.continuation,
+                        sampler=s.plan.resume_sampler)
         if state is None:
-            if self.cfg.train.resume == "none" and self.cfg.train.overwrite_output_dir:
-                clear_previous_run(self.cfg.train.output_dir, is_rank0=self.is_rank0, barrier=self.barrier,
+            if s.cfg.train.resume == "none" and s.cfg.train.overwrite_output_dir:
+                clear_previous_run(s.cfg.train.output_dir, is_rank0=s.is_rank0, barrier=s.barrier,
                                    writer=self.writer, log=self.print)
-            self.print(self.reporter.new_run(self.cfg.train.output_dir))
-            if self.session.warm_start:
-                self.print(self.session.warm_start)
-        else:
-            self.continue_from(state)
-            self.print(self.reporter.resumed(self, state.ref.path))
-        return state
-
-    def continue_from(self, state: ResumeState) -> None:
+            self.print(self.reporter.new_run(s.cfg.train.output_dir))
+            if s.warm_start:
+                self.print(s.warm_start)
+            return None
         self.step = state.step
-        self.p.lr_scheduler.set_state_dict(state.lr_scheduler)
-        if state.continuation is not None and state.continuation.kind == "batch_change":
-            self.p.lr_scheduler.rebase(self.step, batch_ratio(state.continuation, self.topo))  # re-planned by samples
-        self.schedule.load_state_dict(state.sampler)
-        self.exporter.exported = dict(state.exported)
-        for cb in self.callbacks:
-            if type(cb).__name__ in state.callbacks:
-                cb.load_state_dict(state.callbacks[type(cb).__name__])
+        state.apply(self.stateful)
+        if state.continuation is not None and state.continuation.kind == "batch_change":  # the LR re-planned by samples
+            self.p.lr_scheduler.rebase(self.step, batch_ratio(state.continuation, s.topo))
+        self.print(self.reporter.resumed(self.step, state.ref.path))
+        return state
 
     def train(self) -> None:
         self.start()
         while not self.schedule.done:
             self.advance()
+        self.leave_loop()
         self.end()
-
-    def advance(self, prepared: Optional["PreparedStep"] = None) -> List[str]:
-        """One optimizer step (`prepared`: the one `prepare_step` drew; default: draw it now) and what
-        follows it: callbacks, logging, evaluation, exports and checkpoints that are due, then a stop
-        the anomaly guard or a preemption signal asks for (`AnomalyStop`, `Preempted`)."""
-        t = self.cfg.train
-        drawn = self.train_step(prepared)
-        self.emit("on_step_end", self.step, drawn)
-        if self.bar is not None:
-            self.bar.update(1)
-        if self.step % t.logging_freq == 0 or self.schedule.done:
-            self.log_window()
-        with self.window.shared():  # every rank together: not a rank's own work (engine/stragglers.py)
-            if self.step % t.eval_freq == 0:
-                self.evaluate()
-            self.exporter.export_due()
-            if self.step % t.checkpoint_steps == 0 or self.schedule.done:
-                self.save_checkpoint(LAST)
-            if self.step % t.save_steps == 0:
-                self.save_checkpoint(kept_name(self.step))
-        self.anomaly.stop_now(saved=self.step % t.checkpoint_steps == 0 or self.schedule.done)
-        if self.stop is not None and not self.schedule.done and self.stop.at_boundary(self.step):
-            self.preempt(saved=self.step % t.checkpoint_steps == 0)
-        return drawn
-
-    def end(self) -> None:
-        """After the last step: on_train_end, the last evaluation and the exports still due."""
-        self.emit("on_train_end")
-        if self.step % self.cfg.train.eval_freq:
-            self.evaluate()
-        self.exporter.export_due(final=True)
-        for line in self.reporter.finished_lines(self) + [self.anomaly.summary()]:
-            if line:
-                self.print(line)
 
     def start(self) -> None:
         """The start-up lines, hyperparameters and progress bar (rank 0), then on_train_begin."""
         if self.is_rank0:
-            self.bar = self.reporter.start(self)
-        self.previous_handlers = preemption.install(self.signals)
+            self.bar = self.reporter.start(self.step, self.writer)
+        self.preemption.start()
         self.anomaly.start()
         self.emit("on_train_begin")
         self.feeder.start(self.step, self.schedule)  # a background feeder plans ahead from here
         self.p.loss_sums.take(self.exe)  # a new window: its sums start at zero
         self.window.reset()
 
+    def advance(self, prepared: Optional[PreparedStep] = None) -> List[str]:
+        """One optimizer step (`prepared`: the one `prepare_step` drew; default: draw it now) and what
+        is due after it: callbacks, logging, evaluation, exports, checkpoints, then a requested stop."""
+        drawn = self.train_step(prepared)
+        self.emit("on_step_end", self.step, drawn)
+        if self.bar is not None:
+            self.bar.update(1)
+        if self.step % self.cfg.train.logging_freq == 0 or self.schedule.done:
+            self.log_window()
+        with self.window.shared():  # every rank together: not a rank's own work (engine/stragglers.py)
+            if self.step % self.cfg.train.eval_freq == 0:
+                self.evaluate()
+            self.export_due()
+            for name in self.checkpointer.due(self.step, done=self.schedule.done):
+                self.save_checkpoint(name)
+        if not self.schedule.done:
+            stop = self.preemption.at_boundary(self.step)
+            if stop is not None:
+                self.stops.request(stop)
+        self.stop_if_requested()
+        return drawn
+
+    def leave_loop(self) -> None:
+        """The loop is over: preemption signals stop the process at once again (dist/preemption.py); one
+        that came during the last step stops the run now, before the last evaluation, exports and test."""
+        stop = self.preemption.after_loop()
+        if stop is not None:
+            self.stops.request(stop)
+        self.stop_if_requested()
+
+    def end(self) -> None:
+        """After the last step: on_train_end, the last evaluation and the exports still due."""
+        self.emit("on_train_end")
+        if self.step % self.cfg.train.eval_freq:
+            self.evaluate()
+        self.export_due(final=True)
+        for line in self.reporter.finished_lines(self.step) + [self.anomaly.summary()]:
+            if line:
+                self.print(line)
+
+    def final_test(self) -> Dict[str, Any]:
+        def report(prefix: str, task: str, step: int, metrics: Dict[str, float], what: str) -> None:
+            line, scalars = self.reporter.metrics(prefix, task, step, metrics, what=what)
+            self.print(line)
+            self.writer.scalars(self.step, scalars)
+
+        return final_test(self.session, self.evaluator, self.checkpointer, step=self.step, report=report)
+
+    def close(self) -> None:
+        self.feeder.close()  # the data-loading workers exit (also when the run stops on a signal)
+        self.preemption.restore()
+        if self.bar is not None:
+            self.bar.close()
+        self.writer.close()
+
     # -- one step ------------------------------------------------------------------------------------
-    def prepare_step(self) -> "PreparedStep":
-        """Draw the next optimizer step from the schedule (a task for each of its `slots_per_step`
-        slots, all ranks') and build this rank's `accumulate_steps` micro-batches of it (what
-        `train_step` runs next). The schedule moves on: the step must be trained before another is drawn."""
+    def prepare_step(self) -> PreparedStep:
+        """Draw the next optimizer step from the schedule (a task for each of its `slots_per_step` slots,
+        all ranks') and build this rank's `accumulate_steps` micro-batches of it (what `train_step` runs
+        next). The schedule moves on: the step must be trained before another is drawn."""
         read = list(self.schedule.counts)  # per task: slots read before this step
         drawn = [self.schedule.next_task() for _ in range(self.topo.slots_per_step)]
         return PreparedStep(step=self.step, drawn=drawn, read=read,
                             micro=list(self.feeder.step(self.step, drawn, read)))
 
-    def train_step(self, prepared: Optional["PreparedStep"] = None) -> List[str]:
-        """One optimizer step: the schedule's next `slots_per_step` slots, this rank's
-        `accumulate_steps` of them computed here (`prepared`: drawn by `prepare_step` for this step).
-        Nothing is fetched: the losses are summed on the device (program/loss_sums.py) and read when
-        logged, so on a GPU `exe.run` returns once the step is queued and the next feed is prepared
-        meanwhile. With `fetch_step_losses` (the stepped API, engine/stepping.py) each micro-batch's
-        loss is fetched too and `last_losses` holds the mean loss of each task this rank computed (a
-        sync per micro-batch)."""
+    def train_step(self, prepared: Optional[PreparedStep] = None) -> List[str]:
+        """One optimizer step: the schedule's next `slots_per_step` slots, this rank's `accumulate_steps`
+        of them computed here (`prepared`: drawn by `prepare_step` for this step). Nothing is fetched:
+        the losses are summed on the device and read when logged, so on a GPU `exe.run` returns once the
+        step is queued. With `fetch_step_losses` (the stepped API, engine/stepping.py) each micro-batch's
+        loss is fetched and `last_losses` holds the mean loss of each task this rank computed."""
         prepared = prepared if prepared is not None else self.prepare_step()
         if prepared.step != self.step:
             raise ValueError(f"the micro-batches of step {prepared.step + 1} cannot train step {self.step + 1}: "
                              "train every prepared step once, in order")
-        drawn = prepared.drawn
         replay = self.anomaly.policy == "replay"
-        before = self.p.loss_sums.read(self.scope) if replay else None  # the device is idle here (after_step)
+        before = self.p.loss_sums.read(self.scope) if replay else None  # the device is idle here (after a step)
         records = self.run_micro_batches(prepared.micro)
-        if self.anomaly.every_step:  # --on_anomaly stop / replay (engine/anomaly.py): a sync per step
+        if self.anomaly.every_step:  # --on_anomaly stop / replay: a sync per step
 
             def rerun():  # the same feeds; the replay's losses replace the first attempt's in the window's sums
                 self.p.loss_sums.restore(self.scope, before, self.exe.place)
                 return self.run_micro_batches(prepared.micro)
 
-            started, inside = time.perf_counter(), self.window.run_s
-            records = self.anomaly.after_step(drawn, prepared.read, rerun) or records
-            self.window.run_s = inside + time.perf_counter() - started  # waiting for the device's counter
+            with self.window.in_program():  # mostly waiting for the device's counter
+                records = self.anomaly.after_step(self.step + 1, prepared.micro, rerun) or records
         losses: Dict[str, List[float]] = {}
         for task, tokens, loss in records:
             self.window.add_micro(task, tokens=tokens)
@@ -212,11 +227,11 @@ class Trainer:
                 losses.setdefault(task, []).append(loss)
         self.last_losses = {task: float(np.mean(v)) for task, v in losses.items()}
         self.p.lr_scheduler.step()
-        if self.ema is not None:
-            self.ema.update(self.exe, self.step)  # update number = steps completed before this one
+        if self.p.ema is not None:
+            self.p.ema.update(self.exe, self.step)  # update number = steps completed before this one
         self.step += 1
-        names = [self.tasks[i].spec.name for i in drawn]
-        self.window.add_step(samples=sum(self.tasks[i].spec.batch_size for i in drawn), drawn=names)
+        names = [self.tasks[i].spec.name for i in prepared.drawn]
+        self.window.add_step(samples=sum(self.tasks[i].spec.batch_size for i in prepared.drawn), drawn=names)
         return names
 
     def run_micro_batches(self, micro_batches: Sequence[MicroBatch]) -> List:
@@ -225,33 +240,31 @@ class Trainer:
         records = []
         for micro in micro_batches:
             fetch = [self.p.fwd.task_losses[micro.task]] if self.fetch_step_losses else None
-            started = time.perf_counter()
-            values = self.exe.run(self.p.main, feed=micro.feed, fetch_list=fetch)
-            self.window.run_s += time.perf_counter() - started
+            with self.window.in_program():
+                values = self.exe.run(self.p.main, feed=micro.feed, fetch_list=fetch)
             records.append((micro.task, micro.tokens, float(np.asarray(values[0]).reshape(-1)[0]) if fetch else None))
         return records
 
     def log_window(self) -> None:
-        started = time.perf_counter()
-        taken = self.p.loss_sums.take(self.exe)  # the window's one fetch: waits for the device (program time)
-        self.window.run_s += time.perf_counter() - started
-        self.window.add_sums(taken.sums, self.p.loss_sums.columns, lr=taken.lr, loss_scale=taken.loss_scale)
-        lines, logs = self.reporter.window(self, self.window)
-        logs.update(self.anomaly.window({task: self.window.mean_loss(task) for task in self.window.count}))
-        if self.stragglers.enabled:  # every rank, at the same steps
-            w = self.window  # step times without the shared work (a checkpoint is not a slow step)
+        with self.window.in_program():
+            taken = self.p.loss_sums.take(self.exe)  # the window's one fetch: waits for the device
+        w = self.window
+        w.add_sums(taken.sums, self.p.loss_sums.columns, lr=taken.lr, loss_scale=taken.loss_scale)
+        lines, logs = self.reporter.window(self.step, w)
+        logs.update(self.anomaly.window({task: w.mean_loss(task) for task in w.count}))
+        if self.stragglers.enabled:  # every rank, at the same steps; a checkpoint is not a slow step
             scalars, warning = self.stragglers.window(w.steps, w.elapsed - w.shared_s, w.own_s)
             logs.update(scalars)
             if warning and self.is_rank0:
-                self.log.warning(warning)
+                self.session.log.warning(warning)
         for i, task in enumerate(self.tasks):  # e.g. samples read per corpus of a mixture
             logs.update(task.data_scalars(self.schedule.counts[i] * task.spec.batch_size))
         for line in lines:
             self.print(line)
         self.emit("on_log", self.step, logs)
-        self.window.reset()
+        w.reset()
 
-    # -- evaluation, checkpoints, finished targets ---------------------------------------------------
+    # -- evaluation, exports, checkpoints, stops, finished targets -----------------------------------
     def evaluate(self, only: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, float]]:
         """Tasks with a dev file (every task but finished targets, or the tasks `only`); rank 0's
         metrics on every rank, so callbacks decide identically everywhere."""
@@ -259,29 +272,50 @@ class Trainer:
                  (t.spec.name in only if only is not None else
                   not (t.spec.is_target and self.schedule.is_finished(t.spec.index)))]
         results = self.evaluator.evaluate(tasks, self.plan.dev, "evaluation")
-        for t in tasks:
-            name = t.spec.name
+        for task in tasks:
+            name = task.spec.name
             self.evaluated_at[name], self.latest_eval[name] = self.step, results[name]
             self.print(self.reporter.metrics("eval", name, self.step, results[name])[0])
             self.emit("on_evaluate", name, results[name])
         return results
 
+    def export_due(self, final: bool = False) -> None:
+        """Export every due target (finished, or every one at the end), after a last evaluation of those
+        with a dev file that were not evaluated at this step."""
+        due = self.exporter.due(final)
+        last = [t.spec.name for t in due
+                if t.spec.name in self.plan.dev and self.evaluated_at.get(t.spec.name) != self.step]
+        if last:
+            self.evaluate(only=last)
+        for task in due:
+            if not task.exportable:
+                self.exporter.skip(task, self.step)
+                note = self.reporter.note_unexportable(task, self.step)
+                if note:
+                    self.print(note)
+                continue
+            path, line = self.exporter.export(task, self.step)
+            self.print(line)
+            self.emit("on_save", str(path))
+
     def save_checkpoint(self, name: str, note: str = "") -> None:
-        path = self.checkpointer.save(name, train_state(self))
+        path = self.checkpointer.save(name, train_state(self.session, step=self.step, components=self.stateful))
         if note:
             self.print(f"{note}: {path}")
         self.emit("on_save", str(path))
 
-    def preempt(self, *, saved: bool) -> None:
-        """A preemption signal (ernie_mtl/dist/preemption.py): save model_last at this step on every rank
-        (unless it was just saved), then stop the run with `Preempted`."""
-        if not saved:
+    def stop_if_requested(self) -> None:
+        """A stop the anomaly policy or preemption asked for (engine/stops.py): model_last of this step saved
+        (unless it just was), the stop's line, its exception."""
+        stop = self.stops.take()
+        if stop is None:
+            return
+        if self.checkpointer.saved_at.get(LAST) != self.step:
             self.save_checkpoint(LAST)
         path = str(self.checkpointer.root / LAST)
-        signal_name = preemption.requested() or "TERM (on another rank)"
-        self.print(f"preempted (SIG{signal_name}): stopped at step {self.step} with {path} saved; run the same "
-                   "command again to resume")
-        raise preemption.Preempted(self.step, signal_name, path)
+        if stop.line is not None:
+            self.print(stop.line(self.step, path))
+        raise stop.error(self.step, path)
 
     def finish_task(self, name: str, reason: str) -> None:
         """End a target early (early stopping): it leaves the sampler, is no longer evaluated and is
@@ -296,32 +330,76 @@ class Trainer:
                 self.print(f"the run now ends at step {horizon}: learning rate re-planned to reach "
                            f"{self.cfg.optim.min_lr:g} there")
 
-    # -- small accessors ---------------------------------------------------------------------------
-    def task(self, name: str):
-        return next(t for t in self.tasks if t.spec.name == name)
+    # -- what callbacks read (the session's, by the names they have always had) ----------------------
+    @property
+    def cfg(self):
+        return self.session.cfg
+
+    @property
+    def setup(self):
+        return self.session.cfg.setup
+
+    @property
+    def info(self):
+        return self.session.info
+
+    @property
+    def topo(self):
+        return self.session.topo
+
+    @property
+    def plan(self):
+        return self.session.plan
+
+    @property
+    def tasks(self):
+        return self.session.plan.tasks
+
+    @property
+    def schedule(self):
+        return self.session.plan.schedule
+
+    @property
+    def p(self):
+        return self.session.programs
+
+    @property
+    def exe(self):
+        return self.session.exe
+
+    @property
+    def scope(self):
+        return self.session.scope
+
+    @property
+    def log(self):
+        return self.session.log
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.session.is_rank0
+
+    @property
+    def freeze(self):
+        return self.session.programs.freeze
 
     @property
     def consumed_samples(self) -> int:
         """Training samples read so far by all ranks."""
-        return int(sum(c * t.spec.batch_size for c, t in zip(self.schedule.counts, self.tasks)))
+        return consumed_samples(self.session.plan)
 
     @property
     def exported(self) -> Dict[str, int]:
         return self.exporter.exported
 
+    def task(self, name: str):
+        return next(t for t in self.tasks if t.spec.name == name)
+
     def print(self, message: str) -> None:
-        if self.is_rank0:
-            self.log.info(message)
+        if self.session.is_rank0:
+            self.session.log.info(message)
 
     _print = print  # callbacks written against the multi-task trainer call _print
 
     def emit(self, hook: str, *args) -> None:
-        for cb in self.callbacks:
-            getattr(cb, hook)(self, *args)
-
-    def close(self) -> None:
-        self.feeder.close()  # the data-loading workers exit (also when the run stops on a preemption signal)
-        preemption.restore(self.previous_handlers)
-        if self.bar is not None:
-            self.bar.close()
-        self.writer.close()
+        self.callbacks.emit(hook, self, *args)

@@ -52,6 +52,15 @@ class Window:
         return max(self.elapsed - self.run_s - self.shared_s, 0.0)
 
     @contextlib.contextmanager
+    def in_program(self):
+        """Time the block as program time (Executor.run, or waiting for the device's results)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.run_s += time.perf_counter() - started
+
+    @contextlib.contextmanager
     def shared(self):
         """Time the block as shared work (not counted as this rank's own)."""
         started = time.perf_counter()

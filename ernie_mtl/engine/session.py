@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from ernie_mtl.checkpoint.reshard import Continuation
 from ernie_mtl.checkpoint.store import CheckpointRef, Checkpointer, read_train_state_file
 from ernie_mtl.config import ConfigError, parse_cpu_kernels
 from ernie_mtl.engine.elastic import (check_init_from, continuation_for, is_checkpoint, portable_state, warm_start,
                                       write_state)
+from ernie_mtl.dist import preemption
 from ernie_mtl.dist.process import ProcessInfo, StoreBarrier, executor_mode, resolve_device, start_process
 from ernie_mtl.dist.topology import Topology
-from ernie_mtl.planning.plan import RunPlan, prepare, resume_point
+from ernie_mtl.planning.plan import RunPlan, prepare, resume_checks, resume_point
 from ernie_mtl.program.builder import Programs, build_run_programs
 from ernie_mtl.dist.compat import is_cpu_build, strip_gpu_sync_ops
 from ernie_mtl.program.cpu_kernels import tune_for_cpu, use_onednn_ops
@@ -45,6 +46,7 @@ class Session:
     continuation: Optional[Continuation] = None  # how it continues on this topology (ernie_mtl/engine/elastic.py)
     warm_start: Optional[str] = None  # --init_from of a new run: what was loaded (the line to log)
     kernels: Optional[KernelChoice] = None  # CPU runs: the kernels the programs run with (checkpoints record it)
+    resume_checks: Dict[str, Any] = field(default_factory=dict)  # what must not change to resume (planning.plan)
 
     @property
     def is_rank0(self) -> bool:
@@ -68,7 +70,8 @@ class Session:
             log=log, save_program_state=lambda prefix: paddle.static.save(state, prefix),
             load_program_state=lambda prefix: paddle.static.load(state, prefix, self.exe),
             write_state=lambda values, what: write_state(self, values, what), topology=self.topo.to_dict(),
-            state_format=self.cfg.train.checkpoint_format, portable_state=lambda choose: portable_state(self, choose))
+            state_format=self.cfg.train.checkpoint_format, portable_state=lambda choose: portable_state(self, choose),
+            checkpoint_steps=self.cfg.train.checkpoint_steps, save_steps=self.cfg.train.save_steps)
 
     def scope_guard(self):
         """Run the block with this session's scope as paddle's global scope (what `exe.run` and
@@ -85,6 +88,9 @@ def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]]
     executor decisions)."""
     import paddle
 
+    from ernie_mtl.dist.compat import require_supported_paddle
+
+    require_supported_paddle()  # every face trains through here (the PALM face too)
     info, log, topo = start_process(cfg, on_distributed=on_distributed)
     for line in [*notes, *cfg.setup.reports]:
         log.info(line)
@@ -101,6 +107,7 @@ def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]]
     plan = prepare(cfg, info=info, topo=topo, barrier=barrier, log=log.info,
                    resume=resume_point(resume_from, continuation, topo))
     programs = build_programs(cfg, topo, plan)
+    preemption.guard_again()  # in case a library imported while building replaced the handlers
     if init_from and not is_checkpoint(init_from):
         programs.weights = init_from  # a PaddleNLP directory: loaded by initialisation (before AMP O2's cast)
     kernels = cpu_kernel_choice(cfg, info, barrier, programs, plan, resume_from, log)
@@ -113,7 +120,8 @@ def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]]
                 raise ConfigError([f"--init_from {init_from}: {p}" for p in e.problems]) from None
             raise
     session = Session(cfg=cfg, info=info, log=log, topo=topo, barrier=barrier, plan=plan, programs=programs, exe=exe,
-                      scope=scope, resume_from=resume_from, continuation=continuation, kernels=kernels)
+                      scope=scope, resume_from=resume_from, continuation=continuation, kernels=kernels,
+                      resume_checks=resume_checks(cfg, plan))
     if init_from and is_checkpoint(init_from):
         session.warm_start = warm_start(session, init_from, with_optimizer=cfg.train.init_optimizer)
     elif init_from:

@@ -20,28 +20,59 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional, Protocol
 
 from ernie_mtl.checkpoint.layout import METRICS_FILE, TEST_RESULTS
 from ernie_mtl.checkpoint.reshard import Continuation
 from ernie_mtl.checkpoint.store import CheckpointRef, TrainState, existing_outputs
-from ernie_mtl.planning.plan import resume_checks  # noqa: F401  (re-exported: the loop's import)
+from ernie_mtl.engine.reporting import consumed_samples
+from ernie_mtl.planning.plan import resume_checks  # noqa: F401  (re-exported: the session's import)
 
 
-def train_state(trainer) -> TrainState:
-    """The train state of the loop `trainer` now (read only)."""
-    t, s = trainer, trainer.session
-    return TrainState(
-        step=t.step, consumed_samples=t.consumed_samples, lr_scheduler=s.programs.lr_scheduler.state_dict(), rng={},
-        sampler=t.schedule.state_dict(), config=s.cfg.to_dict(), topology=s.topo.to_dict(),
-        name_map=s.programs.name_map,
-        extra={"resume_checks": t.resume_checks, "arch": dict(s.programs.arch), "exported": t.exporter.exported,
-               "flag_mode": s.cfg.flag_mode, "train_samples": dict(s.plan.train_samples),
-               "cpu_kernels": s.kernels.to_json() if s.kernels is not None else None,
-               "callbacks": {type(cb).__name__: cb.state_dict() for cb in t.callbacks},
-               "tasks": [{"name": task.spec.name, "reader": task.name, "group": t.group_of[task.spec.name],
-                          "is_target": task.spec.is_target, "spec": task.spec.to_json(),
-                          "manifest": task.manifest()} for task in s.plan.tasks]})
+class Stateful(Protocol):
+    """A component that carries part of the train state (torchtitan's `Stateful`): what it must keep for
+    an exact resume, and how it takes it back."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+class LRState:
+    """The LR scheduler as a `Stateful` (Paddle's schedulers name the second method set_state_dict)."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.scheduler.set_state_dict(state)
+
+
+# Where each component's state lives in a checkpoint's train state (train_state.json): the task schedule
+# and the LR scheduler at the top, the others under `extra` (the format every checkpoint already has).
+TOP_LEVEL = ("sampler", "lr_scheduler")
+COMPONENTS = ("sampler", "lr_scheduler", "exported", "callbacks")
+
+
+def train_state(session, *, step: int, components: Mapping[str, Stateful]) -> TrainState:
+    """The train state at optimizer step `step`: each component's `state_dict()` (`COMPONENTS`) and what
+    the session knows of the run (config, topology, name map, data identity, tasks, the CPU kernels)."""
+    s = session
+    states = {name: components[name].state_dict() for name in COMPONENTS}
+    group_of = {t: g.name for g in s.programs.groups for t in g.tasks}
+    extra = {"resume_checks": s.resume_checks, "arch": dict(s.programs.arch), "exported": states["exported"],
+             "flag_mode": s.cfg.flag_mode, "train_samples": dict(s.plan.train_samples),
+             "cpu_kernels": s.kernels.to_json() if s.kernels is not None else None,
+             "callbacks": states["callbacks"],
+             "tasks": [{"name": task.spec.name, "reader": task.name, "group": group_of[task.spec.name],
+                        "is_target": task.spec.is_target, "spec": task.spec.to_json(),
+                        "manifest": task.manifest()} for task in s.plan.tasks]}
+    return TrainState(step=step, consumed_samples=consumed_samples(s.plan), lr_scheduler=states["lr_scheduler"],
+                      rng={}, sampler=states["sampler"], config=s.cfg.to_dict(), topology=s.topo.to_dict(),
+                      name_map=s.programs.name_map, extra=extra)
 
 
 @dataclass
@@ -55,6 +86,11 @@ class ResumeState:
     exported: Dict[str, int] = field(default_factory=dict)
     callbacks: Dict[str, Any] = field(default_factory=dict)  # by class name: enabling a callback later still resumes
     continuation: Optional[Continuation] = None  # how it continues on this topology (None: as written)
+
+    def apply(self, components: Mapping[str, Stateful]) -> None:
+        """Give every component its state back (`COMPONENTS`)."""
+        for name in COMPONENTS:
+            components[name].load_state_dict(getattr(self, name))
 
 
 def restore(checkpointer, ref: Optional[CheckpointRef], topo, checks: Dict[str, Any], *,

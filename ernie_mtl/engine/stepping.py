@@ -112,10 +112,8 @@ class SteppedRun:
             raise RuntimeError(f"step {self.pending.step + 1} was drawn (next_batch) but not trained; train it first")
         try:
             with self._active():
-                from ernie_mtl.engine.evaluation import final_test
-
                 self.trainer.end()
-                test = final_test(self.trainer)
+                test = self.trainer.final_test()
         finally:
             self.close()
         self.session.log.info(self.trainer.reporter.closing(self.session.cfg.train.output_dir))

@@ -60,6 +60,7 @@ class EngineHooks:
             problems.append(str(e))
         problems += _extension_problems(cfg)
         problems += _device_problems(cfg)
+        problems += cpu_kernel_problems(train.cpu_kernels)
         if train.resume not in RESUME_WORDS and not is_complete(train.resume):
             problems.append(f"--resume {train.resume}: not a complete checkpoint (no train_state.json); use auto, "
                             "none, or a model_last / model_<step> folder")
@@ -118,6 +119,38 @@ def _device_problems(cfg: RunConfig) -> List[str]:
         problems.append("--use_amp with --amp_dtype bfloat16 cannot run on CPU (Paddle 2.6.2 lacks the bf16 CPU "
                         "kernels); use --device gpu, --amp_dtype float16, or drop --use_amp")
     return problems
+
+
+def cpu_kernel_problems(value: Any) -> List[str]:
+    """Op types listed in --cpu_kernels that this Paddle does not have (a typo such as matmul_v3 used to
+    switch nothing, silently): each named, with the nearest op type. A gradient type counts when its
+    forward type is an op."""
+    from ernie_mtl.config import parse_cpu_kernels
+
+    try:
+        mode, types = parse_cpu_kernels(value)
+    except ValueError:
+        return []  # config reports it
+    if mode != "list":
+        return []
+    from paddle.base.framework import OpProtoHolder
+
+    known = set(OpProtoHolder.instance().op_proto_map)
+    problems = []
+    for op_type in types:
+        if op_type in known or (op_type.endswith("_grad") and op_type[:-len("_grad")] in known):
+            continue
+        hint = suggest(op_type, sorted(known | {f"{k}_grad" for k in known}))
+        problems.append(f"--cpu_kernels {value}: {op_type!r} is not an op type of Paddle "
+                        f"{_paddle_version()}{hint}; list op types of the program (e.g. matmul_v2,matmul_v2_grad) "
+                        "or use auto, exact or plain")
+    return problems
+
+
+def _paddle_version() -> str:
+    import paddle
+
+    return paddle.__version__
 
 
 def _extension_problems(cfg: RunConfig) -> List[str]:

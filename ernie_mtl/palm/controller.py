@@ -8,14 +8,20 @@ which is the engine's multi-task configuration (docs/multitask_config.md) unchan
     records = controller.pred("mrqa")                            # <save_path>/mrqa/infer_model
 
 PALM 1.x's keys load as they are (`learning_rate`, `save_path`, `backbone_config_path`,
-`pretrain_model_path`, ...); what differs is in docs/multitask_config.md ("PALM keys"). Outputs keep
-PALM 1.x's layout: inference models at `<save_path>/<task>/infer_model`, predictions at
-`<save_path>/<task>/predictions.json` (checkpoints are the engine's `model_<step>` / `model_last`).
+`pretrain_model_path`, `epoch`, a task's `pred_output_path`, `pred_batch_size`, `shuffle`,
+`print_first_n`, ...); what differs is in docs/multitask_config.md ("PALM keys"). As PALM's did, the
+controller takes command-line overrides of the global configuration from the script's own arguments
+(`python demo.py --learning_rate 3e-5`; any flag of the command line, `--tasks.<task>.<key>` too): a
+bad one is a ConfigError naming it. `Controller(..., argv=[...])` gives them explicitly (`argv=[]`: none).
+Outputs keep PALM 1.x's layout: inference models at `<save_path>/<task>/infer_model`, predictions at
+`<save_path>/<task>/predictions.json`, or in the task's `pred_output_path` (checkpoints are the engine's
+`model_<step>` / `model_last`).
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, Optional, Union
+import sys
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from ernie_mtl.config import ConfigError
 
@@ -23,7 +29,8 @@ from ernie_mtl.config import ConfigError
 class Controller:
     """PALM 1.x's controller over the engine's multi-task YAML path; see the module docstring."""
 
-    def __init__(self, config: Union[str, Mapping[str, Any]], task_dir: str = ".", for_train: bool = True):
+    def __init__(self, config: Union[str, Mapping[str, Any]], task_dir: str = ".", for_train: bool = True,
+                 argv: Optional[Sequence[str]] = None):
         if isinstance(config, Mapping):
             self._mapping: Optional[Dict[str, Any]] = dict(config)
             self._path: Optional[str] = None
@@ -34,6 +41,8 @@ class Controller:
         self._task_dir = os.fspath(task_dir)
         self._for_train = bool(for_train)
         self._flags: Dict[str, Any] = {}
+        # PALM's controller fused the script's command line into the global configuration (PDConfig)
+        self._argv: List[str] = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
 
     def load_pretrain(self, pretrain_model_path: Optional[str] = None) -> None:
         """Pretrained backbone weights: an ERNIE 1.0 / PALM params/ directory or a PaddleNLP model directory
@@ -71,12 +80,15 @@ class Controller:
         t = cfg.train
         if not t.pred_file:
             raise ConfigError([f"task {task_instance}: no pred_file in its task YAML; add `pred_file: <path>`"])
+        spec = next((s for s in cfg.setup.tasks if s.name == task_instance), None)
         model_dir = inference_model_dir or export_dir(t.output_dir, task_instance)
         with static_mode_restored():
-            result = predict_exported(model_dir, t.pred_file)
+            result = predict_exported(model_dir, t.pred_file,
+                                      batch_size=spec.pred_batch_size if spec is not None else None)
         records = result.records
-        write_json_atomic(os.path.join(t.output_dir, task_instance, "predictions.json"), records, indent=1,
-                          sort_keys=False)
+        folder = (spec.pred_output_path if spec is not None and spec.pred_output_path else
+                  os.path.join(t.output_dir, task_instance))
+        write_json_atomic(os.path.join(folder, "predictions.json"), records, indent=1, sort_keys=False)
         return records
 
     def _load(self, argv: List[str]):
@@ -87,6 +99,7 @@ class Controller:
         argv = list(argv) + ["--task_dir", self._task_dir]
         for key, value in self._flags.items():
             argv += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+        argv += self._argv  # the script's command line wins, as PALM's PDConfig let it
         with static_mode_restored():
             if self._path is not None:
                 return parse_config(["--config", self._path] + argv, hooks=HOOKS)

@@ -2,12 +2,16 @@
 (`from paddlepalm.distribute import gpu_dev_count` becomes `from ernie_mtl.palm.distribute import gpu_dev_count`).
 
 The engine does not split batches per device as PALM did: one process drives one device, and several
-devices are several processes (`python -m paddle.distributed.launch`, docs/launch.md).
+devices are several processes (`python -m paddle.distributed.launch`, docs/launch.md). `gpu_dev_count`
+(and `dev_count`) ask Paddle on first use, so importing the PALM face does not import Paddle (the
+engine's data-loading workers unpickle its task type without it).
 """
 from __future__ import annotations
 
 import multiprocessing
 import os
+
+cpu_dev_count = int(os.environ.get("CPU_NUM", multiprocessing.cpu_count()))
 
 
 def _gpu_count() -> int:
@@ -19,8 +23,13 @@ def _gpu_count() -> int:
         return 0
 
 
-gpu_dev_count = _gpu_count()
-cpu_dev_count = int(os.environ.get("CPU_NUM", multiprocessing.cpu_count()))
-dev_count = gpu_dev_count if gpu_dev_count > 0 else cpu_dev_count
+def __getattr__(name):
+    if name == "gpu_dev_count":
+        return _gpu_count()
+    if name == "dev_count":
+        gpus = _gpu_count()
+        return gpus if gpus > 0 else cpu_dev_count
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["gpu_dev_count", "cpu_dev_count", "dev_count"]
+
+__all__ = ["gpu_dev_count", "cpu_dev_count", "dev_count"]  # noqa: F822  (gpu_dev_count, dev_count: __getattr__)

@@ -1,57 +1,172 @@
-"""PaddlePALM's task heads (`palm.head.*`): the output layer and loss of a task, as options of the
-engine's task types (docs/palm.md lists what differs from PALM's heads).
+"""PaddlePALM's task heads (`palm.head.*`) and PALM's contract for writing one (`palm.head.Head`).
 
-A head keeps PALM's constructor; the trainer turns it into the task type's options (`n_classes`,
-`dropout`, `use_crf`, ...). After `Trainer.predict`, `get_results()` returns what the head wrote
-(PALM's heads only wrote files): the records, in input order.
+A built-in head (`Classify`, `Match`, `SequenceLabel`, `MRC`, `MaskLM`) keeps PALM's constructor and
+becomes the options of an engine task type (`n_classes`, `dropout`, `use_crf`, ...; docs/palm.md lists
+what differs from PALM's heads). After `Trainer.predict`, its `get_results()` returns the records, in
+input order (PALM's built-in heads only wrote files).
+
+A user's head subclasses `Head` (or a built-in head) and implements `build(inputs, scope_name)` as in
+PALM: `inputs['backbone'][name]` and `inputs['reader'][name]` are the static-graph variables it declared
+in `inputs_attrs`; it returns `{'loss': ...}` in the train phase and its prediction variables in the
+predict phase. The engine builds it inside its own programs (ernie_mtl/palm/adaptor.py: training,
+evaluation, export, prediction), fetches what `build` returned, and calls `batch_postprocess` with each
+prediction batch's fetched values and `epoch_postprocess` at the end, as PALM's trainer did.
+docs/palm_extending.md is the guide.
 """
 from __future__ import annotations
 
+import copy
+import json
+import os
 from typing import Any, Dict, Optional, Tuple
 
 
 class Head:
-    """PALM's `Head` base."""
-
-    readers: Tuple[str, ...] = ()  # the reader classes this head reads from (PALM names)
+    """PALM's `Head` base: subclass it and implement `build` (and optionally `inputs_attrs`,
+    `outputs_attr`, `epoch_inputs_attrs`, `batch_postprocess`, `epoch_postprocess`)."""
 
     def __init__(self, phase: str = "train"):
         if phase not in ("train", "predict"):
             raise ValueError(f"phase {phase!r}: a head's phase is 'train' or 'predict'")
         self._phase = phase
-        self._results: Optional[Any] = None
+        self._is_training = phase == "train"  # the attribute PALM's own heads read
+        self._stop_gradient: Dict[str, Any] = {}
+        self._prog = None
+        self._results_buffer: list = []
 
     @property
     def phase(self) -> str:
-        return self._phase
+        return phase_of(self)
 
     @property
     def inputs_attrs(self) -> Dict[str, Any]:
+        """What `build` reads: {'reader': {name: [shape, dtype]}, 'backbone': {name: [shape, dtype]}}."""
         return {"reader": {}, "backbone": {}}
 
     @property
     def outputs_attr(self) -> Dict[str, Any]:
-        return {"loss": [[1], "float32"]} if self._phase == "train" else {}
+        """What `build` returns: 'loss' in the train phase, the prediction variables in the predict phase."""
+        return {"loss": [[1], "float32"]} if phase_of(self) == "train" else {}
 
     @property
     def epoch_inputs_attrs(self) -> Dict[str, Any]:
+        """Non-empty: `epoch_postprocess` receives `{'reader': reader.get_epoch_outputs()}`."""
         return {}
 
     def build(self, inputs, scope_name=""):
-        raise NotImplementedError("ernie_mtl builds the heads itself (one engine for every face): hand the head "
-                                  "to Trainer.build_forward / build_predict_forward")
+        """The head's graph: `inputs['backbone']`, `inputs['reader']` -> {'loss': ...} (train) or the
+        prediction variables (predict), with Paddle's static API (paddle.static.nn, paddle.nn.functional)."""
+        raise NotImplementedError(f"{type(self).__name__}.build(inputs, scope_name) is not implemented: a head "
+                                  "written on palm.head.Head builds its graph there (docs/palm_extending.md)")
 
     def batch_postprocess(self, rt_outputs):
+        """Each batch's fetched outputs (`{name: array}`); PALM's default keeps one record per row."""
+        buffer = self.__dict__.setdefault("_results_buffer", [])
+        if isinstance(rt_outputs, dict):
+            keys = list(rt_outputs)
+            values = [rt_outputs[k] for k in keys]
+            if len({len(v) for v in values}) == 1:
+                results = [dict(zip(keys, row)) for row in zip(*values)]
+                buffer.extend(results)
+                return results
+            print("WARNING: irregular output results. visualize failed.")
+            buffer.append(rt_outputs)
         return None
 
     def epoch_postprocess(self, post_inputs=None, output_dir=None):
+        """After the last batch; PALM's default writes the kept records to `<output_dir>/<phase>` (one
+        JSON per line) when `output_dir` is given, else returns them."""
+        buffer = self.__dict__.setdefault("_results_buffer", [])
+        if output_dir is None:
+            return buffer
+        os.makedirs(output_dir, exist_ok=True)
+        with open(os.path.join(output_dir, phase_of(self)), "w", encoding="utf-8") as writer:
+            for record in buffer:
+                writer.write(json.dumps(record, default=_jsonable) + "\n")
+        return None
+
+    def reset(self) -> None:
+        self._results_buffer = []
+
+    def get_results(self):
+        """What `batch_postprocess` kept (PALM's default), a copy."""
+        return copy.deepcopy(self.__dict__.get("_results_buffer", []))
+
+
+def phase_of(head) -> str:
+    """A head's phase, also for heads written like PALM's own, which never called `Head.__init__` and set
+    `_is_training` instead."""
+    phase = head.__dict__.get("_phase")
+    if phase in ("train", "predict"):
+        return phase
+    if "_is_training" in head.__dict__:
+        return "train" if head.__dict__["_is_training"] else "predict"
+    return "train"
+
+
+def runs_own_build(head) -> bool:
+    """Whether the engine builds `head`'s own graph (PALM's `build`): any head but the built-in ones
+    used as they are (a subclass of a built-in head that overrides `build` runs its own)."""
+    return not isinstance(head, _BuiltinHead) or type(head).build is not Head.build
+
+
+def postprocesses_itself(head) -> bool:
+    """Whether prediction calls the head's own `batch_postprocess`/`epoch_postprocess` (a user's head,
+    or a built-in head whose subclass overrides them) instead of writing PALM's files for it."""
+    if runs_own_build(head):
+        return True
+    base = next(c for c in type(head).__mro__ if c in _BUILTIN)
+    return type(head).batch_postprocess is not base.batch_postprocess or \
+        type(head).epoch_postprocess is not base.epoch_postprocess
+
+
+def declared_outputs(head) -> Dict[str, Any]:
+    """`outputs_attr`, or PALM's spelling `outputs_attrs` when a head defines that one."""
+    own = getattr(type(head), "outputs_attrs", None)
+    if own is not None:
+        try:
+            return dict(getattr(head, "outputs_attrs") or {})
+        except Exception:  # noqa: BLE001  (a head's declaration that cannot be read is not used)
+            return {}
+    try:
+        return dict(head.outputs_attr or {})
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def _jsonable(value):
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+class _BuiltinHead(Head):
+    """A head the engine's task types implement: the trainer turns it into the task type's options."""
+
+    readers: Tuple[str, ...] = ()  # the reader classes this head reads from (PALM names)
+
+    def __init__(self, phase: str = "train"):
+        super().__init__(phase)
+        self._results: Optional[Any] = None
+
+    def epoch_postprocess(self, post_inputs=None, output_dir=None):
+        if runs_own_build(self):  # a subclass with its own graph: PALM's default postprocessing
+            return super().epoch_postprocess(post_inputs, output_dir)
         return self._results
 
     def reset(self) -> None:
+        super().reset()
         self._results = None
 
     def get_results(self):
-        """The predictions of the latest `Trainer.predict` with this head (None before)."""
+        """The predictions of the latest `Trainer.predict` with this head (None before); a subclass that
+        builds its own graph: what its batch_postprocess kept (PALM's default)."""
+        if runs_own_build(self):
+            return super().get_results()
         return self._results
 
     # -- the engine's view --------------------------------------------------------------------------
@@ -65,15 +180,16 @@ class Head:
             raise ValueError(f"{type(self).__name__} head reads from {' or '.join(self.readers)}, not "
                              f"{type(reader).__name__}")
         dim = getattr(self, "_input_dim", None)
-        if dim is not None and backbone is not None and dim != backbone.hidden_size:
+        hidden = getattr(backbone, "hidden_size", None)
+        if dim is not None and hidden is not None and dim != hidden:
             raise ValueError(f"{type(self).__name__}: input_dim {dim} differs from the backbone's hidden_size "
-                             f"{backbone.hidden_size}")
+                             f"{hidden}")
 
     def _set_results(self, results) -> None:
         self._results = results
 
 
-class Classify(Head):
+class Classify(_BuiltinHead):
     """Softmax classifier over the pooled [CLS] vector (`logits`, `probs`)."""
 
     readers = ("ClassifyReader", "MatchReader")
@@ -100,7 +216,7 @@ class Classify(Head):
                              "learning_strategy='pairwise')")
 
 
-class Match(Head):
+class Match(_BuiltinHead):
     """Sentence-pair matching: a softmax classifier (pointwise) or a ranking score with a hinge loss
     (pairwise)."""
 
@@ -139,7 +255,7 @@ class Match(Head):
             raise ValueError("pairwise matching needs the backbone config key is_pairwise: True (as in PALM)")
 
 
-class SequenceLabel(Head):
+class SequenceLabel(_BuiltinHead):
     """Token tagging with a linear-chain CRF (PALM's loss), decoded by Viterbi (PALM decoded with an
     argmax over the emissions)."""
 
@@ -171,7 +287,7 @@ class SequenceLabel(Head):
                              "labels; they must agree")
 
 
-class MRC(Head):
+class MRC(_BuiltinHead):
     """Span extraction: start and end logits over the window, decoded into answer text per question."""
 
     readers = ("MRCReader",)
@@ -211,7 +327,7 @@ class MRC(Head):
                              f"{reader.options()['max_query_len']}")
 
 
-class MaskLM(Head):
+class MaskLM(_BuiltinHead):
     """Masked language model head, its output layer tied to the word embedding."""
 
     readers = ("MaskLMReader",)
@@ -227,5 +343,7 @@ class MaskLM(Head):
             return {"loss": [[1], "float32"]}
         return {"logits": [[-1, self.vocab_size], "float32"]}
 
+
+_BUILTIN = (Classify, Match, SequenceLabel, MRC, MaskLM)
 
 __all__ = ["Head", "Classify", "Match", "SequenceLabel", "MRC", "MaskLM"]

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+
 from ernie_mtl.palm.trainer import LossVar, Trainer
 
 
@@ -34,9 +35,16 @@ class MultiHeadTrainer(Trainer):
         trainers = list(trainers)
         if not trainers or not all(isinstance(t, Trainer) and not isinstance(t, MultiHeadTrainer) for t in trainers):
             raise TypeError("MultiHeadTrainer takes a non-empty list of palm.Trainer objects")
-        names = [t.task_name for t in trainers]
-        if len(set(names)) != len(names):
-            raise ValueError(f"trainer names {[t.name for t in trainers]} are not distinct")
+        seen = {}
+        for t in trainers:
+            if t.task_name in seen:
+                same = seen[t.task_name] == t.name
+                raise ValueError(f"trainers {seen[t.task_name]!r} and {t.name!r} "
+                                 + ("have the same name" if same else
+                                    f"collide: both become task {t.task_name!r} (a task name is made folder-safe: "
+                                    "characters other than letters, digits, '-' and '_' become '_')")
+                                 + "; rename one of them")
+            seen[t.task_name] = t.name
         super().__init__("+".join(t.name for t in trainers))
         self._multi = True
         self._trainers = trainers
@@ -58,8 +66,77 @@ class MultiHeadTrainer(Trainer):
         return LossVar([t.task_name for t in self._trainers])
 
     def build_predict_forward(self) -> Dict[str, Any]:
-        """The trainers' prediction heads (each trainer predicts its own file: `predict()`)."""
-        return {t.name: t._pred_head.outputs_attr for t in self._trainers if t._pred_head is not None}
+        """PALM's joint multi-head prediction: one prediction program holding every trainer's
+        predict-phase head (each trainer's `build_predict_forward(backbone, head)` first) on the shared
+        backbone; `predict_one_batch(task, batch)` runs it. Returns the heads' outputs by trainer."""
+        from ernie_mtl.palm.head import declared_outputs
+
+        heads = [t for t in self._trainers if t._pred_head is not None]
+        if not heads:
+            raise RuntimeError("build_predict_forward: call build_predict_forward(backbone, head) of the trainers "
+                               "first")
+        first = heads[0]._pred_backbone
+        if any(t._pred_backbone is not first and type(t._pred_backbone) is not type(first) for t in heads):
+            raise ValueError("the trainers' prediction backbones differ: build every prediction head on the same one")
+        self._pred_backbone = first
+        self._predictor = None
+        return {t.name: declared_outputs(t._pred_head) for t in heads}
+
+    def merge_inference_readers(self, readers):
+        """The trainers' prediction readers (a list in trainer order, or a dict by trainer name); returns
+        `iterator(task_name)`, which yields that trainer's batches (one pass, PALM's dicts with
+        `__task_id`) for `predict_one_batch(task_name, batch)`."""
+        from ernie_mtl.palm.adaptor import ReaderBatch, one_pass
+
+        if isinstance(readers, dict):
+            unknown = sorted(set(readers) - {t.name for t in self._trainers})
+            if unknown:
+                raise ValueError(f"readers for unknown trainer(s) {unknown}")
+            pairs = [(t, readers[t.name]) for t in self._trainers if t.name in readers]
+        else:
+            readers = list(readers)
+            if len(readers) != len(self._trainers):
+                raise ValueError(f"{len(readers)} readers for {len(self._trainers)} trainers")
+            pairs = list(zip(self._trainers, readers))
+        for t, r in pairs:
+            t.fit_reader(r, phase="predict")
+        self._predictor = None
+        ids = {t.name: i for i, t in enumerate(self._trainers)}
+
+        def iterator(task_name):
+            trainer = self._trainer(task_name)
+            if trainer._pred_reader is None:
+                raise ValueError(f"no prediction reader for trainer {task_name!r}")
+            for batch in one_pass(trainer._pred_reader):
+                out = ReaderBatch(batch)
+                out.collated = getattr(batch, "collated", None)
+                out["__task_id"] = np.array([ids[trainer.name]], dtype=np.int64)
+                yield out
+
+        return iterator
+
+    def predict_one_batch(self, task_name, batch):
+        """The outputs of trainer `task_name`'s prediction head for `batch` (PALM's joint prediction: one
+        program holds every trainer's head)."""
+        from ernie_mtl.palm.adaptor import engine_batch
+        from ernie_mtl.palm.predictor import palm_outputs
+
+        trainer = self._trainer(task_name)
+        heads = [t for t in self._trainers if t._pred_head is not None]
+        if trainer._pred_head is None:
+            raise RuntimeError(f"predict_one_batch: trainer {task_name!r} has no prediction head "
+                               "(build_predict_forward(backbone, head))")
+        predictor = trainer._prediction_program(heads)
+        task = predictor.task(trainer.task_name)
+        collated = engine_batch(task, batch, prefix=f"{trainer.name}.", required=False,
+                                where=f"predict_one_batch: the batch of task {trainer.task_name!r}")
+        return palm_outputs(task, predictor.run(trainer.task_name, collated))
+
+    def _trainer(self, name):
+        trainer = next((t for t in self._trainers if name in (t.name, t.task_name)), None)
+        if trainer is None:
+            raise ValueError(f"no trainer {name!r}: {[t.name for t in self._trainers]}")
+        return trainer
 
     def fit_readers_with_mixratio(self, readers, sampling_reference, num_epochs, phase="train"):
         """The trainers' readers (a list in trainer order, or a dict by trainer name), the trainer whose
@@ -91,7 +168,8 @@ class MultiHeadTrainer(Trainer):
         """Train the step of `batch`; returns (outputs, task id) as PALM did: {"<name>.loss": loss} and the
         drawn trainer's position in the list."""
         outputs = super().train_one_step(batch)
-        return outputs, int(batch["__task_id"][0])
+        task_id = batch.get("__task_id") if hasattr(batch, "get") else None  # a script's batch may lack it
+        return outputs, int(np.asarray(task_id).reshape(-1)[0]) if task_id is not None else 0
 
     def predict(self, output_dir=None, print_steps=1000):
         """Each trainer that has a prediction reader predicts it (into `output_dir/<name>/` when given);

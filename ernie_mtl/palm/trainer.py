@@ -93,6 +93,9 @@ class Trainer:
         self._pretrain: Optional[str] = None
         self._resume: Optional[str] = None  # a checkpoint to continue from (load_ckpt before training)
         self._predict_from: Optional[str] = None  # load_ckpt / load_predict_model
+        self._predict_kind: Optional[str] = None  # "ckpt" (load_ckpt) or "model" (load_predict_model)
+        self._predictor = None  # (key, palm.predictor.Predictor) the prediction program in use
+        self._pred_batches = None  # get_one_batch('predict')'s pass over the prediction reader
         self._save_path: Optional[str] = None
         self._save_steps: Optional[int] = None
         self._save_types = ("ckpt",)
@@ -163,20 +166,33 @@ class Trainer:
 
     # -- building -----------------------------------------------------------------------------------
     def build_forward(self, backbone, task_head) -> LossVar:
-        """Record this task's backbone and head (the engine builds the program when training starts)."""
+        """Record this task's backbone and head (the engine builds the program when training starts;
+        a head's own `build` runs then, inside the engine's programs)."""
         self._require_phase(backbone, task_head, "train", "build_forward")
+        _check_builds(task_head, backbone)
         self._backbone, self._head = backbone, task_head
         return LossVar([self._task])
 
     def build_predict_forward(self, pred_backbone, pred_head) -> Dict[str, Any]:
         """Record the prediction backbone and head; returns the head's outputs by PALM's names. Unlike
         PALM, this does not re-initialise the trained weights: `predict()` after `train()` uses them."""
+        from ernie_mtl.palm.backbone import runs_own_build as backbone_builds
+        from ernie_mtl.palm.head import declared_outputs
+
         self._require_phase(pred_backbone, pred_head, "predict", "build_predict_forward")
-        if self._backbone is not None and not self._backbone.same_model(pred_backbone):
+        _check_builds(pred_head, pred_backbone)
+        trained = self._backbone or (self._owner._backbone if self._owner is not None else None)
+        if trained is not None and not backbone_builds(trained) and not backbone_builds(pred_backbone) \
+                and not trained.same_model(pred_backbone):
             raise ValueError("build_predict_forward: the prediction backbone's architecture differs from the "
                              "training backbone's; build both from the same config")
+        if trained is not None and backbone_builds(trained) != backbone_builds(pred_backbone):
+            raise ValueError("build_predict_forward: the prediction backbone is of another kind than the training "
+                             f"backbone ({type(pred_backbone).__name__} vs {type(trained).__name__}); build both "
+                             "the same")
         self._pred_backbone, self._pred_head = pred_backbone, pred_head
-        return {f"{self._name}.{k}": v for k, v in pred_head.outputs_attr.items()}
+        self._root()._predictor = None
+        return {f"{self._name}.{k}": v for k, v in declared_outputs(pred_head).items()}
 
     def build_backward(self, optimizer, weight_decay=None, use_ema=False, ema_decay=None) -> None:
         """Record the optimizer (its rate and schedule), the decoupled weight decay (None: 0) and the
@@ -194,14 +210,19 @@ class Trainer:
         """Give the trainer its data. Train phase: returns an iterator of the run's batches (PalmBatch),
         for `for batch in it: trainer.train_one_step(batch)`; the run opens at the first batch and is
         finished (exports, final checkpoint) when the iterator ends."""
+        from ernie_mtl.palm.reader import is_builtin_reader
+
         if phase not in ("train", "predict"):
             raise ValueError(f"phase {phase!r}: 'train' or 'predict'")
         if reader.phase != phase:
             raise ValueError(f"fit_reader(phase={phase!r}) got a {reader.phase}-phase {type(reader).__name__}")
-        if reader.input_file is None:
-            raise RuntimeError(f"fit_reader: call {type(reader).__name__}.load_data(...) first")
+        if (reader.input_file is None) if is_builtin_reader(reader) else not reader.batch_size:
+            raise RuntimeError(f"fit_reader: call {type(reader).__name__}.load_data(...) first (it sets the batch "
+                               "size)")
         if phase == "predict":
             self._pred_reader = reader
+            self._pred_batches = None
+            self._root()._predictor = None
             return None
         self._train_reader = reader
         self._steps_per_epoch = self.steps_per_epoch
@@ -222,18 +243,27 @@ class Trainer:
 
     def load_ckpt(self, model_path) -> None:
         """A checkpoint of this engine (`<save_path>/ckpt.step<N>`, `model_<N>`, `model_last`, `best_<task>`).
-        Before training: the run continues from it exactly (step, schedule, optimizer, LR). Afterwards (and
-        for prediction): `predict()` and `evaluate()` use its weights."""
+        Before training a forward built with `build_forward`: the run continues from it exactly (step,
+        schedule, optimizer, LR), as PALM loaded it into the training program; prediction then uses the
+        run's weights. Otherwise (a prediction script, or after training): `predict()` and `evaluate()` use
+        its weights."""
         path = _existing(model_path, "load_ckpt")
         root = self._root()
-        if root._run is None and root._result is None and root._backbone is not None and self._pred_head is None:
+        if root._run is None and root._result is None and root._backbone is not None:
             root._resume = path
-        self._predict_from = path
+        else:
+            self._predict_from, self._predict_kind = path, "ckpt"
+        root._predictor = None
 
     def load_predict_model(self, model_path, convert=False) -> None:
         """The model `predict()` uses: an exported inference model (`<save_path>/<task>/infer_model`,
-        `pred.step<N>`, or the folder holding `<task>/infer_model`) or a checkpoint."""
-        self._predict_from = _existing(model_path, "load_predict_model")
+        `pred.step<N>`, or the folder holding `<task>/infer_model`), a checkpoint, or pretrained backbone
+        parameters (PALM's examples/predict: the head is then untrained, and a warning says so)."""
+        if convert:
+            raise ConfigError(["load_predict_model(convert=True) unpacked PALM 1.x's __palmmodel__ archives; pass the "
+                               "unpacked params/ directory instead"])
+        self._predict_from, self._predict_kind = _existing(model_path, "load_predict_model"), "model"
+        self._root()._predictor = None
 
     def set_saver(self, save_path, save_steps, save_type="ckpt") -> None:
         """Keep a checkpoint every `save_steps` steps under `save_path` (see the module docstring);
@@ -270,32 +300,96 @@ class Trainer:
     def train(self, print_steps=5, resume_from_checkpoint=None):
         """Train to the end (every batch through `train_one_step`); returns the engine's RunResult.
         `resume_from_checkpoint`: True = the newest checkpoint under save_path, a path = that one
-        (load_ckpt before train does the same); default: a fresh run (PALM overwrote its outputs too)."""
+        (load_ckpt before train does the same); default: a fresh run (PALM overwrote its outputs too).
+        A user-defined train head's `batch_postprocess` gets each step's {'loss': ...}, as PALM's did."""
         self._print_steps = int(print_steps)
         if resume_from_checkpoint is not None:
             self._resume = "auto" if resume_from_checkpoint is True else _existing(resume_from_checkpoint, "train")
         try:
             for batch in self._batches():
-                self.train_one_step(batch)
+                outputs = self._step(batch)
+                self._postprocess_step(batch.task, outputs)
         except BaseException:
             self._abort()
             raise
         return self._root()._result
 
     def train_one_step(self, batch):
-        """Train the step of `batch` (from the `fit_reader` iterator or `get_one_batch`); returns
-        {"<name>.loss": loss} as PALM did."""
+        """Train one step; returns {"<name>.loss": loss} as PALM did. `batch`: a batch of the `fit_reader`
+        iterator or `get_one_batch()` (the run's seeded schedule decides them, so that resume is exact), or
+        a batch the script built (PALM's dict: token_ids, segment_ids, input_mask [B, L, 1] and the task's
+        fields, as `<name>.label_ids` or `label_ids`), trained in place of the schedule's batch of its step."""
+        return self._step(batch)
+
+    def _step(self, batch):
         run = self._live_run()
-        if run is None or not isinstance(batch, PalmBatch):
-            raise ValueError("train_one_step: pass a batch of the fit_reader(...) iterator or of get_one_batch(): "
-                             "the run's seeded schedule decides the batches (so that resume is exact)")
+        if run is None:
+            if isinstance(batch, PalmBatch):
+                raise ValueError("train_one_step: this batch's run is over (or closed); start a new Trainer")
+            run = self._ensure_run()
+        if not isinstance(batch, PalmBatch):
+            batch = self._own_batch(run, batch)
         losses = run.step(batch.prepared)
         return {f"{self._display(t)}.loss": np.array([v], dtype=np.float32) for t, v in losses.items()}
 
+    def _own_batch(self, run, batch) -> "PalmBatch":
+        """A batch the script built, as the micro-batch of the run's next step (its task must be the one
+        the schedule drew: the run's task order decides which task trains when)."""
+        from ernie_mtl.palm.adaptor import engine_batch
+        from ernie_mtl.program.forward import make_feed
+        from ernie_mtl.tasks.feeds import TASK_TYPE_IDS
+
+        if not isinstance(batch, dict):
+            raise ValueError(f"train_one_step: a batch is a dict of arrays (PALM's reader fields), got "
+                             f"{type(batch).__name__}")
+        prepared = run.next_batch()
+        if len(prepared.micro) != 1:
+            raise ValueError(f"train_one_step with a batch the script built: this run computes {len(prepared.micro)} "
+                             "micro-batches per step on this process (accumulation); give the run's own batches "
+                             "(get_one_batch) or train without accumulate_steps")
+        micro = prepared.micro[0]
+        tasks = run.trainer.tasks
+        names = [t.spec.name for t in tasks]
+        wanted = micro.task
+        if "__task_id" in batch:
+            own = [m._task for m in self._root()._members()][int(np.asarray(batch["__task_id"]).reshape(-1)[0])]
+            if own != wanted:
+                raise ValueError(f"train_one_step: the batch is task {own!r}'s but the run's next step is task "
+                                 f"{wanted!r}'s (the run's seeded task order decides it); build a batch of {wanted!r} "
+                                 "(get_one_batch() shows the step)")
+        index = names.index(wanted)
+        task = tasks[index]
+        collated = engine_batch(task, batch, prefix=f"{self._root()._display(wanted)}.", required=True,
+                                where=f"train_one_step: the batch of task {wanted!r}")
+        feed = make_feed(tasks, index, collated, use_task_id=TASK_TYPE_IDS in micro.feed)
+        for key in micro.feed:
+            if key not in feed:  # the step's dropout seeds and idle-group flags
+                feed[key] = micro.feed[key]
+        micro.feed = feed
+        micro.tokens = int((np.asarray(collated["input_mask"]) == 0).sum()) * max(
+            1, run.trainer.topo.data_world_size)
+        out = self._palm_batch(prepared)
+        for key, value in batch.items():
+            out.setdefault(key, value)
+        return out
+
+    def _postprocess_step(self, task: str, outputs) -> None:
+        """PALM's trainer: the drawn task's train head gets the step's outputs (its loss)."""
+        from ernie_mtl.palm.head import runs_own_build
+
+        member = next((m for m in self._root()._members() if m._task == task), None)
+        if member is None or member._head is None or not runs_own_build(member._head):
+            return
+        prefix = f"{member._name}."
+        member._head.batch_postprocess({k[len(prefix):]: v for k, v in outputs.items() if k.startswith(prefix)})
+
     def get_one_batch(self, phase="train"):
-        """The run's next training batch (the same one until it is trained)."""
+        """The run's next training batch (the same one until it is trained); `phase='predict'`: the next
+        batch of the prediction reader (PALM's dict; one pass, then it starts over)."""
+        if phase == "predict":
+            return self._next_predict_batch()
         if phase != "train":
-            raise ValueError("get_one_batch: only the train phase has batches to fetch; predict() reads its reader")
+            raise ValueError(f"get_one_batch: phase {phase!r}: 'train' or 'predict'")
         run = self._ensure_run()
         if run.done:
             self._finish()
@@ -310,15 +404,28 @@ class Trainer:
     # -- prediction and evaluation ------------------------------------------------------------------
     def predict(self, output_dir=None, print_steps=1000):
         """Predict the `fit_reader(..., phase='predict')` file with the model of `load_ckpt` /
-        `load_predict_model` (default: this trainer's final weights); write PALM's files to `output_dir`
-        (when given; rank 0 writes them in a launched job) and return the records (also
-        `pred_head.get_results()`, on every rank)."""
+        `load_predict_model` (default: the weights of this trainer's run: the current ones while it runs,
+        the final ones after it). A built-in head writes PALM's files to `output_dir` (when given; rank 0
+        writes them in a launched job) and returns the records (also `pred_head.get_results()`); a
+        user-defined head gets every batch's outputs in `batch_postprocess` and `epoch_postprocess` ends it,
+        as in PALM: its return value is returned."""
+        from ernie_mtl.dist.process import ProcessInfo
         from ernie_mtl.engine.run import static_mode_restored
         from ernie_mtl.palm import outputs
+        from ernie_mtl.palm.head import postprocesses_itself
 
         if self._pred_reader is None or self._pred_head is None:
             raise RuntimeError("predict: build_predict_forward(backbone, head) and fit_reader(reader, "
                                "phase='predict') first")
+        out_dir = output_dir if ProcessInfo.from_env().rank == 0 else None
+        if postprocesses_itself(self._pred_head):
+            return self._predict_postprocessing(out_dir)
+        if self._own_components():
+            with static_mode_restored():
+                predicted = self._predicted(self._pred_reader, program=True)
+            results = outputs.write(self._pred_head, predicted, out_dir)
+            self._pred_head._set_results(results)
+            return results
         self._pred_head.check(self._pred_reader, self._pred_backbone)
         with static_mode_restored():
             predicted = self._predicted(self._pred_reader)
@@ -326,35 +433,188 @@ class Trainer:
         if predicted.task.name != expected:
             raise ConfigError([f"predict: the model's task {self._task} is a {predicted.task.name} task but the "
                                f"prediction reader is a {type(self._pred_reader).__name__} ({expected})"])
-        from ernie_mtl.dist.process import ProcessInfo
-
         # under paddle.distributed.launch every rank predicts the same file: rank 0 writes it
-        results = outputs.write(self._pred_head, predicted, output_dir if ProcessInfo.from_env().rank == 0 else None)
+        results = outputs.write(self._pred_head, predicted, out_dir)
         self._pred_head._set_results(results)
         return results
 
+    def predict_one_batch(self, batch):
+        """The prediction head's outputs for one batch (PALM's dict, from the prediction reader or built
+        by the script): {output name: array}. A built-in head's outputs are the engine's prediction
+        variables, Classify/Match's also under PALM's `logits`/`probs`."""
+        from ernie_mtl.palm.adaptor import engine_batch
+        from ernie_mtl.palm.predictor import palm_outputs
+
+        predictor = self._prediction_program([self])
+        task = predictor.task(self._task)
+        collated = engine_batch(task, batch, prefix=f"{self._name}.", required=False,
+                                where=f"predict_one_batch: the batch of task {self._task!r}")
+        return palm_outputs(task, predictor.run(self._task, collated))
+
     def evaluate(self, reader=None, checkpoint=None) -> Dict[str, float]:
         """Metrics of a labelled file (`reader`'s, default the prediction reader's) with the weights of
-        `checkpoint` (default: as `predict()` chooses): accuracy/F1, chunk F1, EM/F1 per task type."""
+        `checkpoint` (default: as `predict()` chooses, the run's current weights while it runs):
+        accuracy/F1, chunk F1, EM/F1 per task type. A user-defined head has no metrics here (score what
+        its postprocessing kept)."""
         from ernie_mtl.engine.inference import evaluate_checkpoint, evaluate_exported
         from ernie_mtl.engine.run import static_mode_restored
+        from ernie_mtl.palm.head import runs_own_build
+        from ernie_mtl.palm.reader import is_builtin_reader
 
         reader = reader or self._pred_reader
-        if reader is None or reader.input_file is None:
-            raise RuntimeError("evaluate: give a reader with load_data(...) done (a labelled file)")
+        if reader is None or not is_builtin_reader(reader) or reader.input_file is None:
+            raise RuntimeError("evaluate: give a built-in reader with load_data(...) done (a labelled file)")
+        head = self._pred_head or self._head
+        if head is not None and runs_own_build(head):
+            raise ConfigError([f"evaluate: {type(head).__name__} builds its own graph and has no metrics here; "
+                               "predict() and score what its batch_postprocess/epoch_postprocess kept"])
+        if checkpoint is None and self._uses_live_weights():
+            from ernie_mtl.engine.prediction import by_name, predict_batches
+
+            predictor = self._prediction_program([self], reader=reader)
+            task = predictor.task(self._task)
+            data = task.load("dev")
+            names = list(predictor.fwd.predictions[self._task])
+            outs = by_name(predict_batches(task, data, lambda b: [o for o in predictor.run(self._task, b).values()],
+                                           names, batch_size=reader.batch_size), names)
+            return {k: float(v) for k, v in task.evaluate(data, outs).items()}
         kind, path = self._model_source(checkpoint)
         with static_mode_restored():
             if kind == "exported":
                 report = evaluate_exported(path, reader.input_file)
-            else:
+            elif kind == "checkpoint":
                 report = evaluate_checkpoint(path, self._task, reader.input_file)
+            else:
+                raise ConfigError([f"evaluate: {path} holds pretrained parameters, not a trained model; its head "
+                                   "would be random"])
         return report["metrics"]
+
+    def _predict_postprocessing(self, output_dir):
+        """PALM's prediction loop: every batch through the prediction program, its outputs to the head's
+        batch_postprocess; then epoch_postprocess with the reader's epoch outputs when the head asks."""
+        from ernie_mtl.palm.adaptor import one_pass
+        from ernie_mtl.palm.predictor import palm_outputs
+        from ernie_mtl.palm.reader import is_builtin_reader
+
+        head, reader = self._pred_head, self._pred_reader  # as PALM: what a head keeps stays until its reset()
+        if output_dir is not None:
+            os.makedirs(output_dir, exist_ok=True)
+        kind, path = self._prediction_source()
+        if kind == "exported":
+            run = self._exported_runner(path)
+        else:
+            predictor = self._prediction_program([self])
+            task = predictor.task(self._task)
+
+            def run(collated):
+                return palm_outputs(task, predictor.run(self._task, collated))
+        if is_builtin_reader(reader):
+            from ernie_mtl.engine.prediction import collate_batch, num_batches
+
+            data_task, data = reader._require_loaded()  # the file as load_data read it
+            size = reader.batch_size
+            for j in range(num_batches(len(data), size)):
+                head.batch_postprocess(run(collate_batch(data_task, data, j, size)))
+        else:
+            from ernie_mtl.palm.adaptor import reader_batch_feed
+
+            specs = self._prediction_program([self]).task(self._task).label_feeds() if kind != "exported" else ()
+            for batch in one_pass(reader):
+                head.batch_postprocess(run(reader_batch_feed(batch, specs, required=False,
+                                                             where=f"reader {type(reader).__name__}")))
+        post = {"reader": reader.get_epoch_outputs() if head.epoch_inputs_attrs else None}
+        return head.epoch_postprocess(post, output_dir=output_dir)
+
+    def _explicit_model(self):
+        """(path, "ckpt" | "model") given by load_ckpt / load_predict_model of this trainer, else of the
+        MultiHeadTrainer it is part of; (None, None) when neither was called."""
+        root = self._root()
+        for t in (self, root):
+            if t._predict_from is not None:
+                return t._predict_from, t._predict_kind
+        if root._resume not in (None, "auto") and root._run is None and root._result is None:
+            return root._resume, "ckpt"  # load_ckpt before a training that has not started: its weights
+        return None, None
+
+    def _uses_live_weights(self) -> bool:
+        return self._explicit_model()[0] is None and self._root()._run is not None
+
+    def _prediction_source(self):
+        """("live" | "checkpoint" | "exported" | "pretrained", path) of the weights prediction uses."""
+        if self._uses_live_weights():
+            return "live", None
+        return self._model_source()
+
+    def _prediction_program(self, trainers, reader=None):
+        """The engine's prediction program of `trainers` with the weights `predict()` uses (cached on the
+        root trainer until the source or a head changes; live weights are re-read after each step)."""
+        from ernie_mtl.palm.predictor import Predictor, Source
+
+        root = self._root()
+        key = (tuple(t.task_name for t in trainers), id(reader))
+        cached = root.__dict__.get("_predictor")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        kind, path = self._prediction_source()
+        if kind == "live":
+            source = Source.live(root._run)
+        elif kind == "checkpoint":
+            source = Source.checkpoint(path)
+        elif kind == "pretrained":
+            seed = next((r.seed for r in (t._pred_reader for t in trainers) if r is not None
+                         and getattr(r, "seed", None) is not None), 0)
+            source = Source.pretrained(path, self._pred_backbone or self._backbone, int(seed))
+        else:
+            raise ConfigError([f"{path}: an exported model runs through Paddle Inference; predict_one_batch and the "
+                               "joint prediction need a checkpoint: load_ckpt(<save_path>/ckpt.step<N>)"])
+        if reader is not None:  # evaluation reads another file than the prediction reader
+            saved = self._pred_reader
+            self._pred_reader = reader
+            try:
+                predictor = Predictor(trainers, source, device=self._device())
+            finally:
+                self._pred_reader = saved
+        else:
+            predictor = Predictor(trainers, source, device=self._device())
+        root._predictor = (key, predictor)
+        return predictor
+
+    def _device(self) -> Optional[str]:
+        device = self._root()._flags.get("device")
+        return None if device in (None, "auto") else str(device)
+
+    def _exported_runner(self, model_dir):
+        from ernie_mtl.engine.inference import predictor_runner, read_manifest
+        from ernie_mtl.palm.predictor import prediction_place
+
+        manifest = read_manifest(Path(model_dir))
+        use_gpu = not type(prediction_place(self._device())).__name__.startswith("CPU")
+        run, names = predictor_runner(Path(model_dir), manifest, use_gpu=use_gpu)
+        return lambda collated: dict(zip(names, (np.asarray(v) for v in run(dict(collated)))))
+
+    def _next_predict_batch(self):
+        from ernie_mtl.palm.adaptor import one_pass
+
+        if self._pred_reader is None:
+            raise RuntimeError("get_one_batch('predict'): fit_reader(reader, phase='predict') first")
+        it = self.__dict__.get("_pred_batches")
+        for _ in range(2):
+            if it is None:
+                it = self._pred_batches = iter(one_pass(self._pred_reader))
+            try:
+                return next(it)
+            except StopIteration:
+                it = self._pred_batches = None
+        raise StopIteration(f"reader {type(self._pred_reader).__name__} yields no batch")
 
     # -- internals ----------------------------------------------------------------------------------
     def _require_phase(self, backbone, head, phase: str, what: str) -> None:
-        if backbone.phase != phase or head.phase != phase:
+        from ernie_mtl.palm.head import phase_of
+
+        got = (getattr(backbone, "phase", phase), phase_of(head))
+        if got != (phase, phase):
             raise ValueError(f"{what}: needs a {phase}-phase backbone and head (phase={phase!r}), got "
-                             f"{backbone.phase!r} and {head.phase!r}")
+                             f"{got[0]!r} and {got[1]!r}")
 
     def _display(self, task: str) -> str:
         return self._name if task == self._task else task
@@ -395,12 +655,36 @@ class Trainer:
         mapping = run_config(self, self._members(), print_steps=self._print_steps)
         with static_mode_restored():
             cfg = parse_config([], hooks=HOOKS, config=mapping, config_dir=os.getcwd())
+        if mapping["resume"] != "none":
+            self._check_resumable_readers(cfg)
         layout = PalmLayout(cfg.train.output_dir if self._save_path else None, self._save_types,
                             [m._task for m in self._members() if not m._as_aux], fresh=mapping["resume"] == "none",
                             shown=self._save_path)
         run = SteppedRun(cfg, callbacks=[layout, *self._callbacks])
         self._warn_schedule(run)
         return run
+
+    def _check_resumable_readers(self, cfg) -> None:
+        """A run continues a checkpoint exactly only when each user-defined reader yields the same batches
+        on every pass (the run finds its position by reading the stream again): refused otherwise."""
+        from ernie_mtl.checkpoint.layout import last_dir
+        from ernie_mtl.palm.adaptor import check_deterministic
+        from ernie_mtl.palm.reader import is_builtin_reader
+
+        if self._resume == "auto" and not (last_dir(cfg.train.output_dir) / "train_state.json").is_file():
+            return  # nothing to resume: a new run
+        problems = []
+        for m in self._members():
+            reader = m._train_reader
+            if reader is not None and not is_builtin_reader(reader):
+                why = check_deterministic(reader)
+                if why is not None:
+                    problems.append(f"trainer {m.name!r}: reader {type(reader).__name__} yields other batches on each "
+                                    f"pass of _iterator() ({why}), so a resumed run cannot find the batches the "
+                                    "interrupted one would have read; make its order depend on a seed only (PALM's "
+                                    "readers take seed=...), or start a new run")
+        if problems:
+            raise ConfigError(problems)
 
     def _warn_schedule(self, run) -> None:
         sched = self._optimizer._lr_schedualer if self._optimizer is not None else None
@@ -447,16 +731,16 @@ class Trainer:
             if key.startswith(prefix):
                 own = key[len(prefix):]
                 out[f"{display.get(micro.task, micro.task)}.{_PALM_KEYS.get(own, own)}"] = np.asarray(value)
-        if len(display) > 1:  # PALM's task id: the trainer's position in the MultiHeadTrainer's list
+        if len(display) > 1 or getattr(self._root(), "_multi", False):  # PALM's task id: the trainer's position
             out["__task_id"] = np.array([list(display).index(micro.task)], dtype=np.int64)
         out.prepared, out.task = prepared, micro.task
         return out
 
     def _model_source(self, explicit=None):
-        """("exported" | "checkpoint", path) of the weights predict/evaluate use."""
+        """("exported" | "checkpoint" | "pretrained", path) of the weights predict/evaluate use."""
         from ernie_mtl.checkpoint.layout import MANIFEST, export_dir, is_complete
 
-        path = explicit if explicit is not None else self._predict_from
+        path, kind = (explicit, None) if explicit is not None else self._explicit_model()
         if path is None:
             result = self._root()._result
             if result is None or result.last_checkpoint is None:
@@ -473,22 +757,64 @@ class Trainer:
         from ernie_mtl.config.model import is_static_params_dir
 
         if is_static_params_dir(p) or (p / "model_state.pdparams").is_file():
+            if kind == "model":
+                return "pretrained", str(p)  # load_predict_model(params): PALM's examples/predict, with a warning
             raise ConfigError([f"{path}: pretrained parameters, not a trained model: the head of task {self._task} "
                                "would be random (PALM's examples/predict did that; its accuracy was chance). Train "
-                               "first, then predict with <save_path>/ckpt.step<N> or <save_path>/<task>/infer_model"])
+                               "first, then predict with <save_path>/ckpt.step<N> or <save_path>/<task>/infer_model; "
+                               "load_predict_model(path) predicts from them anyway, with a warning"])
         raise ConfigError([f"{path}: neither a checkpoint of this engine (model_<N>, model_last, best_<task>, "
                            "ckpt.step<N>) nor an exported model (<task>/infer_model with manifest.json)"])
 
-    def _predicted(self, reader):
-        from ernie_mtl.engine.inference import predict_checkpoint, predict_exported
+    def _wants_gpu(self) -> bool:
+        from ernie_mtl.palm.predictor import prediction_place
 
-        kind, path = self._model_source()
-        overrides = {"max_seq_len": reader.max_len}
-        if kind == "exported":
-            return predict_exported(path, reader.input_file, batch_size=reader.batch_size, overrides=overrides,
-                                    flag="predict reader file")
-        return predict_checkpoint(path, self._task, reader.input_file, batch_size=reader.batch_size,
-                                  overrides=overrides, flag="predict reader file")
+        return not type(prediction_place(self._device())).__name__.startswith("CPU")
+
+    def _own_components(self) -> bool:
+        """Whether prediction involves a user-defined reader or backbone (the engine's prediction program)."""
+        from ernie_mtl.palm.backbone import runs_own_build
+        from ernie_mtl.palm.reader import is_builtin_reader
+
+        backbone = self._pred_backbone or self._backbone
+        return not is_builtin_reader(self._pred_reader) or (backbone is not None and runs_own_build(backbone))
+
+    def _predicted(self, reader, program: bool = False):
+        from ernie_mtl.engine.inference import Predicted, predict_checkpoint, predict_exported
+
+        kind, path = self._prediction_source()
+        if not program and kind == "exported":
+            return predict_exported(path, reader.input_file, batch_size=reader.batch_size,
+                                    overrides={"max_seq_len": reader.max_len}, flag="predict reader file",
+                                    use_gpu=self._wants_gpu())
+        if not program and kind == "checkpoint" and not self._wants_gpu():
+            return predict_checkpoint(path, self._task, reader.input_file, batch_size=reader.batch_size,
+                                      overrides={"max_seq_len": reader.max_len}, flag="predict reader file")
+        from ernie_mtl.engine.prediction import by_name, predict_batches
+        from ernie_mtl.palm.adaptor import PalmTask
+
+        predictor = self._prediction_program([self])
+        task = predictor.task(self._task)
+        data = task.load("pred")
+        names = list(predictor.fwd.predictions[self._task])
+        outputs = by_name(predict_batches(task, data, lambda b: list(predictor.run(self._task, b).values()), names,
+                                          batch_size=task.spec.batch_size), names)
+        if isinstance(task, PalmTask) and task.inner is not None:  # a built-in head's records (its own format)
+            task = task.inner
+        return Predicted(task, data, outputs, step=predictor.source.step)
+
+
+def _check_builds(head, backbone) -> None:
+    """A head or backbone built from PALM's bases must implement build (ValueError now, not at training)."""
+    from ernie_mtl.palm.backbone import Backbone, runs_own_build as backbone_builds
+    from ernie_mtl.palm.head import Head, runs_own_build as head_builds
+
+    for obj, base in ((head, Head), (backbone, Backbone)):
+        if isinstance(obj, base) and (head_builds(obj) if base is Head else backbone_builds(obj)) \
+                and type(obj).build is base.build:
+            raise ValueError(f"{type(obj).__name__} does not implement build(inputs, scope_name): a "
+                             f"{base.__name__.lower()} written on palm.{base.__module__.split('.')[-1]}."
+                             f"{base.__name__} builds its graph there (docs/palm_extending.md)")
 
 
 def _existing(path, what: str) -> str:

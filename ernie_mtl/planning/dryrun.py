@@ -309,6 +309,20 @@ def plan(arch: Mapping[str, Any], parallel: ParallelConfig, amp: AmpConfig, *, w
 # Op types that only set up communication or order CUDA streams: not counted as collectives.
 _COMM_SETUP_OPS = ("c_gen_nccl_id", "c_comm_init")
 _AMP_OPS = ("check_finite_and_unscale", "update_loss_scaling")
+# The communication op types of Paddle's newer collective API (2.6 has them beside the c_* ops; Paddle 3 uses
+# them, under a "pd_op." prefix in PIR programs): counted too, so a program full of them is never "none".
+_NEW_COLLECTIVES = frozenset({"all_reduce", "all_gather", "all_to_all", "alltoall", "broadcast", "reduce",
+                              "reduce_scatter", "barrier", "send_v2", "recv_v2", "partial_send", "partial_recv",
+                              "partial_allgather", "p_send", "p_recv", "dist_concat", "mp_allreduce_sum"})
+
+
+def collective_type(op_type: str) -> Optional[str]:
+    """The collective an op type is (its name without a "pd_op." prefix), or None: c_* ops but the
+    communicator set-up and stream-ordering ones, and the newer API's ops (`_NEW_COLLECTIVES`)."""
+    name = op_type[len("pd_op."):] if op_type.startswith("pd_op.") else op_type
+    if name.startswith("c_"):
+        return None if name in _COMM_SETUP_OPS + GPU_SYNC_OPS else name
+    return name if name in _NEW_COLLECTIVES else None
 
 
 @dataclass
@@ -342,9 +356,10 @@ def program_facts(main: Any, startup: Any, *, endpoints: Sequence[str]) -> Progr
     def collectives(op_list):
         out: Dict[int, Dict[str, int]] = {}
         for op in op_list:
-            if op.type.startswith("c_") and op.type not in _COMM_SETUP_OPS + GPU_SYNC_OPS and op.has_attr("ring_id"):
-                ring = out.setdefault(int(op.attr("ring_id")), {})
-                ring[op.type] = ring.get(op.type, 0) + 1
+            name = collective_type(op.type)
+            if name is not None:
+                ring = out.setdefault(int(op.attr("ring_id")) if op.has_attr("ring_id") else 0, {})
+                ring[name] = ring.get(name, 0) + 1
         return out
 
     main_ops, startup_ops = ops(main), ops(startup)

@@ -108,7 +108,8 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
     probabilities = sampling_probabilities(m.sampling, mix_ratio=[t.spec.mix_ratio for t in tasks], num_examples=sizes,
                                            temperature=m.temperature, examples_cap=m.examples_cap)
     max_steps = cfg.optim.max_steps
-    if setup.flag_mode:  # the one target's quota: exactly --max_steps optimizer steps (its samples, after a batch change)
+    # flag mode: the one target's quota is exactly --max_steps optimizer steps (its samples, after a batch change)
+    if setup.flag_mode:
         max_steps = flag_mode_steps(train_samples[tasks[0].spec.name], topo, resume)
         quotas: List[Optional[int]] = [flag_mode_quota(max_steps, topo, resume)]
     else:
@@ -135,7 +136,7 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
 
     def stream(t):
         return TaskStream(len(train[t.spec.name]), seed=cfg.train.seed, task_index=t.spec.index,
-                          batch_size=t.spec.batch_size, shuffle=t.shuffle_examples)
+                          batch_size=t.spec.batch_size, shuffle=t.shuffle_examples and t.spec.shuffle)
 
     dev, test = {}, {}
     if load_dev:  # the evaluation data too, so a bad row is found before training, not after it
@@ -225,7 +226,10 @@ def resume_checks(cfg, plan) -> Dict[str, Any]:
             "data": {t.spec.name: data_identity(t.spec.train_file) for t in plan.tasks},
             "vocab": data_identity(str(cfg.data.vocab_file)),
             "total_steps": plan.unresumed_steps, "warmup_rate": o.warmup_rate, "decay_steps": o.decay_steps,
-            "warmup_steps": o.warmup_steps}  # a checkpoint written before --warmup_steps lacks it: not compared
+            # the run's length as asked: a flag-mode plan keeps the checkpoint's samples, so total_steps alone
+            # let a changed --max_steps pass unnoticed ("training steps 7..6", nothing trained, exit 0)
+            "max_steps": o.max_steps,
+            "warmup_steps": o.warmup_steps}  # a checkpoint written before a key lacks it: that key is not compared
 
 def _eval_splits(tasks, split: str, eval_batches: int, *, name_key: bool) -> Dict[str, Any]:
     """{task: data} of the `split` ("dev" or "test") of `tasks`; one ConfigError naming each task's

@@ -1,7 +1,8 @@
 """A non-finite step never reaches the weights: the update is skipped on the device when the global
 gradient norm is NaN or infinite, and counted.
 
-Where the decision comes from. Gradient clipping (`--grad_clip`, ClipGradByGlobalNorm) computes the
+Where the decision comes from. Gradient clipping (`--grad_clip`, ClipGradByGlobalNorm; with `--grad_clip 0` a
+bound of `NORM_ONLY_CLIP` that never clips, so the guard is never silently off) computes the
 global L2 norm of all gradients after they are all-reduced (data parallel) and, under sharding,
 after fleet sums the shards' squared norms across the sharding group: so the norm, and a decision
 taken from it, is the same on every rank (a rank-local loss check would let ranks diverge). A NaN
@@ -23,6 +24,10 @@ from typing import Dict, Optional
 from ernie_mtl.program.edits import live_blocks
 
 COUNTER = "anomaly_skipped_steps"
+# With --grad_clip 0 the guard still needs the global norm: the program clips at this bound, which no finite
+# float32 gradient norm of a trainable model reaches, so every gradient is multiplied by clip / max(norm, clip)
+# = 1.0 exactly (the same bits as no clipping), at the cost of the norm's reduction and one multiply per gradient.
+NORM_ONLY_CLIP = 1e30
 _OPTIMIZE = 0x0002
 
 

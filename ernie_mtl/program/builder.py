@@ -22,7 +22,7 @@ weights, AMP O2 cast, EMA); then `exe.run(programs.main, feed=...)` per micro-ba
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -41,7 +41,7 @@ from ernie_mtl.dist.topology import Topology
 from ernie_mtl.program.randomness import seed_initializers, strip_dropout_seeds, wire_dropout_seeds
 from ernie_mtl.program.static_params import is_static_params_dir, static_name, structured_state
 from ernie_mtl.tasks.base import TaskType
-from ernie_mtl.program.anomaly import AnomalyGuard, add_anomaly_guard
+from ernie_mtl.program.anomaly import NORM_ONLY_CLIP, AnomalyGuard, add_anomaly_guard
 from ernie_mtl.program.edits import declare_sub_block_inputs, live_blocks
 from ernie_mtl.tasks.base import remove_variable
 from ernie_mtl.tasks.feeds import TASK_GATE
@@ -133,6 +133,8 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
         raise ValueError(f"fleet runs {fleet.worker_num()} workers but the topology has {topo.world_size}")
     resolved = model_cfg.resolve()
     optim_cfg.validate()
+    if anomaly_guard and optim_cfg.grad_clip <= 0:  # the guard reads the clip's global norm: compute it anyway
+        optim_cfg = replace(optim_cfg, grad_clip=NORM_ONLY_CLIP)
     amp_cfg = amp_cfg or AmpConfig()
     amp_cfg.validate()
     arch = {k: v for k, v in resolved.arch.items() if k != "model_type"}

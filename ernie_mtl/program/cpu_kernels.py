@@ -19,10 +19,10 @@ rounding, never bitwise.
 gradient over all rows. Paddle's CPU `elementwise_add_grad` computes it in a serial broadcast loop
 (about 46 ms for one [8,128,3072] gradient, measured), the largest non-matmul cost of an ERNIE step
 after dropout. `bias_grads_by_matmul` leaves that op the input gradient only and computes the bias
-gradient as the vector-matrix product ones[T] x dOut[T,n] (MKL, about 1 ms). The sum is then taken in MKL's order instead
-of row by row: the gradients differ in the last bits (relative ~1e-6, the same size as changing the
-thread count moves matmul results), so this pass is exact to float32 rounding, not bitwise;
-the tolerance and its test are in tests/unit/test_cpu_kernels.py.
+gradient as the vector-matrix product ones[T] x dOut[T,n] (MKL, about 1 ms). The sum is then taken
+in MKL's order instead of row by row: the gradients differ in the last bits (relative ~1e-6, the
+same size as changing the thread count moves matmul results), so this pass is exact to float32
+rounding, not bitwise; the tolerance and its test are in tests/unit/test_cpu_kernels.py.
 
 **oneDNN matmul gradients see 2-D inputs.** A linear layer's `matmul_v2` multiplies a 3-D
 activation [b, s, k] by a 2-D weight [k, n]. oneDNN's `matmul_v2_grad` treats that as a broadcast
@@ -225,6 +225,9 @@ def tune_for_cpu(program, *, onednn_types: Optional[Iterable[str]] = None, bias_
     if types:
         changed = use_onednn_ops(program, types)
         parts.append(f"oneDNN kernels on {sum(changed.values())} ops ({', '.join(sorted(changed))})")
+        unused = sorted(set(onednn_conflicts(types)[0]) - set(changed))
+        if unused:  # a listed type this program does not run (or runs only in float16): it switches nothing
+            parts.append(f"no op of this program has the type{'s' if len(unused) > 1 else ''} {', '.join(unused)}")
     if bias_grads:
         parts.append(f"{len(bias_grads_by_matmul(program))} bias gradients by matmul")
     return "; ".join(parts) if parts else "as built"

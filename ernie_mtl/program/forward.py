@@ -11,8 +11,8 @@ So every rank runs exactly the same ops every step (no control flow: gradient al
 gradient merge and sharding see one static program), micro-batches of different tasks can be
 accumulated into one update, and a head whose task is absent gets a gradient of exactly 0.
 (Adam would still move it through stale moments and weight decay; such parameters are frozen for
-that update on the device: see ernie_mtl/program/idle_heads.py.) With a single task there is no gate. The cost is the heads'
-forward/backward on foreign batches, small next to the backbone.
+that update on the device: see ernie_mtl/program/idle_heads.py.) With a single task there is no gate.
+The cost is the heads' forward/backward on foreign batches, small next to the backbone.
 
 Parameter names. Built under a fresh `unique_name.guard()` in a fixed order (backbone, then
 heads in `task_instance` order of their group's first task), the same configuration always gets
@@ -105,7 +105,74 @@ def build_forward(model_type: str, arch: Mapping[str, Any], tasks: Sequence[Task
         specs += [FeedSpec(feed_name(t.spec.name, s.name), s.shape, s.dtype, s.doc) for s in t.label_feeds()]
     feed_vars = {s.name: paddle.static.data(s.name, list(s.shape), s.dtype) for s in specs}
 
-    backbone, config = build_backbone(model_type, arch, use_task_id=use_task_id, num_tasks=len(tasks))
+    encoder = shared_encoder(tasks)
+    if encoder is None:
+        enc, name_map, recompute_checkpoints = _paddlenlp_encoder(model_type, arch, feed_vars, use_task_id=use_task_id,
+                                                                  num_tasks=len(tasks))
+    else:  # a task type's own encoder (the PALM face's user-defined backbone)
+        enc, name_map, recompute_checkpoints = encoder(feed_vars)
+    backbone = enc.backbone
+
+    groups_by_task = group_of(tasks)
+    heads: Dict[str, Any] = {}
+    signatures: Dict[str, Tuple] = {}
+    groups: Dict[str, HeadGroup] = {}
+    task_losses: Dict[str, Any] = {}
+    task_scalars: Dict[str, Dict[str, Any]] = {}
+    predictions: Dict[str, Dict[str, Any]] = {}
+    gate = feed_vars.get(TASK_GATE)
+    total = None
+    for i, t in enumerate(tasks):
+        group = groups_by_task[t.spec.name]
+        first = group not in heads
+        if first:
+            heads[group] = t.create_head(enc)
+            signatures[group] = t.head_signature()
+            groups[group] = HeadGroup(group, [], [])
+        elif t.head_signature() != signatures[group]:
+            raise ValueError(f"tasks {group!r} and {t.spec.name!r} share a head (task_reuse_tag {t.spec.reuse_tag}) "
+                             f"but their heads differ: {signatures[group]} vs {t.head_signature()}; give them "
+                             "different task_reuse_tag values")
+        groups[group].tasks.append(t.spec.name)
+        task_feeds = {n: feed_vars[feed_name(t.spec.name, n)] for n in own[t.spec.name]}
+        out: HeadOutputs = t.head_forward(heads[group], enc, task_feeds)
+        if first:  # read after the head's graph: a head may create its parameters in head_forward (PALM's build)
+            _add_head_parameters(name_map, groups[group], heads[group])
+        loss = out.loss if out.loss.dtype == paddle.float32 else paddle.cast(out.loss, "float32")
+        task_losses[t.spec.name] = loss
+        task_scalars[t.spec.name] = dict(out.scalars)
+        predictions[t.spec.name] = dict(out.predictions)
+        weighted = loss if t.spec.loss_weight == 1.0 else float(t.spec.loss_weight) * loss
+        term = gate[i] * weighted if gated else weighted
+        total = term if total is None else total + term
+    backbone_feed_names = [s.name for s in BACKBONE_FEEDS] + ([TASK_TYPE_IDS] if use_task_id else [])
+    from ernie_mtl.program.optim import no_decay_parameters
+
+    return Forward(feeds=tuple(specs), feed_vars=feed_vars, loss=paddle.reshape(total, [1]), task_losses=task_losses,
+                   task_scalars=task_scalars, predictions=predictions, name_map=name_map, groups=list(groups.values()),
+                   recompute_checkpoints=recompute_checkpoints,
+                   backbone_feed_names=backbone_feed_names,
+                   no_decay=no_decay_parameters([backbone, *heads.values()]))
+
+
+def shared_encoder(tasks: Sequence[TaskType]):
+    """The encoder a task type supplies instead of PaddleNLP's ERNIE/BERT (`TaskType.shared_encoder`),
+    or None; tasks that supply one must supply the same."""
+    supplied = [(t, t.shared_encoder()) for t in tasks]
+    supplied = [(t, e) for t, e in supplied if e is not None]
+    if any(e is not supplied[0][1] for _, e in supplied[1:]):
+        raise ValueError(f"tasks {[t.spec.name for t, _ in supplied]} supply different shared encoders; the tasks of "
+                         "a run share one backbone")
+    return supplied[0][1] if supplied else None
+
+
+def _paddlenlp_encoder(model_type: str, arch: Mapping[str, Any], feed_vars: Mapping[str, Any], *, use_task_id: bool,
+                       num_tasks: int) -> Tuple[Encoded, Dict[str, str], List[str]]:
+    """(Encoded, name map of the backbone, recompute checkpoints: every encoder layer's output) of
+    PaddleNLP's ErnieModel / BertModel built on `feed_vars`."""
+    import paddle
+
+    backbone, config = build_backbone(model_type, arch, use_task_id=use_task_id, num_tasks=num_tasks)
     layers = backbone.encoder.layers
     captured: Dict[int, str] = {}
     hooks = [layer.register_forward_post_hook(lambda layer, inputs, output, i=i: captured.__setitem__(i, output.name))
@@ -122,56 +189,23 @@ def build_forward(model_type: str, arch: Mapping[str, Any], tasks: Sequence[Task
     finally:
         for hook in hooks:
             hook.remove()
+    if len(captured) != len(layers):
+        raise RuntimeError(f"captured {len(captured)} layer outputs for {len(layers)} encoder layers")
     enc = Encoded(sequence_output=sequence_output, pooled_output=pooled_output, backbone=backbone, config=config,
                   feeds={s.name: feed_vars[s.name] for s in BACKBONE_FEEDS})
     prefix = "ernie" if model_type == "ernie" else "bert"
     name_map = {f"{prefix}.{k}": v.name for k, v in backbone.state_dict().items()}
+    return enc, name_map, [captured[i] for i in range(len(layers))]
 
-    groups_by_task = group_of(tasks)
-    heads: Dict[str, Any] = {}
-    signatures: Dict[str, Tuple] = {}
-    groups: Dict[str, HeadGroup] = {}
-    task_losses: Dict[str, Any] = {}
-    task_scalars: Dict[str, Dict[str, Any]] = {}
-    predictions: Dict[str, Dict[str, Any]] = {}
-    gate = feed_vars.get(TASK_GATE)
-    total = None
-    for i, t in enumerate(tasks):
-        group = groups_by_task[t.spec.name]
-        if group not in heads:
-            heads[group] = t.create_head(enc)
-            signatures[group] = t.head_signature()
-            backbone_params = set(name_map.values())
-            params = []
-            for k, v in heads[group].state_dict().items():
-                name_map[f"heads.{group}.{k}"] = v.name
-                if v.name not in backbone_params and v.name not in params:  # a tied embedding is the backbone's
-                    params.append(v.name)
-            groups[group] = HeadGroup(group, [], params)
-        elif t.head_signature() != signatures[group]:
-            raise ValueError(f"tasks {group!r} and {t.spec.name!r} share a head (task_reuse_tag {t.spec.reuse_tag}) "
-                             f"but their heads differ: {signatures[group]} vs {t.head_signature()}; give them "
-                             "different task_reuse_tag values")
-        groups[group].tasks.append(t.spec.name)
-        task_feeds = {n: feed_vars[feed_name(t.spec.name, n)] for n in own[t.spec.name]}
-        out: HeadOutputs = t.head_forward(heads[group], enc, task_feeds)
-        loss = out.loss if out.loss.dtype == paddle.float32 else paddle.cast(out.loss, "float32")
-        task_losses[t.spec.name] = loss
-        task_scalars[t.spec.name] = dict(out.scalars)
-        predictions[t.spec.name] = dict(out.predictions)
-        weighted = loss if t.spec.loss_weight == 1.0 else float(t.spec.loss_weight) * loss
-        term = gate[i] * weighted if gated else weighted
-        total = term if total is None else total + term
-    if len(captured) != len(layers):
-        raise RuntimeError(f"captured {len(captured)} layer outputs for {len(layers)} encoder layers")
-    backbone_feed_names = [s.name for s in BACKBONE_FEEDS] + ([TASK_TYPE_IDS] if use_task_id else [])
-    from ernie_mtl.program.optim import no_decay_parameters
 
-    return Forward(feeds=tuple(specs), feed_vars=feed_vars, loss=paddle.reshape(total, [1]), task_losses=task_losses,
-                   task_scalars=task_scalars, predictions=predictions, name_map=name_map, groups=list(groups.values()),
-                   recompute_checkpoints=[captured[i] for i in range(len(layers))],
-                   backbone_feed_names=backbone_feed_names,
-                   no_decay=no_decay_parameters([backbone, *heads.values()]))
+def _add_head_parameters(name_map: Dict[str, str], group: HeadGroup, head: Any) -> None:
+    """Record a head's parameters as `heads.<group>.<key>` in `name_map` and the group; a parameter
+    the map already holds (a tied embedding: the backbone's) is not the head's own."""
+    known = set(name_map.values())
+    for k, v in head.state_dict().items():
+        name_map[f"heads.{group.name}.{k}"] = v.name
+        if v.name not in known and v.name not in group.params:
+            group.params.append(v.name)
 
 
 def make_feed(tasks: Sequence[TaskType], task_index: int, batch: Mapping[str, np.ndarray], *,

@@ -20,21 +20,35 @@ How (`choose_onednn_types`):
   the LM head) are not timed: they are few, and their type's choice follows the rest.
 - Timing (`ProgramTimer`): each signature becomes a program of its own holding a copy of the op (same
   attributes) on random float32 inputs, run plain and with oneDNN (through `cpu_kernels.use_onednn_ops`,
-  so exactly what training will run), a warm-up run each, then alternating rounds until the op type's
-  time budget (`budget_s`, a quarter of a second split over its signatures) is spent, at least one;
-  the minimum per kernel is kept (the run least disturbed by other processes). At ERNIE-base size the
-  matmul types take longer than the budget (a warm-up and one timed run of each form per kernel:
-  about a second each on 2 cores); the cache makes that a one-time cost per machine and shapes.
-- The decision: oneDNN for an op type when its time summed over the program's ops (signature time x
-  ops) is below `1 - MARGIN` of the plain kernel's; within that margin the plain kernel stays (it is
-  the numerical reference). `cpu_kernels.ONEDNN_CONFLICTS` are then removed.
-- The cache (`KernelCache`): every signature's two times are stored in one JSON file in the user's
-  cache folder (`$XDG_CACHE_HOME/ernie_mtl/cpu_kernels.json`, default `~/.cache/ernie_mtl/`), under
-  the machine's identity (`machine_identity`: CPU vendor, model name, family/model/stepping, a hash of
-  its feature flags, logical CPUs, the process's threads, Paddle's version and commit, and the ISA limits
-  set in the environment: ONEDNN_MAX_CPU_ISA / MKL_ENABLE_INSTRUCTIONS). A later run on
-  the same kind of machine with the same shapes measures nothing. The file is written atomically; a
-  damaged or unwritable one is ignored with a note (the run measures instead), never fatal.
+  so exactly what training will run). Always on `TIMING_THREADS` (1) math threads, whatever the run's
+  own thread count (`paddle.base.core.set_num_threads`, restored afterwards), so a run of 1 process x 2
+  threads and one of 2 processes x 1 thread measure the same thing and choose the same kernels. A
+  warm-up run of each, then paired rounds in alternating order (at least `MIN_ROUNDS`, until the op
+  type's time budget is spent); the figure kept per kernel is the median round, and the per-round
+  oneDNN/plain ratios give the spread. The same programs then run once more on `check_threads` (2, or
+  more when the process may use more) to learn whether each kernel's result depends on the thread count
+  (bitwise), and the two kernels' outputs are compared bitwise.
+- The decision: oneDNN for an op type when its median time summed over the program's ops (signature time
+  x ops) is below `1 - MARGIN` of the plain kernel's; within that margin the plain kernel stays (it is
+  the numerical reference). A oneDNN kernel whose result changes with the thread count is never chosen
+  (a run continued on another number of processes would not be bitwise). `cpu_kernels.ONEDNN_CONFLICTS`
+  are then removed.
+- The cache (`KernelCache`): every signature's measurement is stored in one JSON file in the user's
+  cache folder (`$XDG_CACHE_HOME/ernie_mtl/cpu_kernels.json`, default `~/.cache/ernie_mtl/`), under the
+  machine's identity (`machine_identity`: CPU vendor, model name, family/model/stepping, a hash of its
+  feature flags, Paddle's version and commit, and the ISA limits set in the environment, ONEDNN_MAX_CPU_ISA /
+  MKL_ENABLE_INSTRUCTIONS -- not the thread count, not the number of CPUs), with how it
+  was measured: threads, rounds, the ratio spread, and the CPU other processes used meanwhile. A
+  measurement is *disturbed* when other processes used more than `DISTURBED_CORES` cores while it ran, or
+  when its ratio spread straddles the decision threshold (noise could decide it). The next run on the
+  machine measures a disturbed entry again: a clean measurement replaces it and is then kept for good; a
+  disturbed one does not, so while the machine stays busy every run decides from the first measurement
+  (two runs never choose differently because one of them was disturbed). A later run on the same kind of
+  machine with the same shapes measures nothing. The file is read with bounds (a regular file, at most
+  `CACHE_MAX_BYTES`, nesting within Python's limits) and written atomically; a damaged, special or
+  unwritable one is ignored with a note (the run measures instead), never fatal, and a special file is
+  never replaced.
+  `python -m ernie_mtl.program.kernel_choice show|reset` (`ernie-mtl-kernels`) lists or deletes it.
 
 Nothing here decides by vendor name, and the timing function is injectable (`measure=`), so tests
 decide with fake timings and never depend on the machine's speed.
@@ -43,6 +57,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import time
@@ -55,8 +70,12 @@ from ernie_mtl.program.cpu_kernels import EXACT_ONEDNN_OPS, onednn_conflicts
 
 # timed by --cpu_kernels auto; the gradient types are chosen independently of their forward types
 AUTO_CANDIDATES = ("matmul_v2", "matmul_v2_grad", "elementwise_add", "scale", "sum", "transpose2", "transpose2_grad")
-MARGIN = 0.05  # oneDNN must save more than this fraction of an op type's plain time to be chosen
-CACHE_FORMAT = 1
+MARGIN = 0.10  # oneDNN must save more than this fraction of an op type's plain time to be chosen
+CACHE_FORMAT = 2  # 2: machines keyed without threads; entries say how they were measured
+CACHE_MAX_BYTES = 16 << 20  # a cache file larger than this is not read (a healthy one holds a few KiB per model)
+TIMING_THREADS = 1  # math threads every measurement runs with (module docstring)
+MIN_ROUNDS = 5  # paired rounds per signature, at least
+DISTURBED_CORES = 0.5  # other processes' CPU during a measurement above which it is measured again later
 _OPTIMIZE, _LR_SCHED = 0x0002, 0x0010
 # attributes that do not change what a kernel computes (left out of a signature's identity)
 _BOOKKEEPING = {"op_role", "op_role_var", "op_namescope", "op_callstack", "op_device", "with_quant_attr",
@@ -74,31 +93,29 @@ def _cpuinfo() -> Dict[str, str]:
 
 
 def machine_identity(threads: Optional[int] = None, *, cpuinfo: Optional[Mapping[str, str]] = None,
-                     cpus: Optional[int] = None, paddle_version: Optional[str] = None,
+                     paddle_version: Optional[str] = None,
                      env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
-    """What a timing depends on besides the shapes: the CPU (vendor, model name, family/model/stepping,
-    a hash of its feature flags), its logical CPUs, this process's threads (OMP_NUM_THREADS as paddle
-    runs with it), Paddle's version and commit, and the ISA limits set in the environment
-    (ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS: the same CPU on other code paths times differently;
-    the key is unchanged when none is set). Every input can be given (tests)."""
+    """What a kernel timing depends on besides the shapes: the kind of CPU (vendor, model name,
+    family/model/stepping, a hash of its feature flags), Paddle's version and commit, and the ISA limits
+    set in `env` (ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS: the same CPU on other code paths times
+    differently; the key is unchanged when none is set). Not the number of CPUs nor the run's threads:
+    training measurements always run on `TIMING_THREADS`, so one machine type gives one choice whatever the
+    topology. `threads` adds the thread count for timings that do depend on it (a predictor's throughput,
+    ernie_mtl/engine/inference.py). Every input can be given (tests)."""
     info = _cpuinfo() if cpuinfo is None else dict(cpuinfo)
     env = os.environ if env is None else env
     if paddle_version is None:
         import paddle
 
         paddle_version = f"{paddle.__version__} ({paddle.version.commit[:12]})"
-    if threads is None:
-        try:
-            threads = max(1, int(env.get("OMP_NUM_THREADS", "1")))
-        except ValueError:
-            threads = 1
     flags = " ".join(sorted(info.get("flags", "").split()))
-    identity = {"cpu": info.get("model name") or platform.processor() or platform.machine(),
-                "vendor": info.get("vendor_id", ""),
-                "family_model_stepping": "/".join(info.get(k, "?") for k in ("cpu family", "model", "stepping")),
-                "cpu_flags": hashlib.sha1(flags.encode()).hexdigest()[:12] if flags else "",
-                "logical_cpus": int(cpus if cpus is not None else (os.cpu_count() or 1)),
-                "threads": int(threads), "paddle": paddle_version}
+    identity: Dict[str, Any] = {
+        "cpu": info.get("model name") or platform.processor() or platform.machine(),
+        "vendor": info.get("vendor_id", ""),
+        "family_model_stepping": "/".join(info.get(k, "?") for k in ("cpu family", "model", "stepping")),
+        "cpu_flags": hashlib.sha1(flags.encode()).hexdigest()[:12] if flags else "", "paddle": paddle_version}
+    if threads is not None:
+        identity["threads"] = int(threads)
     limits = isa_limits(env)
     if limits:
         identity["isa_limits"] = " ".join(v[0] for _, v in sorted(limits.items()))
@@ -110,8 +127,8 @@ def machine_key(machine: Mapping[str, Any]) -> str:
 
 
 def describe_machine(machine: Mapping[str, Any]) -> str:
-    return (f"{machine.get('cpu', '?')} ({machine.get('vendor', '?')}, {machine.get('logical_cpus', '?')} CPUs, "
-            f"{machine.get('threads', '?')} threads, paddle {machine.get('paddle', '?')})")
+    threads = f", {machine['threads']} threads" if "threads" in machine else ""
+    return f"{machine.get('cpu', '?')} ({machine.get('vendor', '?')}{threads}, paddle {machine.get('paddle', '?')})"
 
 
 def cache_file(env: Optional[Mapping[str, str]] = None) -> Path:
@@ -123,12 +140,15 @@ def cache_file(env: Optional[Mapping[str, str]] = None) -> Path:
 
 
 class KernelCache:
-    """Measured times per (machine, signature) in one JSON file; see the module docstring. The first
-    measurement of a signature on a machine is kept: `save` merges under a file lock and never replaces
-    an entry already in the file, and `get` prefers the file's entry to this process's own, so every
-    run on the machine decides from the same numbers (two runs started together end up with one
-    choice, and a run that resumes another repeats its choice even before reading the checkpoint).
-    Delete the file to measure again. `notes` collects what went wrong with the file (never raised)."""
+    """Measurements per (machine, signature) in one JSON file; see the module docstring. A clean
+    measurement is kept for good: `save` merges under a file lock and never replaces a clean entry
+    already in the file, and `get` prefers the file's entry to this process's own, so every run on the
+    machine decides from the same numbers (two runs started together end up with one choice, and a run
+    that resumes another repeats its choice even before reading the checkpoint). A *disturbed* entry
+    (`disturbed: true`) is measured again by later runs (`needs_measuring`): a clean measurement replaces
+    it; while every new one is disturbed too, the file's first one keeps deciding (`_trusted`), so runs on
+    a machine that stays busy still all choose alike. `reset()` deletes the file. `notes` collects what went
+    wrong with the file (never raised)."""
 
     def __init__(self, path: Optional[os.PathLike] = None, *, machine: Mapping[str, Any]):
         self.path = Path(path) if path is not None else cache_file()
@@ -136,6 +156,7 @@ class KernelCache:
         self.key = machine_key(machine)
         self.notes: List[str] = []
         self._new: Dict[str, Dict[str, Any]] = {}
+        self._special = False  # the path exists but is not a regular file: never read nor replaced
         self._entries = self._mine(self._read())
 
     def _mine(self, data: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
@@ -144,65 +165,113 @@ class KernelCache:
         return dict(entries) if isinstance(entries, dict) else {}
 
     def _read(self) -> Dict[str, Any]:
+        from data_tools.safe_io import UnsafeFile, read_json_bounded
+
         try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = read_json_bounded(self.path, max_bytes=CACHE_MAX_BYTES, what="kernel cache")
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as e:  # unreadable or not JSON: measure again, rewrite it
-            self.notes.append(f"kernel cache {self.path} ignored ({type(e).__name__}: {str(e)[:80]})")
+        except UnsafeFile as e:  # a FIFO, device or folder where the file should be: never opened, never replaced
+            self._special = e.special
+            self._note(f"{e}; measuring instead")
             return {}
-        if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT or not isinstance(data.get("machines"), dict):
-            self.notes.append(f"kernel cache {self.path} ignored (not a format-{CACHE_FORMAT} cache file)")
+        except (OSError, ValueError) as e:  # unreadable, too large, not JSON, nested too deep: measure, rewrite
+            self._note(f"kernel cache {self.path} ignored ({type(e).__name__}: {str(e)[:120]})")
+            return {}
+        if (not isinstance(data, dict) or data.get("format") != CACHE_FORMAT
+                or not isinstance(data.get("machines"), dict)):
+            self._note(f"kernel cache {self.path} ignored (not a format-{CACHE_FORMAT} cache file); it is rewritten")
             return {}
         return data
 
-    def get(self, signature_key: str) -> Optional[Tuple[float, float]]:
-        """(plain seconds, oneDNN seconds) of this machine and signature: the file's, else this process's
-        own measurement, else None."""
-        for entry in (self._entries.get(signature_key), self._new.get(signature_key)):
-            if not isinstance(entry, dict):
-                continue
-            try:
-                plain, onednn = float(entry["plain_s"]), float(entry["onednn_s"])
-            except (TypeError, KeyError, ValueError):
-                continue
-            if plain > 0 and onednn > 0:
-                return plain, onednn
+    def _note(self, text: str) -> None:
+        if text not in self.notes:  # the file is read again when saving: say it once
+            self.notes.append(text)
+
+    @staticmethod
+    def _times(entry: Any) -> Optional[Tuple[float, float]]:
+        if not isinstance(entry, dict):
+            return None
+        try:
+            plain, onednn = float(entry["plain_s"]), float(entry["onednn_s"])
+        except (TypeError, KeyError, ValueError):
+            return None
+        return (plain, onednn) if plain > 0 and onednn > 0 and math.isfinite(plain + onednn) else None
+
+    def _trusted(self, signature_key: str) -> Optional[Dict[str, Any]]:
+        """The entry a decision uses: a clean entry of the file (the first clean measurement stays), else
+        this process's own clean one, else the file's disturbed one (so runs on a machine that stays busy
+        all decide alike), else this process's own disturbed one."""
+        filed, own = self._entries.get(signature_key), self._new.get(signature_key)
+        filed = filed if self._times(filed) is not None else None
+        own = own if self._times(own) is not None else None
+        for entry, clean in ((filed, True), (own, True), (filed, False), (own, False)):
+            if entry is not None and bool(entry.get("disturbed")) != clean:
+                return entry
         return None
 
+    def needs_measuring(self, signature_key: str) -> bool:
+        """No clean entry in the file and no measurement of this process's own: measure (again)."""
+        filed = self._entries.get(signature_key)
+        clean = self._times(filed) is not None and not filed.get("disturbed")
+        return not clean and self._times(self._new.get(signature_key)) is None
+
+    def get(self, signature_key: str) -> Optional[Tuple[float, float]]:
+        """(plain seconds, oneDNN seconds) of this machine and signature that a decision uses (`_trusted`),
+        or None when nothing was measured."""
+        entry = self._trusted(signature_key)
+        return None if entry is None else self._times(entry)
+
     def entry(self, signature_key: str) -> Optional[Dict[str, Any]]:
-        """The whole stored entry (the file's, else this process's), when `get` has its times."""
-        if self.get(signature_key) is None:
-            return None
-        return dict(self._entries.get(signature_key) or self._new[signature_key])
+        """The whole entry `get` answers from (None when it has no times)."""
+        entry = self._trusted(signature_key)
+        return None if entry is None else dict(entry)
 
     def put(self, signature_key: str, description: str, plain_s: float, onednn_s: float, **extra: Any) -> None:
         self._new[signature_key] = {"op": description, "plain_s": plain_s, "onednn_s": onednn_s,
                                     "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
 
     def save(self) -> None:
-        """Add this process's new entries to the file as it is now (entries already there win), under a
-        lock, atomically; then read the merged entries back. An unwritable place is a note, not an error
-        (this process's own measurements decide)."""
+        """Add this process's new entries to the file as it is now, under a lock, atomically: a clean entry
+        of the file stays, a disturbed one is replaced by a clean measurement (module docstring). Then read
+        the merged entries back. An unwritable or special place is a note, not an error (this process's
+        own measurements decide)."""
         if not self._new:
             return
+        if self._special:
+            return  # noted when read: a FIFO or device is never replaced
         from ernie_mtl.checkpoint.io import write_json_atomic
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with _locked(self.path.with_name(self.path.name + ".lock")):
                 data = self._read()
+                if self._special:
+                    return
                 machines = dict(data.get("machines", {})) if data else {}
                 slot = machines.get(self.key) if isinstance(machines.get(self.key), dict) else {}
-                entries = {**self._new, **self._mine({"machines": {self.key: slot}})}
+                entries = self._mine({"machines": {self.key: slot}})
+                for key, new in self._new.items():
+                    old = entries.get(key)
+                    if self._times(old) is None or (old.get("disturbed") and not new.get("disturbed")):
+                        entries[key] = new
                 machines[self.key] = {"machine": self.machine, "signatures": entries}
                 write_json_atomic(self.path, {"format": CACHE_FORMAT, "machines": machines}, indent=1)
         except OSError as e:
             self.notes.append(f"kernel cache {self.path} not written ({e.strerror or e}); the next run measures again")
             return
-        self._entries = entries
-        self._new.clear()
+        self._entries = entries  # this process's own measurements stay in `_new`: a disturbed one decides this run
+
+    def reset(self) -> bool:
+        """Delete the cache file (every machine's entries); True when there was one."""
+        if self._special:
+            return False
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            return False
+        self._entries = {}
+        return True
 
 
 class _locked:
@@ -385,16 +454,98 @@ def single_op_program(op, signature: OpSignature, *, onednn: bool, copies: int =
     return program, arrays
 
 
-class ProgramTimer:
-    """The default `measure`: (plain seconds, oneDNN seconds) per op of a signature, timed in this
-    process with its threads (module docstring: warm-up, alternating rounds, minimum)."""
+def _output_names(program) -> List[str]:
+    """The float32 outputs of the first copy of the op in a `single_op_program` (not XShape: no data)."""
+    import paddle
 
-    def __init__(self, *, budget_s: float = 0.25, max_rounds: int = 5):
-        self.budget_s = budget_s
-        self.max_rounds = max_rounds
+    block = program.global_block()
+    op = block.ops[0]
+    names = []
+    for slot in op.output_names:
+        if slot == "XShape":
+            continue
+        for name in op.output(slot):
+            var = block._find_var_recursive(name) if name else None
+            if var is not None and var.dtype == paddle.float32:
+                names.append(name)
+    return names
+
+
+def current_math_threads() -> int:
+    """The math threads this process runs with: OMP_NUM_THREADS as Paddle read it at import (it writes 1
+    when unset)."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    except ValueError:
+        return 1
+
+
+class _MathThreads:
+    """Run the block with Paddle's math libraries (MKL, OpenMP for oneDNN) on `n` threads, then back."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __enter__(self):
+        from paddle.base import core
+
+        core.set_num_threads(int(self.n))
+        return self
+
+    def __exit__(self, *exc):
+        from paddle.base import core
+
+        core.set_num_threads(current_math_threads())
+        return False
+
+
+class LoadMeter:
+    """CPU time other processes used while a block ran, in cores (/proc/stat's busy time less this
+    process's own). None where /proc/stat cannot be read (not Linux)."""
+
+    def __init__(self):
+        self.others_cores: Optional[float] = None
+
+    @staticmethod
+    def _busy_s() -> Optional[float]:
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                fields = f.readline().split()
+        except OSError:
+            return None
+        if not fields or fields[0] != "cpu":
+            return None
+        ticks = [int(x) for x in fields[1:]]
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+        return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self):
+        self._busy, self._own, self._wall = self._busy_s(), sum(os.times()[:2]), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        busy, wall = self._busy_s(), time.perf_counter() - self._wall
+        if busy is not None and self._busy is not None and wall > 0:
+            own = sum(os.times()[:2]) - self._own
+            self.others_cores = max(0.0, (busy - self._busy - own) / wall)
+        return False
+
+
+class ProgramTimer:
+    """The default `measure`: how a signature's op runs plain and on oneDNN, in this process, always on
+    `TIMING_THREADS` math threads (module docstring: warm-up, paired alternating rounds, median), then
+    whether each kernel's result depends on the thread count and whether the two agree bitwise.
+    Returns a dict: plain_s, onednn_s (median seconds per op), rounds, ratio_low/ratio_high (the quartiles
+    of the per-round oneDNN/plain ratios), threads, check_threads, plain_thread_stable,
+    onednn_thread_stable, same_bits, others_cores (None when unknown)."""
+
+    def __init__(self, *, min_rounds: int = MIN_ROUNDS, max_rounds: int = 15, check_threads: Optional[int] = None):
+        self.min_rounds, self.max_rounds = min_rounds, max(min_rounds, max_rounds)
+        self.check_threads = check_threads
         self._exe = None
 
-    def __call__(self, op, signature: OpSignature, budget_s: float) -> Tuple[float, float]:
+    def __call__(self, op, signature: OpSignature, budget_s: float) -> Dict[str, Any]:
+        import numpy as np
         import paddle
 
         if self._exe is None:
@@ -403,37 +554,88 @@ class ProgramTimer:
         # small ops run 4 times per program run, so the executor's own per-run cost does not decide
         copies = 1 if signature.op_type.startswith("matmul") or elements > (1 << 20) else 4
         sides = []
-        for onednn in (False, True):
-            program, arrays = single_op_program(op, signature, onednn=onednn, copies=copies)
-            scope = paddle.static.Scope()
-            for name, array in arrays.items():
-                scope.var(name).get_tensor().set(array, paddle.CPUPlace())
-            # warm-up, not timed: the first run of a program builds the executor's instruction list, allocates
-            # its outputs and creates oneDNN's primitives (measured: a tiny op's first plain run took 260 ms)
-            self._exe.run(program, scope=scope, fetch_list=[])
-            sides.append((program, scope, []))
-        start = time.perf_counter()
-        for r in range(self.max_rounds):
-            for program, scope, times in (sides if r % 2 == 0 else sides[::-1]):
-                t = time.perf_counter()
+        with LoadMeter() as load, _MathThreads(TIMING_THREADS):
+            for onednn in (False, True):
+                program, arrays = single_op_program(op, signature, onednn=onednn, copies=copies)
+                scope = paddle.static.Scope()
+                for name, array in arrays.items():
+                    scope.var(name).get_tensor().set(array, paddle.CPUPlace())
+                # warm-up, not timed: the first run of a program builds the executor's instruction list, allocates
+                # its outputs and creates oneDNN's primitives (measured: a tiny op's first plain run took 260 ms)
                 self._exe.run(program, scope=scope, fetch_list=[])
-                times.append(time.perf_counter() - t)
-            if time.perf_counter() - start >= budget_s:
-                break
-        return min(sides[0][2]) / copies, min(sides[1][2]) / copies
+                sides.append((program, scope, []))
+            start = time.perf_counter()
+            for r in range(self.max_rounds):
+                for program, scope, times in (sides if r % 2 == 0 else sides[::-1]):
+                    t = time.perf_counter()
+                    self._exe.run(program, scope=scope, fetch_list=[])
+                    times.append(time.perf_counter() - t)
+                if r + 1 >= self.min_rounds and time.perf_counter() - start >= budget_s:
+                    break
+            outputs = [self._outputs(program, scope) for program, scope, _ in sides]
+        check = self.check_threads or max(2, current_math_threads())
+        with _MathThreads(check):
+            again = [self._outputs(program, scope) for program, scope, _ in sides]
+        plain, onednn = sides[0][2], sides[1][2]
+        ratios = sorted(o / p for p, o in zip(plain, onednn) if p > 0)
+        same = [all(np.array_equal(a, b) for a, b in zip(x, y)) for x, y in zip(outputs, again)]
+        return {"plain_s": float(np.median(plain)) / copies, "onednn_s": float(np.median(onednn)) / copies,
+                "rounds": len(plain), "ratio_low": _quantile(ratios, 0.25), "ratio_high": _quantile(ratios, 0.75),
+                "threads": TIMING_THREADS, "check_threads": check, "plain_thread_stable": same[0],
+                "onednn_thread_stable": same[1],
+                "same_bits": all(np.array_equal(a, b) for a, b in zip(outputs[0], outputs[1])),
+                "others_cores": None if load.others_cores is None else round(load.others_cores, 3)}
+
+    def _outputs(self, program, scope) -> List[Any]:
+        import numpy as np
+
+        names = _output_names(program)
+        return [np.array(v) for v in self._exe.run(program, scope=scope, fetch_list=names)] if names else []
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    position = q * (len(values) - 1)
+    low, high = int(math.floor(position)), int(math.ceil(position))
+    return values[low] + (values[high] - values[low]) * (position - low)
+
+
+def as_measurement(result: Any) -> Dict[str, Any]:
+    """A `measure` result as a dict: a (plain_s, onednn_s) pair (what an injected test timer returns) or
+    the dict `ProgramTimer` returns."""
+    if isinstance(result, Mapping):
+        return dict(result)
+    plain_s, onednn_s = result
+    return {"plain_s": float(plain_s), "onednn_s": float(onednn_s)}
+
+
+def is_disturbed(m: Mapping[str, Any], *, margin: float = MARGIN) -> bool:
+    """Whether a measurement should be taken again by a later run: other processes used more than
+    `DISTURBED_CORES` cores meanwhile, or its per-round ratios straddle the decision threshold."""
+    others = m.get("others_cores")
+    if others is not None and others > DISTURBED_CORES:
+        return True
+    low, high = m.get("ratio_low"), m.get("ratio_high")
+    threshold = 1.0 - margin
+    return low is not None and high is not None and low < threshold <= high
 
 
 # --- the decision ------------------------------------------------------------------------------------
 
 @dataclass
 class TypeTiming:
-    """An op type's time per micro-batch in the program with each kernel (its timed ops only)."""
+    """An op type's time per micro-batch in the program with each kernel (its timed ops only), and what
+    its measurements say about the kernels' numerics."""
 
     plain_s: float = 0.0
     onednn_s: float = 0.0
     flops: float = 0.0  # per micro-batch, matmul types only
     ops: int = 0  # ops of the type whose shapes were timed
     measured: int = 0  # signatures measured now (the rest came from the cache)
+    disturbed: int = 0  # signatures whose measurement a later run takes again (is_disturbed)
+    onednn_thread_unstable: int = 0  # signatures whose oneDNN result changed with the thread count
+    plain_thread_unstable: int = 0  # ... whose plain result did
 
     def faster(self, margin: float = MARGIN) -> bool:
         return self.ops > 0 and self.onednn_s < (1.0 - margin) * self.plain_s
@@ -446,47 +648,73 @@ class TypeTiming:
         return f"{1e3 * self.onednn_s:.2f} vs {1e3 * self.plain_s:.2f} ms/step"
 
     def to_json(self) -> Dict[str, float]:
-        return {"plain_s": self.plain_s, "onednn_s": self.onednn_s, "flops": self.flops, "ops": self.ops}
+        return {"plain_s": self.plain_s, "onednn_s": self.onednn_s, "flops": self.flops, "ops": self.ops,
+                "disturbed": self.disturbed, "onednn_thread_unstable": self.onednn_thread_unstable,
+                "plain_thread_unstable": self.plain_thread_unstable}
 
 
-Measure = Callable[[Any, OpSignature, float], Tuple[float, float]]
+Measure = Callable[[Any, OpSignature, float], Any]  # -> (plain s, oneDNN s) or ProgramTimer's dict
 
 
 def time_op_types(program, op_types: Iterable[str], *, batch: int, seq: int, cache: Optional[KernelCache] = None,
-                  measure: Optional[Measure] = None, budget_s: float = 0.25) -> Dict[str, TypeTiming]:
-    """{op type: TypeTiming} of `program`'s ops of `op_types`, from the cache where it has them, measured
-    otherwise (`measure(op, signature, budget_s)` -> (plain s, oneDNN s) per op; default `ProgramTimer`).
-    New measurements are written to the cache."""
+                  measure: Optional[Measure] = None, budget_s: float = 0.25,
+                  margin: float = MARGIN) -> Dict[str, TypeTiming]:
+    """{op type: TypeTiming} of `program`'s ops of `op_types`, from the cache where it has a clean entry,
+    measured otherwise (`measure(op, signature, budget_s)`; default `ProgramTimer`). New measurements are
+    written to the cache with how they were taken (a disturbed one is measured again by the next run)."""
     measure = measure or ProgramTimer()
     signatures = op_signatures(program, op_types, batch=batch, seq=seq)
-    own: Dict[str, Tuple[float, float]] = {}
+    own: Dict[str, Dict[str, Any]] = {}
     for op_type in op_types:
         mine = [(sig, op) for sig, _, op in signatures if sig.op_type == op_type]
         for sig, op in mine:
-            if cache is None or cache.get(sig.key) is None:
-                own[sig.key] = measure(op, sig, budget_s / max(1, len(mine)))
+            if cache is None or cache.needs_measuring(sig.key):
+                m = as_measurement(measure(op, sig, budget_s / max(1, len(mine))))
+                m["disturbed"] = is_disturbed(m, margin=margin)
+                own[sig.key] = m
                 if cache is not None:
-                    cache.put(sig.key, sig.describe(), *own[sig.key])
+                    extra = {k: v for k, v in m.items() if k not in ("plain_s", "onednn_s")}
+                    cache.put(sig.key, sig.describe(), m["plain_s"], m["onednn_s"], **extra)
     if cache is not None:
-        cache.save()  # the file's entries win from here on (KernelCache)
+        cache.save()  # a clean entry of the file wins from here on (KernelCache)
     out = {t: TypeTiming() for t in op_types}
     for sig, n, _ in signatures:
-        got = (cache.get(sig.key) if cache is not None else None) or own[sig.key]
+        got = (cache.entry(sig.key) if cache is not None else None) or own[sig.key]
         timing = out[sig.op_type]
-        timing.plain_s += n * got[0]
-        timing.onednn_s += n * got[1]
+        timing.plain_s += n * float(got["plain_s"])
+        timing.onednn_s += n * float(got["onednn_s"])
         timing.flops += n * sig.flops()
         timing.ops += n
         timing.measured += sig.key in own
+        timing.disturbed += bool(got.get("disturbed"))
+        timing.onednn_thread_unstable += got.get("onednn_thread_stable") is False
+        timing.plain_thread_unstable += got.get("plain_thread_stable") is False
     return out
 
 
-def choose_onednn_types(timings: Mapping[str, TypeTiming], *, margin: float = MARGIN) -> Tuple[Tuple[str, ...], List[str]]:
-    """(op types to run on oneDNN, notes): the types whose oneDNN time beats the plain one by `margin`,
-    less the known conflicts (`cpu_kernels.ONEDNN_CONFLICTS`)."""
-    faster = sorted(t for t, timing in timings.items() if timing.faster(margin))
-    kept, notes = onednn_conflicts(faster)
-    return tuple(sorted(kept)), notes
+def choose_onednn_types(timings: Mapping[str, TypeTiming], *,
+                        margin: float = MARGIN) -> Tuple[Tuple[str, ...], List[str]]:
+    """(op types to run on oneDNN, notes): the types whose oneDNN time beats the plain one by `margin` and
+    whose oneDNN results do not depend on the thread count, less the known conflicts
+    (`cpu_kernels.ONEDNN_CONFLICTS`). Notes say what was left plain for its numerics, and which plain
+    kernels depend on the thread count (MKL without `MKL_CBWR=...,STRICT`: ernie_mtl/dist/threads.py)."""
+    notes = []
+    faster = []
+    for t, timing in sorted(timings.items()):
+        if not timing.faster(margin):
+            continue
+        if timing.onednn_thread_unstable:
+            notes.append(f"{t} left plain: its oneDNN result changes with the thread count on this machine, so a run "
+                         "continued on another number of processes would not be bitwise")
+            continue
+        faster.append(t)
+    unstable = sorted(t for t, timing in timings.items() if timing.plain_thread_unstable)
+    if unstable:
+        notes.append(f"the plain kernels of {', '.join(unstable)} change their results with the thread count here "
+                     "(is MKL_CBWR set without STRICT?): a run continued with another number of threads per process "
+                     "is within float32 rounding, not bitwise")
+    kept, conflict_notes = onednn_conflicts(faster)
+    return tuple(sorted(kept)), notes + conflict_notes
 
 
 # --- the choice of a run -------------------------------------------------------------------------------
@@ -554,7 +782,8 @@ class KernelChoice:
         if self.mode == "plain" and self.source != "checkpoint":
             return "as built (--cpu_kernels plain)"
         if self.mode == "auto" and self.timings:
-            how = {"measured": f"measured in {self.seconds:.1f} s", "cached": "from the kernel cache",
+            how = {"measured": f"measured in {self.seconds:.1f} s on {TIMING_THREADS} thread",
+                   "cached": "from the kernel cache",
                    "checkpoint": "recorded in the checkpoint"}.get(self.source, self.source)
             rates = "; ".join(f"{t} {'oneDNN' if t in self.onednn else 'plain'} ({TypeTiming(**_timing(v)).text()})"
                               for t, v in sorted(self.timings.items()) if v.get("ops"))
@@ -576,9 +805,14 @@ def measure_choice(program, *, batch: int, seq: int, cache: Optional[KernelCache
     """`--cpu_kernels auto` on a built training program: time the candidates (cache first), choose."""
     start = time.perf_counter()
     timings = time_op_types(program, candidates, batch=batch, seq=seq, cache=cache, measure=measure,
-                            budget_s=budget_s)
+                            budget_s=budget_s, margin=margin)
     onednn, notes = choose_onednn_types(timings, margin=margin)
     measured = any(t.measured for t in timings.values())
+    disturbed = sorted(t for t, v in timings.items() if v.disturbed)
+    if disturbed:
+        notes.append(f"the measurement of {', '.join(disturbed)} was disturbed (other processes busy, or the rounds "
+                     "disagreed): the first such measurement decides until a run on this machine measures it "
+                     "undisturbed")
     return KernelChoice(mode="auto", onednn=onednn, bias_grads=True, source="measured" if measured else "cached",
                         timings={t: v.to_json() for t, v in timings.items() if v.ops},
                         machine=dict(cache.machine) if cache is not None else {},
@@ -603,6 +837,75 @@ def reconcile(current: KernelChoice, recorded: Optional[KernelChoice]) -> Tuple[
                 f"CPU kernels: resuming with the checkpoint's recorded kernels ({what}, chosen{where}) so the run "
                 f"continues bitwise; this machine would choose {mine} ({current.describe()}). Pass --cpu_kernels "
                 "with a mode to switch anyway (float32 rounding, not bitwise)")
-    return (current, f"CPU kernels: --cpu_kernels {current.mode if current.mode != 'list' else ','.join(current.onednn)} "
+    return (current,
+            f"CPU kernels: --cpu_kernels {current.mode if current.mode != 'list' else ','.join(current.onednn)} "
             f"differs from the checkpoint's recorded kernels ({what}{where}): the resumed run continues within "
             "float32 rounding of the uninterrupted one, not bitwise")
+
+
+# --- the command: see and reset the cache ------------------------------------------------------------------
+
+def show(path: Optional[os.PathLike] = None) -> str:
+    """The kernel cache as text: every machine, and per signature the two kernels' times, the oneDNN/plain
+    ratio, how it was measured and whether a later run measures it again."""
+    path = Path(path) if path is not None else cache_file()
+    cache = KernelCache(path, machine={})
+    lines = [f"kernel cache: {path}"]
+    data = cache._read() if path.exists() else {}
+    lines += [f"  note: {n}" for n in cache.notes]
+    machines = data.get("machines", {}) if isinstance(data, dict) else {}
+    if not machines:
+        return "\n".join(lines + ["  (empty: the next --cpu_kernels auto run measures)"])
+    for key, slot in sorted(machines.items()):
+        if not isinstance(slot, dict):
+            continue
+        lines.append(f"machine {key}: {describe_machine(slot.get('machine', {}))}")
+        for entry in sorted((slot.get("signatures") or {}).values(), key=lambda e: str(e.get("op", ""))):
+            times = KernelCache._times(entry)
+            if times is None:
+                continue
+            plain, onednn = times
+            how = [f"{entry.get('rounds', '?')} rounds on {entry.get('threads', '?')} thread(s)"]
+            if entry.get("others_cores") is not None:
+                how.append(f"others {entry['others_cores']:.2f} cores")
+            if entry.get("onednn_thread_stable") is False:
+                how.append("oneDNN result depends on threads")
+            if entry.get("plain_thread_stable") is False:
+                how.append("plain result depends on threads")
+            if entry.get("disturbed"):
+                how.append("DISTURBED: measured again by the next run")
+            lines.append(f"  {str(entry.get('op', '?'))[:70]:70s} plain {1e3 * plain:9.3f} ms  "
+                         f"oneDNN {1e3 * onednn:9.3f} ms  ratio {onednn / plain:5.2f}  "
+                         f"({'; '.join(how)}; {entry.get('measured', '?')})")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """`ernie-mtl-kernels show|reset` (`python -m ernie_mtl.program.kernel_choice`)."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="ernie-mtl-kernels",
+                                description="See or reset the CPU kernel cache of --cpu_kernels auto "
+                                            "($XDG_CACHE_HOME/ernie_mtl/cpu_kernels.json).")
+    p.add_argument("action", choices=("show", "reset", "path"),
+                   help="show: every measurement and how it was taken; reset: delete the file (the next run "
+                        "measures again); path: print where it is")
+    p.add_argument("--cache", default=None, help="another cache file than the default")
+    args = p.parse_args(argv)
+    path = Path(args.cache) if args.cache else cache_file()
+    if args.action == "path":
+        print(path)
+    elif args.action == "show":
+        print(show(path))
+    else:
+        cache = KernelCache(path, machine={})
+        if cache._special:
+            print(f"ernie-mtl-kernels: error: {path} is not a regular file; not deleted", file=sys.stderr)
+            return 2
+        print(f"deleted {path}" if cache.reset() else f"nothing to delete: {path} does not exist")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -116,9 +116,12 @@ def no_decay_parameters(layers: Iterable) -> Set[str]:
     (paddle.nn.Layer objects, inspected while the program is built): biases (a layer's parameter
     held as `bias` or `*_bias`) and every parameter of a normalisation layer (LayerNorm scale and
     shift, ...). Decided by role, not by name: a task called `debias` or `normalize` keeps weight
-    decay on its head's weights (PaddleNLP's and HF's substring rule would drop it)."""
+    decay on its head's weights (PaddleNLP's and HF's substring rule would drop it). A layer may also
+    list static names in `no_weight_decay` (the PALM face's holders of parameters a `build` created,
+    decided by PALM's name rule)."""
     out: Set[str] = set()
     for layer in layers:
+        out.update(getattr(layer, "no_weight_decay", ()))
         for _, sub in layer.named_sublayers(include_self=True):
             is_norm = type(sub).__name__.endswith(_NORM_LAYER_SUFFIXES)
             for attr, param in sub.named_parameters(include_sublayers=False):

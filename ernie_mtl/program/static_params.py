@@ -95,15 +95,66 @@ def static_name(structured: str) -> Optional[str]:
     return None
 
 
+# VarType codes of a TensorDesc (framework.proto) -> bytes per element
+_ELEMENT_BYTES = {0: 1, 1: 2, 2: 4, 3: 8, 4: 2, 5: 4, 6: 8, 20: 1, 21: 1, 22: 2, 23: 8, 24: 16}
+
+
+def tensor_file_problem(path: os.PathLike) -> Optional[str]:
+    """What is wrong with a Paddle tensor file (`save_lod_tensor`'s format: version, LoD levels, a
+    TensorDesc, then the raw data), judged from its header and size before Paddle reads it -- Paddle's
+    loader fills a truncated file's missing bytes with zeros and trains on them -- or None."""
+    import struct
+
+    from paddle.base.proto import framework_pb2
+
+    path = Path(path)
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+        offset = 4  # the format version
+        (levels,) = struct.unpack_from("<Q", head, offset)
+        offset += 8
+        if levels > 16:
+            return f"not a Paddle parameter file (its header declares {levels} LoD levels)"
+        for _ in range(levels):
+            (n,) = struct.unpack_from("<Q", head, offset)
+            offset += 8 + n
+        offset += 4  # the tensor version
+        (desc_size,) = struct.unpack_from("<i", head, offset)
+        offset += 4
+        if not 0 < desc_size <= len(head) - offset:
+            return f"not a Paddle parameter file (its header is damaged: a tensor description of {desc_size} bytes)"
+        desc = framework_pb2.VarType.TensorDesc()
+        desc.ParseFromString(head[offset:offset + desc_size])
+        offset += desc_size
+    except Exception as e:  # noqa: BLE001  (struct.error, protobuf's DecodeError, ...)
+        return f"not a Paddle parameter file (its header is damaged: {type(e).__name__})"
+    dims = list(desc.dims)
+    if desc.data_type not in _ELEMENT_BYTES or any(d < 0 for d in dims):
+        return f"not a Paddle parameter file (its header is damaged: data type {desc.data_type}, shape {dims})"
+    expected = offset + int(np.prod(dims, dtype=np.int64)) * _ELEMENT_BYTES[desc.data_type]
+    if size < expected:
+        return (f"it is truncated: {size:,} bytes, its header declares a {dims} tensor that needs {expected:,} (Paddle "
+                "would fill the missing values with zeros)")
+    if size > expected:
+        return f"not a Paddle parameter file ({size - expected:,} bytes after the {dims} tensor its header declares)"
+    return None
+
+
 def read_static_params(path: os.PathLike) -> Dict[str, np.ndarray]:
     """{static name: array} of every file of the directory `path` (hidden files aside); ConfigError
-    naming each file that is not a Paddle tensor file."""
+    naming each file that is not a whole Paddle tensor file (a truncated one included: `tensor_file_problem`)."""
     from paddle.base import core
 
     path = Path(path)
     out: Dict[str, np.ndarray] = {}
     bad: List[str] = []
     for f in sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")):
+        problem = tensor_file_problem(f)
+        if problem:
+            bad.append(f"{f}: {problem}")
+            continue
         tensor = core.LoDTensor()
         try:
             core.load_lod_tensor(tensor, str(f))
@@ -112,8 +163,8 @@ def read_static_params(path: os.PathLike) -> Dict[str, np.ndarray]:
             bad.append(f"{f}: not a Paddle parameter file ({type(e).__name__}: "
                        f"{str(e).strip().splitlines()[-1][:120] if str(e).strip() else 'unreadable'})")
     if bad:
-        raise ConfigError(bad + [f"{path} should hold one Paddle tensor file per variable (ERNIE 1.0's or PALM's "
-                                 "params/ directory); remove the other files"])
+        raise ConfigError(bad + [f"{path} should hold one whole Paddle tensor file per variable (ERNIE 1.0's or "
+                                 "PALM's params/ directory): copy the damaged files again, and remove other files"])
     return out
 
 

@@ -12,7 +12,9 @@ data     `load(split)` -> `TaskData` (features in file order, plus whatever deco
 model    `create_head(enc)` -> a `paddle.nn.Layer` holding the head's parameters (called once per
          `task_reuse_tag` group: tasks of a group share this object, hence its parameters);
          `head_forward(head, enc, feeds)` -> `HeadOutputs(loss, predictions)` inside the static
-         program being built. `loss` is a float32 scalar that is finite for dummy labels.
+         program being built. `loss` is a float32 scalar that is finite for dummy labels. The
+         head's parameters are read from the Layer after the group's first `head_forward`, so a
+         head may also create them there (the PALM face registers what a PALM head's `build` made).
 eval     `evaluate(data, outputs)` -> `{metric: value}` with `main_metric` among the keys;
          `predictions(data, outputs)` -> JSON-serialisable records for `--do_predict`.
          `outputs` maps each name of `HeadOutputs.predictions` to one numpy array per batch,
@@ -220,6 +222,13 @@ class TaskType(abc.ABC):
         """Tasks sharing a head must agree on this (type and output sizes)."""
         return (self.name,)
 
+    def shared_encoder(self) -> Optional[Callable[[Mapping[str, Any]], Tuple["Encoded", Dict[str, str], List[str]]]]:
+        """None (the default): the run's backbone is PaddleNLP's ERNIE/BERT. Otherwise a function that
+        builds the shared encoder instead, from the program's feed variables, returning (Encoded, its
+        parameters' name map structured -> static, recompute checkpoints): how the PALM face runs a
+        user-defined backbone (ernie_mtl/palm/adaptor.py). Every task that supplies one supplies the same."""
+        return None
+
     # -- evaluation and prediction -------------------------------------------------------------
     @abc.abstractmethod
     def evaluate(self, data: TaskData, outputs: Mapping[str, List[np.ndarray]]) -> Dict[str, float]:
@@ -280,6 +289,11 @@ def get_task_type(name: str) -> Type[TaskType]:
     import ernie_mtl.tasks  # noqa: F401  (registers the built-in types)
 
     if name not in _REGISTRY:
+        if name == "palm":  # ernie_mtl/palm/adaptor.py registers it in the process of a PaddlePALM script
+            raise ConfigError(["reader 'palm': this model's task runs a PaddlePALM script's own head, reader or "
+                               "backbone (Python objects of that script); predict or evaluate it from the script "
+                               "with ernie_mtl.palm (Trainer.build_predict_forward, load_ckpt or load_predict_model, "
+                               "predict)"])
         raise ConfigError([f"unknown reader {name!r}; known task types: {sorted(_REGISTRY)} (a custom type is "
                            "registered with @register_task_type in a file listed under `plugins:`)"])
     return _REGISTRY[name]

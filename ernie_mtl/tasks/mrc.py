@@ -18,7 +18,7 @@ import numpy as np
 
 from ernie_mtl.config import ConfigError
 from ernie_mtl.tasks.feeds import FeedSpec
-from ernie_mtl.tasks.base import (read_json_file, 
+from ernie_mtl.tasks.base import (read_json_file,
     Encoded, HeadOutputs, Option, TaskData, TaskType, pad_backbone_inputs, register_task_type)
 
 _MAX_REPORTED = 20  # problems listed in one error; the rest are counted

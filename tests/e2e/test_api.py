@@ -97,11 +97,18 @@ def test_predict_evaluate_export_from_python(trained, data, tmp_path):
 
 
 def test_errors_are_typed_and_name_the_culprit(data, tmp_path):
-    with pytest.raises(ernie_mtl.ConfigError) as e:
-        ernie_mtl.train(run_config(data, tmp_path / "x", max_lr=-1, tasks={"sentiment": {"reader": "nope"}}),
-                        base_dir=data)
-    text = str(e.value)
-    assert "--max_lr -1" in text or "max_lr" in text
+    with pytest.raises(ernie_mtl.ConfigError) as e:  # a bad flag value, as a keyword argument
+        ernie_mtl.train(run_config(data, tmp_path / "x"), base_dir=data, max_lr=-1, min_lr=-2)
+    assert e.value.problems == ["--max_lr -1.0 must be > 0, e.g. 1e-4",  # every problem of the values at once
+                                "--min_lr -2.0 must be within [0, --max_lr -1.0], e.g. 1e-5"]
+    with pytest.raises(ernie_mtl.ConfigError) as e:  # a bad task key
+        ernie_mtl.train(run_config(data, tmp_path / "x"), base_dir=data, tasks={"sentiment": {"reader": "nope"}})
+    assert len(e.value.problems) == 1 and e.value.problems[0].startswith(
+        "--tasks.sentiment.reader: unknown reader 'nope'; known task types: ['cls', "), e.value.problems
+    assert not (tmp_path / "x").exists()  # refused before anything was written
+    with pytest.raises(ernie_mtl.ConfigError, match="key 'max_lr': sets --max_lr -1 but configuration mapping: "
+                                                    "key 'learning_rate' already sets it to 0.005; keep one"):
+        ernie_mtl.load_config(run_config(data, tmp_path / "x", max_lr=-1), base_dir=data)  # two names, one value
     with pytest.raises(ernie_mtl.ConfigError, match="unknown argument '--no_such_flag'"):
         ernie_mtl.load_config(run_config(data, tmp_path / "x"), base_dir=data, no_such_flag=1)
     with pytest.raises(ernie_mtl.ConfigError, match="key 'tasks' does not define it"):

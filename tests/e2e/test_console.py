@@ -39,4 +39,5 @@ def test_every_console_line_of_a_run_is_ours_and_debug_brings_the_framework_back
 def test_a_bad_log_level_is_refused(data, tmp_path):
     proc = run_cli(["--config", global_yaml(data, "badlog.yaml", save_path=str(tmp_path / "run")),
                     "--log_level", "verbose"], cwd=tmp_path)
-    assert proc.returncode == 2 and "--log_level 'verbose' is not supported; use one of ['info', 'debug']" in proc.stderr
+    assert proc.returncode == 2
+    assert "--log_level 'verbose' is not supported; use one of ['info', 'debug']" in proc.stderr

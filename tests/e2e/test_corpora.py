@@ -1,4 +1,4 @@
-"""Pretraining data at scale through the real CLI (issue 12): weighted corpus mixtures in flag mode and
+"""Pretraining data at scale through the real CLI: weighted corpus mixtures in flag mode and
 in a multi-task YAML (planned, logged, counted in VisualDL, resumed bitwise after SIGKILL), every bad
 mixture refused before any process communicates, and per-node index caches (--share_folder false)
 with two launchers acting as two nodes that share no cache folder."""
@@ -6,6 +6,7 @@ import zlib  # noqa: F401  (before paddle)
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,8 @@ import pytest
 
 from helpers import ENTRY, ROOT, free_port, jsonl, metrics, ok, run_cli, state
 
-EXCLUSIVE = {"test_per_node_caches", "test_without_a_shared_folder"}  # these launch several processes: run alone (tests/conftest.py)
+EXCLUSIVE = {"test_per_node_caches",
+             "test_without_a_shared_folder"}  # these launch several processes: run alone (tests/conftest.py)
 
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
 # three corpora over disjoint characters, so a sample tells which corpus it came from
@@ -57,12 +59,21 @@ def flags(root: Path, out: Path, input_dir: str, **extra):
 MIXTURE = "5.0 data/news 7.0 data/wiki 12.0 data/web"
 
 
+def planned_weights(dry_run_text: str):
+    """{corpus: (weight, share)} as the dry run's mixture plan prints them ("news: weight 5 (share 20.83%)")."""
+    found = re.findall(r"^\s+(\w+): weight (\S+) \(share ([\d.]+)%\)", dry_run_text, flags=re.M)
+    return {name: (float(weight), float(share) / 100) for name, weight, share in found}
+
+
 @pytest.mark.slow
 def test_a_three_corpus_mixture_is_planned_logged_counted_and_resumes_bitwise(corpora, tmp_path):
     dry = ok(run_cli(flags(corpora, tmp_path / "dry", MIXTURE, dry_run="true"), cwd=corpora))
-    for name, weight in (("news", "5"), ("wiki", "7"), ("web", "12")):
-        line = next(line for line in dry.stdout.splitlines() if name in line and "weight" in line)
-        assert weight in line and "documents" in line
+    planned = planned_weights(dry.stdout)
+    assert {name: w for name, (w, _) in planned.items()} == {"news": 5.0, "wiki": 7.0, "web": 12.0}, dry.stdout
+    for name, (weight, share) in planned.items():
+        assert share == pytest.approx(weight / 24.0, abs=5e-5)  # printed to 0.01%
+    assert all(name in line and "documents" in line for name in ALPHABETS
+               for line in dry.stdout.splitlines() if f"{name}: weight" in line)
     assert "samples" in dry.stdout and "epochs" in dry.stdout
     straight = ok(run_cli(flags(corpora, tmp_path / "straight", MIXTURE), cwd=corpora))
     log = straight.stdout + straight.stderr
@@ -82,8 +93,17 @@ def test_a_three_corpus_mixture_is_planned_logged_counted_and_resumes_bitwise(co
 
 
 def test_a_folder_is_every_corpus_in_it_weighted_by_size(corpora, tmp_path):
+    """Each corpus of the folder is weighted by its size in tokens, counted here from its .idx."""
+    from data_tools.indexed_dataset import MMapIndexedDataset
+
+    tokens = {name: int(MMapIndexedDataset(corpora / "data" / name).sizes.sum()) for name in ALPHABETS}
+    assert len(set(tokens.values())) == len(tokens)  # the corpora differ in size: equal weights would fail
     dry = ok(run_cli(flags(corpora, tmp_path / "dry", "data", dry_run="true"), cwd=corpora))
-    assert all(name in dry.stdout for name in ALPHABETS)
+    planned = planned_weights(dry.stdout)
+    assert {name: w for name, (w, _) in planned.items()} == tokens, dry.stdout
+    total = sum(tokens.values())
+    for name, (_, share) in planned.items():
+        assert share == pytest.approx(tokens[name] / total, abs=5e-5)
 
 
 @pytest.mark.parametrize("spec,culprit", [

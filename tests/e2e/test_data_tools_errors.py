@@ -113,7 +113,8 @@ def test_invalid_utf8_is_a_counted_malformed_line_with_file_and_line(data, tmp_p
     src, vocab = data
     lines = src.read_bytes().split(b"\n")[:50]
     bad = tmp_path / "bad.jsonl"
-    bad.write_bytes(b"\n".join(lines[:3] + [b'{"text": "\xe4\xb8 broken"}', b'{"text": "\\ud800 lone"}'] + lines[3:]) + b"\n")
+    bad.write_bytes(b"\n".join(lines[:3] + [b'{"text": "\xe4\xb8 broken"}',
+                                            b'{"text": "\\ud800 lone"}'] + lines[3:]) + b"\n")
     text = tmp_path / "bad.txt"
     text.write_bytes("第一段。\n".encode() + b"\xff\xfe bad line\n" + "同一段。\n\n第二段。\n".encode())
     out = tmp_path / "corpus"
@@ -147,7 +148,8 @@ def test_debug_variable_shows_the_traceback(data, tmp_path):
     src, vocab = data
     bad = tmp_path / "vocab.txt"
     bad.write_text("[CLS]\n", encoding="utf-8")
-    proc = run(PROG, "--input", src, "--vocab_file", bad, "--output_prefix", tmp_path / "c", env={"ERNIE_MTL_DEBUG": "1"})
+    proc = run(PROG, "--input", src, "--vocab_file", bad, "--output_prefix", tmp_path / "c",
+               env={"ERNIE_MTL_DEBUG": "1"})
     assert proc.returncode == 2 and "Traceback" in proc.stderr and f"{PROG}: error: " in proc.stderr
 
 

@@ -14,7 +14,6 @@ feeder, micro-batch by micro-batch, in tests/unit/test_datapath_feeder.py.
 """
 import zlib  # noqa: F401  (before paddle)
 
-import json
 import os
 import re
 import signal

@@ -1,5 +1,5 @@
 """Changing the cluster between runs, with real processes over gloo, a SIGKILL before every change and
-dropout on, in flag mode (pretraining) and multi-task mode (README, "Changing the cluster").
+dropout on, in flag mode (pretraining) and multi-task mode (docs/checkpoints.md, "Changing the cluster").
 
 A chain trains in segments on different topologies (each segment is SIGKILLed right after a
 checkpoint, the next launch resumes it on another topology) and is compared with one uninterrupted
@@ -64,8 +64,8 @@ def launch(argv, tmp, *, procs, env=None):
 
 def segment(argv, tmp, *, procs, kill_at=None, env=None):
     """One launch of a chain: SIGKILLed right after its checkpoint of step `kill_at`, or to the end."""
-    proc, logs = launch(argv, tmp, procs=procs, env={**(env or {}),
-                                                     **({"ERNIE_MTL_TEST_KILL_AT_STEP": str(kill_at)} if kill_at else {})})
+    kill = {"ERNIE_MTL_TEST_KILL_AT_STEP": str(kill_at)} if kill_at else {}
+    proc, logs = launch(argv, tmp, procs=procs, env={**(env or {}), **kill})
     assert (proc.returncode != 0) if kill_at else (proc.returncode == 0), logs[-6000:]
     return logs
 
@@ -198,7 +198,8 @@ def test_flag_mode_another_micro_batch_keeps_the_samples_and_stays_within_the_se
     continued = step_losses(tmp / "micro")
     for step in (3, 4, 5, 6):
         spread = max(s[step] for s in seeds) - min(s[step] for s in seeds)
-        print(f"\nstep {step}: continued {continued[step]:.4f}, uninterrupted {seeds[0][step]:.4f}, seed spread {spread:.4f}")
+        print(f"\nstep {step}: continued {continued[step]:.4f}, uninterrupted {seeds[0][step]:.4f}, "
+              f"seed spread {spread:.4f}")
         assert abs(continued[step] - seeds[0][step]) <= spread, step
 
 

@@ -1,4 +1,4 @@
-"""Evaluation that scales and finishes the job (issue 13): dev sets split across data-parallel ranks
+"""Evaluation that scales and finishes the job: dev sets split across data-parallel ranks
 with the outputs gathered (every rank's metrics equal, bit for bit, to one process's, for cls,
 seq_label with CRF, mrc and mlm); test files evaluated at the end with the best and the final
 weights (test_results.json, VisualDL); `--do_eval` on exported models and checkpoints; export of
@@ -14,7 +14,8 @@ import pytest
 
 from helpers import ok, run_cli
 
-EXCLUSIVE = {"test_evaluation_split_across_two_ranks_equals_one_process"}  # these launch several processes: run alone (tests/conftest.py)
+# launches several processes: run alone (tests/conftest.py)
+EXCLUSIVE = {"test_evaluation_split_across_two_ranks_equals_one_process"}
 
 CHARS = list("的了是在我有他这中大国人民日天北上东西南家们主本下京海方边好坏")
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
@@ -113,7 +114,8 @@ def test_test_files_are_evaluated_with_the_best_and_the_final_weights(finished, 
         assert metric in results[task]["last"]["metrics"] and metric in results[task]["best"]["metrics"]
         # an independent path: the best checkpoint through the plain forward program (--do_eval --checkpoint)
         proc = ok(run_cli(["--do_eval", "--task", task, "--eval_file", data / f"{'cls' if task == 'topic' else 'seg'}"
-                           "_test.tsv", "--checkpoint", out / f"best_{task}", "--eval_output", tmp_path / f"{task}.json"],
+                           "_test.tsv", "--checkpoint", out / f"best_{task}", "--eval_output",
+                           tmp_path / f"{task}.json"],
                           cwd=tmp_path))
         report = json.loads((tmp_path / f"{task}.json").read_text())
         assert report["step"] == best_step and report["metrics"] == pytest.approx(results[task]["best"]["metrics"],
@@ -166,7 +168,8 @@ def test_a_checkpoint_is_evaluated_with_the_kernels_its_run_recorded(finished, d
         (lines[kernels],) = [x for x in proc.stderr.splitlines() if x.startswith("evaluation: ")]
         reports[kernels] = json.loads((tmp_path / f"{kernels}.json").read_text())
         assert json.loads(proc.stdout) == reports[kernels]  # the line kept stdout's JSON report clean
-    head, tail = "evaluation: the checkpoint's forward program with oneDNN on ", " ops (matmul_v2, softmax: the kernels its run recorded), 2 threads"
+    head = "evaluation: the checkpoint's forward program with oneDNN on "
+    tail = " ops (matmul_v2, softmax: the kernels its run recorded), 2 threads"
     assert lines["auto"].startswith(head) and lines["auto"].endswith(tail), lines["auto"]
     assert int(lines["auto"][len(head):-len(tail)]) > 0
     assert lines["plain"] == f"{head}0 ops (none: --cpu_kernels plain), 2 threads"

@@ -18,7 +18,8 @@ The files are compared on other machines than the one that wrote them, and float
 the last bits between CPU vendors (MKL and oneDNN take other code paths on AMD and Intel): files
 written on an Intel machine were 1.3e-7 (flag mode) and 9.6e-8 (multi-task) off on an AMD EPYC at
 their largest (measured 2026-11-25; the files now in this folder were written on the AMD EPYC, when
-the dropout seeds and the task schedule became functions of the slot, issue 22). RTOL is 2e-5,
+the dropout seeds and the task schedule became functions of the slot, so that a run continues
+on another topology). RTOL is 2e-5,
 150x that spread; a
 change of numerics that matters (another random draw, mask, sample, loss term or schedule) moves
 these losses by 1e-3 or more. Bitwise comparisons (resume, processes) compare two runs made on the
@@ -31,7 +32,6 @@ import math
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from helpers import (GOLDEN_CASES, GOLDEN_COMMON, api_script, flags_as_kwargs, golden_data, jsonl, logged_losses, ok,

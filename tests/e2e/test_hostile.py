@@ -1,9 +1,19 @@
-"""Hostile but realistic input against every entry point (issues 11 and 17): each case runs the real
-command in a fresh copy of a prepared workspace and asserts exit status 2, one message naming the
-culprit (file, line, flag or key) and none of the fragments that would name a wrong cause (ABSENT),
-no traceback, that every file that existed before is byte-identical afterwards (no checkpoint,
-corpus or vocabulary is ever damaged by a refused run), and that the run's folders (WATCHED) gained
-no file (no VisualDL record, no checkpoint, no half-trained output).
+"""Hostile but realistic input against every entry point: each case runs its command in a fresh copy
+of a prepared workspace and asserts exit status 2, one message naming the culprit (file, line, flag or
+key) and none of the fragments that would name a wrong cause (ABSENT), no traceback, that every file
+that existed before is byte-identical afterwards (no checkpoint, corpus or vocabulary is ever damaged
+by a refused run), and that the run's folders (WATCHED) gained no file (no VisualDL record, no
+checkpoint, no half-trained output).
+
+Where a case runs. Most run in this process, through the function the command runs once its
+process is set up (`ernie_mtl.main.run_command`, the data tools', converter's and resharder's `main`),
+so the same parsing, checks and error reporting (`data_tools.cli_utils.run_cli`) decide: the
+refusals the parser decides (flags, config and task files, vocabularies, corpora named), which must
+come before any engine function runs (a case not in ENGINE that reaches the engine fails), and those
+that need the engine (ENGINE: checkpoints found damaged when a run opens, data read when a run
+plans, warm starts, prediction and evaluation). The launch scripts, the cases that need a process of
+their own (a file-size limit, Paddle Inference) and a sample of the others (END_TO_END) run the real
+command in a fresh process, for the path from the command line to the message.
 
 Workspace (built once): a vocab, a tokenized corpus, classification and MRC task files, a trained
 flag-mode run with checkpoints model_3, model_6 and model_last (step 6), and a multi-task run with
@@ -15,6 +25,9 @@ script cases use DRY_RUN=1 (the checks come before the command is printed).
 """
 import zlib  # noqa: F401  (before paddle)
 
+import contextlib
+import importlib
+import io
 import json
 import os
 import resource
@@ -171,6 +184,10 @@ def truncate(path: Path):
     path.write_bytes(path.read_bytes()[:-11])
 
 
+def truncate_to(path: Path, size: int):
+    path.write_bytes(path.read_bytes()[:size])
+
+
 def flip_byte(path: Path):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, different content
@@ -267,11 +284,12 @@ CASES = [
                                                                                  "nope.txt", "not found"]),
     ("vocab_empty", lambda ws: (write(ws / "empty.txt", ""), flag("--tokenizer_name_or_path", "empty.txt"))[1],
      ["empty.txt is empty"]),
-    ("vocab_without_mask", lambda ws: (write(ws / "nomask.txt", "\n".join(["[PAD]", "[CLS]", "[SEP]", "[UNK]"] + CHARS)),
+    ("vocab_without_mask",
+     lambda ws: (write(ws / "nomask.txt", "\n".join(["[PAD]", "[CLS]", "[SEP]", "[UNK]"] + CHARS)),
                                        flag("--tokenizer_name_or_path", "nomask.txt"))[1], ["nomask.txt", "[MASK]"]),
     ("vocab_not_utf8", lambda ws: (write(ws / "bad.txt", b"[PAD]\n\xff\xfe\n"),
                                    flag("--tokenizer_name_or_path", "bad.txt"))[1], ["bad.txt", "not UTF-8"]),
-    # issue 17: messages that named the wrong cause or no fix
+    # messages that once named the wrong cause or no fix
     ("vocab_with_bom", lambda ws: (write(ws / "bom.txt", b"\xef\xbb\xbf" + (ws / "vocab.txt").read_bytes()),
                                    flag("--tokenizer_name_or_path", "bom.txt"))[1],
      ["--tokenizer_name_or_path", "bom.txt starts with a UTF-8 byte-order mark (BOM)", "without BOM"]),
@@ -301,7 +319,7 @@ CASES = [
      ["b.yaml", "mapping"]),
     ("config_unknown_key", lambda ws: (write(ws / "b.yaml", "max_lrr: 1\n"), RUN + ["--config", "b.yaml"])[1],
      ["unknown key 'max_lrr'", "did you mean 'max_lr'"]),
-    # issue 17: a key given twice is refused (YAML keeps the last value), a syntax error reported alone, an
+    # a key given twice is refused (YAML keeps the last value), a syntax error reported alone, an
     # empty file named
     ("config_duplicate_key", lambda ws: (write(ws / "b.yaml", "max_lr: 1e-3\nmax_steps: 6\nmax_lr: 0.5\n"),
                                          flag("--config", "b.yaml"))[1],
@@ -365,7 +383,7 @@ CASES = [
                                  write(ws / "tasks" / "topic.yaml", "reader: mrc\ntrain_file: ../qa.json\n"),
                                  mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n"))[2],
      ["qa.json:2:", "not valid JSON"]),
-    # issue 17: a target's test_file is read before training, as dev_file is (it was read after training and export)
+    # a target's test_file is read before training, as dev_file is (not after training and export)
     ("test_file_missing", lambda ws: mt_yaml(ws, "task_instance: topic\ntask_dir: tasks\n",
                                              "reader: cls\ntrain_file: ../cls.tsv\ntest_file: ../nope.tsv\n"
                                              "n_classes: 2\n"),
@@ -410,8 +428,7 @@ CASES = [
                                                                               "--overwrite"])[1],
      ["--output_dir", "conv is a file"]),
     ("s2d_missing_input", lambda ws: S2D + ["--input", "nowhere", "--output_dir", "conv"], ["nowhere"]),
-    ("s2d_verify_truncated_export", lambda ws: (write(ws / "mtl/topic/infer_model/model.pdiparams",
-                                                      (ws / "mtl/topic/infer_model/model.pdiparams").read_bytes()[:100]),
+    ("s2d_verify_truncated_export", lambda ws: (truncate_to(ws / "mtl/topic/infer_model/model.pdiparams", 100),
                                                 S2D + ["--input", "mtl/topic/infer_model", "--output_dir", "conv",
                                                        "--verify"])[1], ["model.pdiparams", "re-export"]),
     # prediction and evaluation
@@ -444,7 +461,7 @@ CASES = [
     ("tool_merge_other_vocab", lambda ws: (write(ws / "corpus.json", json.dumps(
         {**json.loads((ws / "corpus.json").read_text()), "vocab_sha1": "2" * 40})),
         dt("merge") + ["--inputs", "corpus", "out_c", "--output_prefix", "merged"])[1], ["merge"]),
-    # issue 17: --do_eval --checkpoint verifies the checkpoint as resume and the converter do
+    # --do_eval --checkpoint verifies the checkpoint as resume and the converter do
     ("eval_ckpt_params_truncated", lambda ws: (truncate(ws / "mtl/best_topic/state/rank_0.pdparams"),
                                                EVAL_CKPT)[1],
      ["--checkpoint", "best_topic/state/rank_0.pdparams is damaged", "truncated", "mtl/model_last (step"]),
@@ -465,7 +482,7 @@ CASES = [
              if k != "feeds"})),
         RUN + ["--do_predict", "--task", "topic", "--pred_file", "cls.tsv", "--output_dir", "mtl"])[1],
      ["manifest.json is damaged", "'feeds' missing"]),
-    # issue 17: resume checks train_state.json field by field and the ranks' own records
+    # resume checks train_state.json field by field and the ranks' own records
     ("ckpt_step_edited", resume_edited("model_3", _set("step", 5)),
      ["model_3/train_state.json is damaged", "step 5 disagrees with the folder name model_3",
       "model_6 (step 6)", "--resume PATH"]),
@@ -500,7 +517,7 @@ CASES = [
     ("s2d_rank_sha1_missing", lambda ws: ((ws / "out/model_last/state/rank_0.sha1").unlink(),
                                           S2D + ["--input", "out/model_last", "--output_dir", "conv"])[1],
      ["rank_0.sha1 is missing", "convert an intact checkpoint", "model_3 (step 3)"]),
-    # issue 22: another global batch, warm starts, the topology-free format
+    # another global batch, warm starts, the topology-free format
     ("ckpt_another_global_batch", lambda ws: flag("--global_batch_size", "8"),
      ["cannot continue", "with another global batch: global batch 4 samples per step vs 8 now",
       "keep --global_batch_size 4 (micro batch x 1 data-parallel ranks x accumulation: e.g. --micro_batch_size 4 "
@@ -551,7 +568,7 @@ CASES = [
      ["model_3/state/rank_0.pdparams is damaged"]),
     # launch scripts
     ("launch_master_malformed", lambda ws: ["bash", ROOT / "scripts" / "run.sh"], ["MASTER"]),
-    # issue 17: a PORT_RANGE the user set is checked before the launcher takes it as it is
+    # a PORT_RANGE the user set is checked before the launcher takes it as it is
     ("launch_port_range_garbage", lambda ws: ["bash", ROOT / "scripts" / "run_cpu.sh"],
      ["run_cpu.sh: error: PORT_RANGE='garbage' is malformed", "LOW:HIGH", "unset PORT_RANGE"]),
     ("launch_port_range_reversed", lambda ws: ["bash", ROOT / "scripts" / "run_cpu.sh"],
@@ -580,7 +597,8 @@ ENV = {"launch_master_malformed": {"MASTER": "host-without-port", "NNODES": "2",
 LIMIT = {"ckpt_disk_full_on_save": 40_000}
 # fragments the message must NOT contain (a wrong cause, a spurious follow-on problem)
 ABSENT = {"ckpt_another_global_batch": ["cannot resume exactly"], "init_from_another_model": ["problems"],
-          "vocab_with_bom": ["lacks", "problems"], "tool_vocab_with_bom": ["lacks"], "mixture_folder_orphan_bin": ["problems"],
+          "vocab_with_bom": ["lacks", "problems"], "tool_vocab_with_bom": ["lacks"],
+          "mixture_folder_orphan_bin": ["problems"],
           "config_syntax_error_alone": ["is required", "problems"], "config_empty": ["is required"],
           "config_duplicate_key": ["problems"], "ckpt_opt_written_damaged": ["another configuration"],
           "eval_ckpt_written_damaged": ["Traceback"]}
@@ -589,26 +607,127 @@ ABSENT = {"ckpt_another_global_batch": ["cannot resume exactly"], "init_from_ano
 WATCHED = ("out", "mtl", "mtl2", "conv", "o", "pnlp")
 
 
+# Refusals that need the engine: the parser accepts these commands.
+ENGINE = {
+    "data_cache_not_writable", "tsv_not_utf8", "tsv_wrong_field_count", "tsv_missing_header", "label_map_not_json",
+    "mrc_not_json", "test_file_header_only", "test_file_bad_row", "test_file_not_utf8", "test_file_unknown_tag",
+    "test_file_no_header", "dev_file_bad_row_names_key", "ckpt_state_garbage", "ckpt_state_truncated",
+    "ckpt_state_deleted", "ckpt_step_a_string", "ckpt_params_truncated", "ckpt_opt_deleted",
+    "ckpt_resume_none_over_checkpoints", "ckpt_changed_seed", "ckpt_disk_full_on_save", "predict_not_utf8",
+    "predict_truncated_model", "eval_wrong_format", "eval_ckpt_params_truncated", "eval_ckpt_params_same_size",
+    "eval_ckpt_step_edited", "eval_ckpt_written_damaged", "eval_manifest_garbage", "eval_manifest_not_an_object",
+    "predict_manifest_without_feeds", "ckpt_step_edited", "ckpt_step_negative", "ckpt_topology_missing",
+    "ckpt_topology_key_missing", "ckpt_rank_sha1_disagrees", "ckpt_consumed_edited", "ckpt_lr_epoch_edited",
+    "ckpt_auto_newest_edited", "ckpt_resume_path_damaged_lists_intact", "ckpt_opt_written_damaged",
+    "ckpt_none_intact", "ckpt_another_global_batch", "dry_run_another_global_batch",
+    "ckpt_batch_change_micro_not_dividing", "init_from_another_model", "init_from_other_shapes",
+    "init_optimizer_from_paddlenlp", "init_from_paddlenlp_lacking", "ckpt_resume_an_average",
+}
+# a file-size limit on the process (LIMIT); a model loaded through Paddle Inference
+OWN_PROCESS = {"ckpt_disk_full_on_save", "s2d_verify_truncated_export"}
+# also run as the real command: parser, engine and tool refusals, for the path from the command line to the message
+END_TO_END = {"flag_not_a_number", "config_duplicate_key", "mtl_global_and_task_errors_together", "vocab_with_bom",
+              "ckpt_params_truncated", "ckpt_changed_seed", "test_file_bad_row", "init_from_another_model",
+              "eval_ckpt_written_damaged", "predict_truncated_model", "tool_input_missing", "s2d_damaged_checkpoint",
+              "reshard_output_exists"}
+
+
+def is_launch_script(name):
+    return name.startswith("launch_")
+
+
+IN_PROCESS = [c for c in CASES if c[0] not in OWN_PROCESS and not is_launch_script(c[0])]
+REAL_COMMAND = [c for c in CASES if c[0] in OWN_PROCESS | END_TO_END or is_launch_script(c[0])]
+
+
 def test_there_are_at_least_110_cases():
     assert len(CASES) >= 110 and len({c[0] for c in CASES}) == len(CASES)
+    names = {c[0] for c in CASES}
+    assert ENGINE | OWN_PROCESS | END_TO_END <= names  # no stale name
+    assert {c[0] for c in IN_PROCESS} | {c[0] for c in REAL_COMMAND} == names  # every case runs
+    assert not any(n in LIMIT or n in ENV for n, _, _ in IN_PROCESS)  # those need a process of their own
 
 
-@pytest.mark.parametrize("name,make,fragments", CASES, ids=[c[0] for c in CASES])
-def test_hostile_input_is_refused_with_one_clear_message_and_nothing_changed(base, tmp_path, name, make, fragments):
-    ws = tmp_path / "ws"
-    shutil.copytree(base, ws, symlinks=True)
-    cmd = make(ws)
-    before = snapshot(ws)
-    proc = sh(cmd, ws, limit=LIMIT.get(name), env=ENV.get(name))
-    text = proc.stdout + proc.stderr
-    assert proc.returncode == 2, (proc.returncode, text[-3000:])
+def check_refusal(name, fragments, code, text, before, after):
+    assert code == 2, (code, text[-3000:])
     assert "Traceback" not in text and "During handling" not in text, text[-3000:]
     for fragment in fragments:
         assert fragment in text, (fragment, text[-3000:])
     for fragment in ABSENT.get(name, ()):
         assert fragment not in text, (fragment, text[-3000:])
-    after = snapshot(ws)
     changed = [p for p, data in before.items() if after.get(p) != data]
     assert not changed, changed  # every file that existed before is byte-identical
     added = [p for p in after if p not in before and p.split(os.sep)[0] in WATCHED]
     assert not added, added  # and the run's folders gained nothing
+
+
+def workspace(base, tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(base, ws, symlinks=True)
+    return ws
+
+
+@pytest.mark.parametrize("name,make,fragments", REAL_COMMAND, ids=[c[0] for c in REAL_COMMAND])
+def test_the_real_command_refuses_with_one_clear_message_and_nothing_changed(base, tmp_path, name, make, fragments):
+    ws = workspace(base, tmp_path)
+    cmd = make(ws)
+    before = snapshot(ws)
+    proc = sh(cmd, ws, limit=LIMIT.get(name), env=ENV.get(name))
+    check_refusal(name, fragments, proc.returncode, proc.stdout + proc.stderr, before, snapshot(ws))
+
+
+def engine_not_reached(*args, **kwargs):
+    raise AssertionError("the parser accepted this command: list the case in ENGINE if the engine refuses it")
+
+
+def entry_point(cmd, name, monkeypatch):
+    """(the function the command runs once its process is set up, its arguments) for a case's command."""
+    cmd = [str(c) for c in cmd]
+    if cmd[:2] == [str(c) for c in RUN]:
+        from ernie_mtl import main
+        from ernie_mtl.engine import run
+
+        if name not in ENGINE:  # the parser's refusal: no engine function may run
+            for function in ("train", "predict", "evaluate", "plan", "prebuild"):
+                monkeypatch.setattr(run, function, engine_not_reached)
+        return main.run_command, cmd[2:]
+    if cmd[:2] == [str(c) for c in S2D]:
+        from ernie_mtl.convert import cli
+
+        return cli.main, cmd[2:]
+    assert cmd[0] == sys.executable and cmd[1] == "-m", cmd
+    return importlib.import_module(cmd[2]).main, cmd[3:]
+
+
+@contextlib.contextmanager
+def captured_output():
+    """stdout and stderr of this process, and the ernie_mtl logger's lines (its handler keeps the stream
+    it was created with), as one text; Paddle's mode and the flags a run sets are restored after."""
+    from ernie_mtl.dist.console import get_logger
+    from ernie_mtl.engine.run import flags_restored, static_mode_restored
+
+    text = io.StringIO()
+    handlers = [h for h in get_logger(0).handlers if hasattr(h, "setStream")]
+    streams = [h.setStream(text) for h in handlers]
+    try:
+        with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text), static_mode_restored(), \
+                flags_restored():
+            yield text
+    finally:
+        for handler, stream in zip(handlers, streams):
+            handler.setStream(stream)
+
+
+@pytest.mark.parametrize("name,make,fragments", IN_PROCESS, ids=[c[0] for c in IN_PROCESS])
+def test_refused_in_process_with_one_clear_message_and_nothing_changed(base, tmp_path, monkeypatch, name, make,
+                                                                        fragments):
+    ws = workspace(base, tmp_path)
+    monkeypatch.chdir(ws)  # relative paths as the command run in this folder sees them
+    function, argv = entry_point(make(ws), name, monkeypatch)
+    before = snapshot(ws)
+    with captured_output() as text:
+        try:
+            code = function(argv)
+        except SystemExit as e:  # argparse's own refusals
+            code = e.code
+    check_refusal(name, fragments, code, text.getvalue(), before, snapshot(ws))

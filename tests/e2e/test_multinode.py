@@ -6,9 +6,10 @@ one CPU process each, the same command run twice as two nodes would run it.
 - A node dies mid-run (its rank and its launcher SIGKILLed): the surviving node exits non-zero in a
   bounded time; running the two-node command again resumes from model_last and ends bitwise equal
   to an uninterrupted run.
-- Needing the watchdog wiring in run_multitask_static.py (xfail until it is there): the survivor's
-  log names the lost rank and how to resume; a frozen node (sockets left open) stops the survivor
-  within ERNIE_MTL_PEER_TIMEOUT; orphaned ranks exit when their launcher is killed.
+- Through the watchdog wired into run_multitask_static.py: the survivor's log names the lost rank
+  (found by the diagnosis after the failed collective, not by waiting out ERNIE_MTL_PEER_TIMEOUT) and
+  how to resume; orphaned ranks exit when their launcher is killed. A frozen node is
+  tests/e2e/test_watchdog.py's (a rank script wired as the entry point).
 Every process a test starts is killed at its end, found by a marker in its environment."""
 import zlib  # noqa: F401  (before paddle)
 
@@ -69,7 +70,8 @@ class Nodes:
         self.launchers, self.log_dirs = [], []
         for n, extra in enumerate(node_env):
             log_dir = self.tmp / f"{tag}_node{n}_log"  # one machine: each node its own log folder
-            env = dict(PYTHON=sys.executable, MASTER=f"127.0.0.1:{self.port}", NNODES="2", NPROC="1", CONFIG=str(self.config),
+            env = dict(PYTHON=sys.executable, MASTER=f"127.0.0.1:{self.port}", NNODES="2", NPROC="1",
+                       CONFIG=str(self.config),
                        OUTPUT_DIR=str(self.output_dir), LOG_DIR=str(log_dir), **extra)
             self.launchers.append(self.job.launch(["bash", RUN_CPU, *self.args], log=f"{tag}_node{n}", **env))
             self.log_dirs.append(log_dir)
@@ -82,7 +84,7 @@ class Nodes:
         """The global rank node n got (the rendezvous numbers the nodes; the launcher records it)."""
         path = self.log_dirs[n] / "envlog.0"
         wait_for(path.exists, 120, f"node {n} to start its rank")
-        line = next(l for l in path.read_text().splitlines() if l.startswith("PADDLE_TRAINER_ID="))
+        line = next(text for text in path.read_text().splitlines() if text.startswith("PADDLE_TRAINER_ID="))
         return int(line.split("=")[1])
 
     def worker_log(self, n):
@@ -91,7 +93,7 @@ class Nodes:
 
     def printed_command(self, n, tag="run"):
         text = (self.tmp / f"{tag}_node{n}.out").read_text(errors="replace")
-        line = next(l for l in text.splitlines() if l.startswith("+ ") and "paddle.distributed.launch" in l)
+        line = next(t for t in text.splitlines() if t.startswith("+ ") and "paddle.distributed.launch" in t)
         return re.sub(r"--log_dir \S+ ", "", line)
 
     def report(self, tag="run"):
@@ -138,7 +140,8 @@ def assert_bitwise_equal_runs(a, b):
 def test_two_nodes_equal_one_process_on_the_combined_batch(flag_runs):
     nodes, two = flag_runs["nodes"], flag_runs["two"]
     assert nodes.printed_command(0) == nodes.printed_command(1)  # the same command on both nodes
-    assert "--master 127.0.0.1:" in nodes.printed_command(0) and "--nnodes 2 --nproc_per_node 1" in nodes.printed_command(0)
+    command = nodes.printed_command(0)
+    assert "--master 127.0.0.1:" in command and "--nnodes 2 --nproc_per_node 1" in command
     assert sorted(nodes.rank_of(n) for n in (0, 1)) == [0, 1]
     saved = json.loads((two / "model_last/train_state.json").read_text())
     assert saved["step"] == 6 and saved["topology"]["world_size"] == 2
@@ -226,9 +229,10 @@ def test_a_lost_node_stops_the_survivor_and_the_same_command_resumes_bitwise(fla
         print(f"lost rank {lost_rank}: the survivor exited with {code} after {took:.1f} s")
         text = nodes.worker_log(0)
         assert code == 75, nodes.report("killed")
-        assert took < 60, took  # measured: a few seconds (gloo fails at once when a peer's sockets close)
-        # the survivor's collective failed; the diagnosis names the rank whose heartbeat stopped
+        # the survivor's collective failed at once (gloo, a peer's sockets closed); the diagnosis names the rank
+        # whose heartbeat stopped: the fast path, not the verdict after ERNIE_MTL_PEER_TIMEOUT (120 s)
         assert f"ernie_mtl watchdog: rank {1 - lost_rank}: lost rank {lost_rank} (node 127.0.0.1)" in text, text[-3000:]
+        assert "ERNIE_MTL_PEER_TIMEOUT=" not in text, text[-3000:]
         assert f"Run the same command again on every node to resume from {out / 'model_last'}." in text
         assert json.loads((out / "model_last/train_state.json").read_text())["step"] == 2
         # the same two-node command again, on both nodes: resumes and finishes
@@ -257,11 +261,12 @@ def test_the_survivor_log_names_the_lost_rank_and_how_to_resume(flag_runs, tmp_p
         text = nodes.worker_log(0)
     finally:
         job.kill_all()
-    assert code == 75 and took < 60, (code, took)
+    assert code == 75, (code, took)
     if lost_rank == 1:
         assert "ernie_mtl watchdog: rank 0: lost rank 1 (node 127.0.0.1)" in text, text[-3000:]
-    else:  # the store lived in rank 0's process
+    else:  # the store lived in rank 0's process: its calls failed at once (not "no answer for" the timeout)
         assert "ernie_mtl watchdog: rank 1: lost contact with the job's TCP store" in text, text[-3000:]
+        assert "no answer for" not in text, text[-3000:]
     assert f"Run the same command again on every node to resume from {out / 'model_last'}." in text
 
 
@@ -279,14 +284,15 @@ def test_orphaned_ranks_exit_after_their_launcher_is_killed(demo, tmp_path):  # 
     out = tmp_path / "orphans"
     config = flag_config(demo, tmp_path / "long.yaml", max_steps=500, checkpoint_steps=1000, eval_freq=1000)
     try:
-        launcher = job.launch(["bash", RUN_CPU, "--micro_batch_size", "2"], log="orphans", PYTHON=sys.executable, NPROC="2",
+        launcher = job.launch(["bash", RUN_CPU, "--micro_batch_size", "2"], log="orphans", PYTHON=sys.executable,
+                              NPROC="2",
                               CONFIG=str(config), OUTPUT_DIR=str(out), LOG_DIR=str(tmp_path / "log"))
         wait_for(lambda: (out / "train_metrics.jsonl").exists(), 180, "training to start")
         ranks = [p for p in job.ranks() if proc_ppid(p) == launcher.pid]
         assert len(ranks) == 2, (ranks, [(proc_cmdline(p), proc_ppid(p)) for p in job.pids()], launcher.pid)
         os.kill(launcher.pid, signal.SIGKILL)
         t0 = time.monotonic()
-        deadline = t0 + 60
+        deadline = t0 + 120  # against a hang only: the guard polls every second
         while any(proc_alive(p) for p in ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
         took = time.monotonic() - t0
@@ -295,10 +301,10 @@ def test_orphaned_ranks_exit_after_their_launcher_is_killed(demo, tmp_path):  # 
     finally:
         job.kill_all()
     logs = launch_logs(tmp_path / "log")
-    # the guard polls every second; a loaded CI machine gets generous slack
-    assert not alive and took < 30, (alive, took, logs)
+    assert not alive, (alive, took, logs)
     texts = [(tmp_path / "log" / f"workerlog.{r}").read_text(errors="replace") for r in (0, 1)]
     # the first rank to poll sees its launcher gone; the other may instead be stopped by the watchdog
     # when that rank's sockets close (it names the lost rank): either way it says why it stopped
-    assert any(f"ernie_mtl watchdog: rank {r}: its launcher (pid {launcher.pid}) is gone" in texts[r] for r in (0, 1)), logs
+    assert any(f"ernie_mtl watchdog: rank {r}: its launcher (pid {launcher.pid}) is gone" in texts[r]
+               for r in (0, 1)), logs
     assert all(f"ernie_mtl watchdog: rank {r}:" in texts[r] for r in (0, 1)), logs

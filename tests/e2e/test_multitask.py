@@ -15,7 +15,8 @@ import pytest
 from helpers import GOOD, ROOT, VOCAB, global_yaml, jsonl, last, ok, state  # noqa: F401
 from helpers import run_cli as run
 
-EXCLUSIVE = {"test_decisions_come_from_rank_0", "test_sharded_two_process"}  # these launch several processes: run alone (tests/conftest.py)
+EXCLUSIVE = {"test_decisions_come_from_rank_0",
+             "test_sharded_two_process"}  # these launch several processes: run alone (tests/conftest.py)
 
 
 @pytest.mark.slow

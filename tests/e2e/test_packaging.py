@@ -84,3 +84,75 @@ def test_flag_mode_and_multitask_runs_from_the_installed_wheel(installed):
     sh([py.parent / "ernie-mtl", "--config", "global.yaml", *common, "--output_dir", "mtl"], cwd=work)
     state = json.loads((work / "mtl" / "model_last" / "train_state.json").read_text())
     assert state["step"] == 2 and sum(state["sampler"]["counts"]) == 2
+
+
+# -- the order of imports: ernie_mtl_zlib.pth -----------------------------------------------------------
+PADDLE_FIRST = '''
+import paddle  # before ernie_mtl, as a PALM head's module does: Python's zlib is already loaded (.pth)
+import paddlenlp  # noqa: F401  (imports datasets, which decompresses: crashed without the .pth)
+import json
+from ernie_mtl import palm
+
+config = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 12,
+          "max_position_embeddings": 32, "sent_type_vocab_size": 2, "hidden_act": "relu",
+          "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "initializer_range": 0.02}
+reader = palm.reader.ClassifyReader("vocab.txt", 16, seed=1)
+reader.load_data("train.tsv", 4)
+trainer = palm.Trainer("senti")
+loss = trainer.build_forward(palm.backbone.ERNIE.from_config(config), palm.head.Classify(2, 16))
+trainer.build_backward(palm.optimizer.Adam(loss, 1e-3))
+trainer.fit_reader(reader)
+trainer.set_saver("out", save_steps=2)
+trainer.configure(device="cpu", num_workers=0)
+trainer.train()                                          # trains and saves
+predictor = palm.Trainer("senti")
+predictor.build_predict_forward(palm.backbone.ERNIE.from_config(config, phase="predict"),
+                                palm.head.Classify(2, 16, phase="predict"))
+predictor.load_ckpt("out/ckpt.step2")                    # loads
+pred_reader = palm.reader.ClassifyReader("vocab.txt", 16, phase="predict")
+pred_reader.load_data("train.tsv", 4)
+predictor.fit_reader(pred_reader, phase="predict")
+order = list(__import__("sys").modules)
+print(json.dumps({"predictions": len(predictor.predict()),
+                  "paddle_first": order.index("paddle") < order.index("ernie_mtl")}))
+'''
+
+
+def paddle_first_script(folder: Path) -> Path:
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"] + list("好坏天气很不错"))
+                                      + "\n", encoding="utf-8")
+    (folder / "train.tsv").write_text("label\ttext_a\n" + "".join(f"{i % 2}\t{'好' if i % 2 else '坏'}天气\n"
+                                                                  for i in range(8)), encoding="utf-8")
+    (folder / "paddle_first.py").write_text(PADDLE_FIRST, encoding="utf-8")
+    return folder / "paddle_first.py"
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_the_zlib_pth_and_a_script_importing_paddle_first_trains_saves_and_loads(installed):
+    py, outside = installed
+    purelib = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                           text=True).strip())
+    assert (purelib / "ernie_mtl_zlib.pth").read_text().splitlines()[-1] == "import zlib"
+    record = next(purelib.glob("ernie_mtl-*.dist-info")) / "RECORD"
+    assert any(line.startswith("ernie_mtl_zlib.pth,") for line in record.read_text().splitlines())  # uninstalled too
+    folder = outside / "paddle_first"
+    folder.mkdir()
+    result = json.loads(sh([py, paddle_first_script(folder)], cwd=folder).stdout.strip().splitlines()[-1])
+    assert result == {"predictions": 8, "paddle_first": True}
+
+
+def test_the_editable_install_of_the_checkout_has_the_zlib_pth(tmp_path):
+    """`pip install -e .` (make install) puts ernie_mtl_zlib.pth in site-packages too (setup.py adds it to the
+    editable wheel): a script of the checkout that imports paddle first, then decompresses, does not crash."""
+    import ernie_mtl
+
+    if not Path(ernie_mtl.__file__).resolve().is_relative_to(ROOT):
+        pytest.skip("ernie_mtl is not this checkout's editable install")
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    assert (purelib / "ernie_mtl_zlib.pth").is_file(), "reinstall the checkout: pip install -e ."
+    record = next(purelib.glob("ernie_mtl-*.dist-info")) / "RECORD"
+    assert any(line.startswith("ernie_mtl_zlib.pth,") for line in record.read_text().splitlines())
+    proc = subprocess.run([sys.executable, "-c", "import paddle, gzip; print(len(gzip.decompress(gzip.compress("
+                                                 "b'x' * 1000))))"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "1000", proc.stderr[-2000:]  # SIGSEGV without the .pth

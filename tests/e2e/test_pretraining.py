@@ -32,7 +32,8 @@ def test_single_process_loss_falls_checkpoints_and_visualdl(demo, tmp_path):
     # flag mode gained best checkpoints (by valid mlm_acc) and the test results file
     results = json.loads((out / "test_results.json").read_text())
     assert results["pretrain"]["last"]["step"] == 30 and "mlm_acc" in results["pretrain"]["last"]["metrics"]
-    assert results["pretrain"]["best"]["step"] == json.loads((out / "best_pretrain/train_state.json").read_text())["step"]
+    best = json.loads((out / "best_pretrain/train_state.json").read_text())
+    assert results["pretrain"]["best"]["step"] == best["step"]
     saved = json.loads((out / "model_last" / "train_state.json").read_text())
     assert saved["step"] == 30 and saved["consumed_samples"] == 240
     assert saved["topology"]["global_batch_size"] == 8 and saved["config"]["optim"]["max_lr"] == 5e-3

@@ -12,7 +12,8 @@ import pytest
 
 from ernie_mtl.dist import ports
 
-EXCLUSIVE = True  # launches several processes: run alone (tests/conftest.py)
+EXCLUSIVE = {"test_real_two_process_cpu_run",  # launches ranks: run alone (tests/conftest.py)
+             "test_secret_looking_variables_stay_out_of_the_launchers_log_folder"}  # the rest prints
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {name: ROOT / "scripts" / f"{name}.sh" for name in ("run", "run_single_node", "run_cpu")}
@@ -51,7 +52,8 @@ def dry(name, env, *args):
 
 
 def test_multi_node_command(config):
-    out = dry("run", {"IPS": "10.0.0.1,10.0.0.2", "GPUS": "0,1,2,3", "CONFIG": str(config), "OUTPUT_DIR": "/shared/run1",
+    out = dry("run",
+              {"IPS": "10.0.0.1,10.0.0.2", "GPUS": "0,1,2,3", "CONFIG": str(config), "OUTPUT_DIR": "/shared/run1",
                       "LOG_DIR": "/shared/logs"}, "--max_steps", "100", "--use_amp")
     assert out == (f"+ {LAUNCH} --ips 10.0.0.1,10.0.0.2 --gpus 0,1,2,3 --log_dir /shared/logs {ENTRY} "
                    f"--config {config} --output_dir /shared/run1 --device gpu --max_steps 100 --use_amp\n")
@@ -65,7 +67,8 @@ def test_options_win_over_environment_and_defaults(config, tmp_path):
               "--", "--output_dir", "x y")
     # LOG_DIR defaults to OUTPUT_DIR/launch_log; after `--` every argument is a training flag
     assert out == (f"+ {LAUNCH} --ips 10.0.0.1,10.0.0.2 --gpus 0,1 --host 10.0.0.2 --start_port 7000 "
-                   f"--log_dir output/launch_log {ENTRY} --config {config} --output_dir output --input_dir {corpus} --device gpu "
+                   f"--log_dir output/launch_log {ENTRY} --config {config} --output_dir output --input_dir {corpus} "
+                   "--device gpu "
                    "--output_dir 'x y'\n")
 
 
@@ -107,7 +110,8 @@ def test_thread_settings_per_node(config):
     assert proc.returncode == 0, proc.stderr
     first, command = proc.stdout.splitlines()
     n = max(1, cores // 2)
-    assert first.startswith(f"+ export OMP_NUM_THREADS={n} MKL_NUM_THREADS={n} ERNIE_MTL_THREADS_ORIGIN=")
+    assert first.startswith(f"+ export OMP_NUM_THREADS={n} MKL_NUM_THREADS={n} MKL_CBWR=AUTO,STRICT "
+                            "ERNIE_MTL_THREADS_ORIGIN=")
     assert "/ 2 processes on this node" in first
     assert command.startswith(f"+ {LAUNCH} --nproc_per_node 2 ")
     proc = run("run_cpu", {"DRY_RUN": "1", "PYTHON": "python3", "CONFIG": str(config), "OMP_NUM_THREADS": "3"})
@@ -182,7 +186,8 @@ def test_default_interpreter(config):
     ("run", {"IPS": "127.0.0.1,10.0.0.2", "GPUS": "0"}, [], "127.0.0.1/localhost cannot be used with several nodes"),
     ("run", {"IPS": "10.0.0.1,10.0.0.2", "GPUS": "0", "HOST": "10.0.0.3"}, [],
      "HOST='10.0.0.3' is not one of IPS='10.0.0.1,10.0.0.2'"),
-    ("run", {"IPS": "10.0.0.1", "GPUS": "0", "START_PORT": "70000"}, [], "START_PORT='70000': the port must be a number 1..65535, e.g. 6070"),
+    ("run", {"IPS": "10.0.0.1", "GPUS": "0", "START_PORT": "70000"}, [],
+     "START_PORT='70000': the port must be a number 1..65535, e.g. 6070"),
     ("run", {"IPS": "10.0.0.1"}, [], "run.sh: error: GPUS is unset or empty"),
     ("run", {"IPS": "10.0.0.1", "GPUS": "0;1"}, [], "GPUS='0;1' is malformed: give comma-separated GPU ids"),
     ("run_single_node", {"GPUS": "gpu0"}, [], "run_single_node.sh: error: GPUS='gpu0' is malformed"),
@@ -195,7 +200,8 @@ def test_default_interpreter(config):
     ("run_cpu", {"CONFIG": "/nonexistent/run.yaml"}, [], "CONFIG='/nonexistent/run.yaml': no such file"),
     ("run_cpu", {"SCRIPT": "/nonexistent/train.py", "CONFIG": ""}, [],
      "run_cpu.sh: error: SCRIPT='/nonexistent/train.py': no such file; give the Python script every rank runs"),
-    ("run_cpu", {"SCRIPT": __file__}, [], "and SCRIPT='%s' are both set: SCRIPT reads its own configuration" % __file__),
+    ("run_cpu", {"SCRIPT": __file__}, [],
+     "and SCRIPT='%s' are both set: SCRIPT reads its own configuration" % __file__),
     ("run_single_node", {"GPUS": "0", "CONFIG": "", "INPUT_DIR": "data/corpus"}, ["--script", __file__],
      "INPUT_DIR='data/corpus' applies to run_multitask_static.py, not to SCRIPT="),
 ])
@@ -240,7 +246,6 @@ def test_syntax_and_help(name):
     assert f"bash scripts/{name}.sh" in proc.stdout
 
 
-@pytest.mark.slow
 def tiny_pretraining_config(tmp_path) -> Path:
     """A 2-step flag-mode run of a tiny ERNIE on a small generated corpus."""
     from data_tools import prepare_demo_data
@@ -258,6 +263,7 @@ def tiny_pretraining_config(tmp_path) -> Path:
     return config
 
 
+@pytest.mark.slow
 def test_real_two_process_cpu_run(tmp_path):
     """scripts/run_cpu.sh really trains: 2 gloo processes, tiny ERNIE, 2 steps, a checkpoint at the end."""
     config = tiny_pretraining_config(tmp_path)
@@ -294,3 +300,22 @@ def test_sh_invocation_and_multitask_config_without_corpus(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == (f"+ {LAUNCH} --ips 10.0.0.1,10.0.0.2 --gpus 0,1 --log_dir /shared/run/launch_log {ENTRY} "
                            f"--config {cfg} --output_dir /shared/run --device gpu --max_steps 5\n")
+
+
+def test_secret_looking_variables_stay_out_of_the_launchers_log_folder(tmp_path):
+    """paddle.distributed.launch writes every process's whole environment into the log folder (envlog.N,
+    backup_env.N.json, default.*.log): the script starts it without secret-looking names (KEEP_ENV passes one
+    on), says which, and makes the folder private. A real one-process launch of a tiny script."""
+    script = tmp_path / "hi.py"
+    script.write_text("print('hi')\n")
+    log_dir = tmp_path / "logs"
+    proc = run("run_cpu", {"SCRIPT": str(script), "NPROC": "1", "LOG_DIR": str(log_dir), "MY_API_TOKEN": "hunter2",
+                           "AWS_SECRET_ACCESS_KEY": "s3cr3t", "HF_TOKEN": "keepme", "KEEP_ENV": "HF_TOKEN",
+                           "PADDLE_XCCL_BACKEND_KEY": "not-a-secret"}, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "+ unset MY_API_TOKEN AWS_SECRET_ACCESS_KEY   # secret-looking names" in proc.stdout
+    written = "".join(p.read_text(errors="replace") for p in log_dir.iterdir() if p.is_file())
+    assert "envlog.0" in {p.name for p in log_dir.iterdir()}  # the launcher did write the environment...
+    assert "hunter2" not in written and "s3cr3t" not in written  # ...without the secrets
+    assert "keepme" in written and "not-a-secret" in written
+    assert (log_dir.stat().st_mode & 0o077) == 0

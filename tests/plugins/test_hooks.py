@@ -23,6 +23,11 @@ this lives in the production loop).
   run, as bad data would; once: only the first time, as a transient hardware fault would).
 - `eval_at_start`: evaluates every task with a dev file before the first step and writes what
   each rank got to <output_dir>/eval_at_start_rank<r>.json (distributed-evaluation tests).
+- `pause_at`: prints `paused at <where>` and sleeps at $ERNIE_MTL_TEST_PAUSE_AT: `import` (this file's
+  import, while the command line parses), `start-up` (the trainer built, before the loop) or `train_end`
+  (after the last step, before the last evaluation, exports and test): where the signal tests signal.
+  With $ERNIE_MTL_TEST_PAUSE_IN_C=1 the main thread blocks every signal and sleeps inside C, so it cannot
+  run a Python handler: as a rank stuck inside a C++ call (a collective) cannot.
 - `record_slots`: every micro-batch this rank computes, as a JSON line in
   <output_dir>/slots_rank<r>.jsonl: the step, its slot in the global batch, the task, the
   (example, epoch) pairs it read and its loss (the hook sets the loop's `fetch_step_losses`, as the
@@ -42,7 +47,8 @@ from ernie_mtl.engine.callbacks import Callback, register_callback
 class KillAtStep(Callback):
     def on_save(self, trainer, path):
         step = int(os.environ.get("ERNIE_MTL_TEST_KILL_AT_STEP", "0") or 0)
-        last = f"model_{step}" if step and step % trainer.cfg.train.save_steps == 0 else "model_last"  # the step's last save
+        # the step's last save
+        last = f"model_{step}" if step and step % trainer.cfg.train.save_steps == 0 else "model_last"
         if step and trainer.step == step and os.path.basename(path) == last:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -168,3 +174,67 @@ class PoisonStep(Callback):
                 state["done"] = True
 
         trainer.exe.run = poisoned_run
+
+
+@register_callback("pause_at")
+class PauseAt(Callback):
+    """Prints `paused at <where>` and sleeps $ERNIE_MTL_TEST_PAUSE_S (default 60) seconds at
+    $ERNIE_MTL_TEST_PAUSE_AT: `start-up` (when the trainer is built: programs built, before the loop) or
+    `train_end` (after the last step, before the last evaluation, exports and final test): where a signal
+    tests sends one."""
+
+    def __init__(self):
+        self._pause("start-up")
+
+    def on_train_end(self, trainer):
+        self._pause("train_end")
+
+    @staticmethod
+    def _pause(where):
+        if os.environ.get("ERNIE_MTL_TEST_PAUSE_AT") == where:
+            seconds = float(os.environ.get("ERNIE_MTL_TEST_PAUSE_S", "60"))
+            if os.environ.get("ERNIE_MTL_TEST_PAUSE_IN_C"):  # the main thread never sees the signal: as stuck in C++
+                import ctypes
+
+                import threading
+
+                # every signal blocked in this thread: none (not even a SIGCHLD) can cut the C call short; the
+                # marker comes from another thread once this one is inside C, so a signal sent on seeing it
+                # cannot reach a Python handler here (the main thread is in C from before the marker on)
+                signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+                threading.Timer(0.5, lambda: print(f"paused at {where}", flush=True)).start()
+                r, _ = os.pipe()
+                ctypes.CDLL(None).read(r, ctypes.create_string_buffer(1), 1)  # never returns: nobody writes
+                return
+            print(f"paused at {where}", flush=True)
+            time.sleep(seconds)
+
+
+PauseAt._pause("import")  # $ERNIE_MTL_TEST_PAUSE_AT=import: while the command line parses (plugins load then)
+
+
+@register_callback("disturb_data")
+class DisturbData(Callback):
+    """After step $ERNIE_MTL_TEST_DISTURB_AT_STEP: $ERNIE_MTL_TEST_DISTURB = stop_worker (SIGSTOP to the
+    first data-loading worker, as a worker stuck on a network file system), kill_worker (SIGKILL), or
+    zero_corpus / truncate_corpus ($ERNIE_MTL_TEST_DISTURB_FILE written with zeros in place, or cut by
+    a quarter, under the running job)."""
+
+    def on_step_end(self, trainer, step, tasks):
+        if step != int(os.environ.get("ERNIE_MTL_TEST_DISTURB_AT_STEP", "0") or 0):
+            return
+        what = os.environ.get("ERNIE_MTL_TEST_DISTURB", "")
+        if what in ("stop_worker", "kill_worker"):
+            worker = trainer.feeder.workers[0].process
+            os.kill(worker.pid, signal.SIGSTOP if what == "stop_worker" else signal.SIGKILL)
+            print(f"disturbed: {what} pid {worker.pid}", flush=True)
+        elif what in ("zero_corpus", "truncate_corpus"):
+            path = os.environ["ERNIE_MTL_TEST_DISTURB_FILE"]
+            size = os.path.getsize(path)
+            time.sleep(0.01)  # a distinct modification time even on coarse clocks
+            with open(path, "r+b") as f:
+                if what == "zero_corpus":
+                    f.write(b"\0" * size)
+                else:
+                    f.truncate(size * 3 // 4)
+            print(f"disturbed: {what} {path}", flush=True)

@@ -22,6 +22,7 @@ def persistables(p, scope):
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.slow
 def test_a_nan_step_is_skipped_bitwise_and_counted(build_programs, accumulate):
     import paddle
 
@@ -61,10 +62,44 @@ def test_a_nan_step_is_skipped_bitwise_and_counted(build_programs, accumulate):
     assert all(np.isfinite(v).all() for k, v in trained.items() if v.dtype.kind == "f")
 
 
-def test_without_clipping_there_is_no_norm_to_read(build_programs):
-    p = build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test"),
-                       optim=OptimConfig(max_steps=100, grad_clip=0.0), anomaly_guard=True)
-    assert p.anomaly is None
+def test_without_clipping_the_guard_still_reads_the_norm_and_changes_no_gradient(build_programs):
+    """--grad_clip 0 used to turn the guard off without a word (no clipping, no norm to read). Now the
+    program computes the norm with a bound that never clips: the guard skips a non-finite step, and
+    finite steps train to the same bits as the program without any clipping."""
+    import paddle
+
+    from ernie_mtl.program.anomaly import COUNTER, skipped_steps
+
+    def build(guard):
+        return build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test", hidden_dropout_prob=0.0,
+                                                attention_probs_dropout_prob=0.0),
+                              optim=OptimConfig(max_lr=1e-3, min_lr=1e-4, max_steps=100, warmup_rate=0.0,
+                                                grad_clip=0.0),
+                              anomaly_guard=guard)
+
+    runs = {}
+    for guard in (True, False):
+        p = build(guard)
+        assert (p.anomaly is not None) == guard
+        scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
+        p.initialize(exe, scope)
+        for step in range(2):
+            exe.run(p.main, feed=p.feed(make_batch(seed=step), slot=0), fetch_list=[p.loss], scope=scope)
+        runs[guard] = (p, scope, exe, persistables(p, scope))
+    guarded, plain = runs[True][3], runs[False][3]
+    shared = sorted(set(plain) & set(guarded))
+    assert len(shared) > 20 and set(guarded) - set(plain) == {COUNTER}
+    assert all(np.array_equal(guarded[k], plain[k]) for k in shared)  # the bound never clipped
+    p, scope, exe, _ = runs[True]
+    table = scope.find_var(p.name_map["ernie.embeddings.word_embeddings.weight"]).get_tensor()
+    poisoned = np.array(table)
+    poisoned[:, 0] = np.inf
+    table.set(poisoned, paddle.CPUPlace())
+    before = persistables(p, scope)
+    exe.run(p.main, feed=p.feed(make_batch(seed=5), slot=0), fetch_list=[p.loss], scope=scope)
+    after = persistables(p, scope)
+    assert sorted(k for k in after if not np.array_equal(after[k], before[k], equal_nan=True)) == [COUNTER]
+    assert skipped_steps(scope) == 1.0
 
 
 def test_the_gpu_program_gates_every_update_with_sharding_and_accumulation(build_programs):
@@ -86,9 +121,9 @@ def test_the_gpu_program_gates_every_update_with_sharding_and_accumulation(build
 
 
 def test_a_dump_names_this_ranks_slots_and_samples(tmp_path):
-    """Under data parallelism `drawn` lists every rank's slots of the step: the dump of rank 1 of 2
-    names its own micro-batches' slots and the samples the feeder gave them (slots 1 and 3 read a
-    task's 2nd and 4th micro-batch of the step), not positions counted as if it computed them all."""
+    """Under data parallelism a step has every rank's slots: the dump of rank 1 of 2 names the
+    micro-batches it trained -- their slots and the samples the feeder gave them (slots 1 and 3 read a
+    task's 2nd and 4th micro-batch of the step) -- not positions counted as if it computed them all."""
     import json
     from types import SimpleNamespace
 
@@ -100,12 +135,11 @@ def test_a_dump_names_this_ranks_slots_and_samples(tmp_path):
             yield MicroBatch("pretrain", {"input_ids": np.full((2, 4), slot)}, tokens=8, slot=slot,
                              examples=[(read[0] * 2 + slot * 2 + j, 0) for j in range(2)])
 
-    streams = [SimpleNamespace(indices=lambda k: [(k * 2 + j, 0) for j in range(2)])]
-    trainer = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(output_dir=str(tmp_path), on_anomaly="replay",
-                                                                        loss_spike_factor=0.0)),
-                              p=SimpleNamespace(anomaly=object()), step=5, feeder=SimpleNamespace(step=step),
-                              plan=SimpleNamespace(streams=streams), info=SimpleNamespace(rank=1))
-    path = AnomalyPolicy(trainer).dump(5, drawn=[0, 0, 0, 0], read=[20])
+    from ernie_mtl.engine.stops import StopRequests
+
+    policy = AnomalyPolicy(SimpleNamespace(on_anomaly="replay", loss_spike_factor=0.0), guard=object(), scope=None,
+                           stops=StopRequests(), say=print, warn=print, output_dir=str(tmp_path), rank=1, grad_clip=1.0)
+    path = policy.dump(5, list(step(5, drawn=[0, 0, 0, 0], read=[20])))  # the micro-batches the step trained
     dumped = json.loads(path.read_text())
     assert dumped["rank"] == 1 and dumped["micro_batches"] == [
         {"task": "pretrain", "slot": 1, "samples": [[42, 0], [43, 0]]},

@@ -153,7 +153,8 @@ def test_refuses_folder_random_bytes_empty_input_and_bad_vocab(tmp_path):
                     f"--from_vocab {no_mask}: lacks the special token(s) [PAD] [MASK]")
     dup = tmp_path / "dup.txt"
     dup.write_text("[PAD]\n[CLS]\n[SEP]\n[MASK]\n[UNK]\n中\n中\n", encoding="utf-8")
-    _assert_refused(_cli("--from_vocab", dup, "--output", tmp_path / "v.txt"), "dup.txt:7: token '中' already on line 6")
+    _assert_refused(_cli("--from_vocab", dup, "--output", tmp_path / "v.txt"),
+                    "dup.txt:7: token '中' already on line 6")
     assert not (tmp_path / "v.txt").exists()
     _assert_refused(_cli("--input", corpus, "--from_vocab", dup, "--output", tmp_path / "v.txt"),
                     "either --input")

@@ -36,8 +36,9 @@ def base_argv(corpus):
 
 def test_every_paddlenlp_flag_exists():
     names = {a.dest for a in args.build_parser()._actions}
-    paddlenlp = """model_type model_name_or_path tokenizer_name_or_path input_dir output_dir split binary_head max_seq_len
-        micro_batch_size global_batch_size dp_degree sharding_degree use_sharding sharding_stage use_amp amp_dtype
+    paddlenlp = """model_type model_name_or_path tokenizer_name_or_path input_dir output_dir split binary_head
+        max_seq_len micro_batch_size global_batch_size dp_degree sharding_degree use_sharding sharding_stage use_amp
+        amp_dtype
         use_recompute max_lr min_lr warmup_rate decay_steps max_steps weight_decay grad_clip adam_beta1 adam_beta2
         adam_epsilon save_steps checkpoint_steps logging_freq eval_freq eval_iters num_workers seed device
         masked_lm_prob short_seq_prob max_ngrams hidden_dropout_prob attention_probs_dropout_prob config resume

@@ -71,6 +71,7 @@ def plain(build_programs):
     return train(build_programs)
 
 
+@pytest.mark.slow
 def test_chosen_ops_train_within_rounding_of_the_plain_program(build_programs, plain):
     losses, params, changed = train(build_programs, EXACT_ONEDNN_OPS)
     assert sum(changed.values()) > 20, changed  # the set really covers the network's ops
@@ -154,6 +155,7 @@ MATMUL_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_oneDNN_matmul_and_its_gradient_really_run_on_oneDNN():
     """A linear layer's forward product and (on its 2-D views) both gradient products run as oneDNN
     matmul primitives when their op types carry the attribute, and none does without it."""
@@ -251,7 +253,8 @@ def test_bias_grads_by_matmul_are_the_row_sums_of_the_output_gradient(build_prog
                            optim=OptimConfig(max_steps=100, grad_clip=0.0))
         block = p.main.global_block()
         pairs = {op.output("Y@GRAD")[0]: op.input("Out@GRAD")[0] for op in block.ops
-                 if op.type == "elementwise_add_grad" and op.output("Y@GRAD") and len(block.var(op.input("Y")[0]).shape) == 1}
+                 if op.type == "elementwise_add_grad" and op.output("Y@GRAD")
+                 and len(block.var(op.input("Y")[0]).shape) == 1}
         rewritten = bias_grads_by_matmul(p.main) if rewrite else []
         scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
         p.initialize(exe, scope)
@@ -271,6 +274,7 @@ def test_bias_grads_by_matmul_are_the_row_sums_of_the_output_gradient(build_prog
         np.testing.assert_allclose(grads[name], plain_grads[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_training_with_bias_grads_by_matmul_stays_within_rounding_of_the_plain_program(build_programs, plain):
     """The documented tolerance: after STEPS steps, losses within 1e-6 relative and parameters within
     1e-6 absolute of the plain program's (changing the thread count from 2 to 1 moved them by ~1e-7
@@ -291,6 +295,7 @@ def test_training_with_bias_grads_by_matmul_stays_within_rounding_of_the_plain_p
     assert_within_rounding(losses, {n: np.array(scope.find_var(n).get_tensor()) for n in plain[1]}, plain)
 
 
+@pytest.mark.slow
 def test_bias_grads_are_ready_before_data_parallel_all_reduce(build_programs):
     """The program rank 0 of 2 would run (data parallel, fused all-reduce): every rewritten bias
     gradient is written before any op reads it."""
@@ -319,7 +324,8 @@ def test_bias_grads_land_in_a_fused_all_reduce_buffer(build_programs):
     grads = sorted(bias_grads_by_matmul(p.main))
     block = p.main.global_block()
     fused = block.create_var(name="FusedOutput_bias_grads", dtype="float32", persistable=False)
-    block._insert_op(0, type="coalesce_tensor", inputs={"Input": grads}, outputs={"Output": grads, "FusedOutput": fused},
+    block._insert_op(0, type="coalesce_tensor", inputs={"Input": grads},
+                     outputs={"Output": grads, "FusedOutput": fused},
                      attrs={"copy_data": False, "use_align": True, "dtype": fused.dtype, "set_constant": False,
                             "concated_shapes": [d for g in grads for d in block.var(g).shape],
                             "concated_ranks": [len(block.var(g).shape) for g in grads],

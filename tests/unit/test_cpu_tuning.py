@@ -18,7 +18,8 @@ from ernie_mtl.config import AmpConfig, ModelConfig, OptimConfig, TrainConfig
 from ernie_mtl.dist.process import SERIAL_RUN, ProcessInfo, configure_executor
 from ernie_mtl.engine.session import cpu_kernel_choice, decide_cpu_kernels, make_executor
 from ernie_mtl.program.cpu_kernels import EXACT_ONEDNN_OPS
-from ernie_mtl.program.kernel_choice import (AUTO_CANDIDATES, KernelCache, KernelChoice, cache_file, machine_identity,
+from ernie_mtl.program.kernel_choice import (AUTO_CANDIDATES, KernelCache, KernelChoice, cache_file, describe_machine,
+                                             machine_identity,
                                              reconcile)
 
 pytestmark = pytest.mark.usefixtures("static_mode")
@@ -95,6 +96,7 @@ def test_auto_times_the_candidates_and_the_run_uses_the_faster_kernels(build_pro
     assert "transpose2 plain (" in line and "16 bias gradients by matmul" in line and "executor" in line, line
 
 
+@pytest.mark.slow
 def test_the_oneDNN_matmul_gradients_of_linear_layers_get_2d_views(build_programs, tmp_path):
     p = tiny(build_programs)
     executor_for(p, KernelChoice.fixed("list", ["matmul_v2_grad"]), device="cpu")
@@ -107,6 +109,7 @@ def test_the_oneDNN_matmul_gradients_of_linear_layers_get_2d_views(build_program
     assert all(len(block.var(op.input("X")[0]).shape) == 4 for op in attention)  # batched products as they were
 
 
+@pytest.mark.slow
 def test_the_choice_is_cached_per_machine_and_reused(build_programs, tmp_path):
     p = tiny(build_programs)
     first, second = FakeTimer(), FakeTimer(fast=())  # the second timer would choose differently...
@@ -162,6 +165,7 @@ def test_an_unwritable_cache_is_a_note_and_the_run_decides_from_its_own_measurem
     assert any("not written" in n for n in kernels.notes), kernels.notes
 
 
+@pytest.mark.slow
 def test_fixed_modes_measure_nothing(build_programs, tmp_path):
     for mode, expected, bias in (("plain", set(), False), ("exact", set(EXACT_ONEDNN_OPS), True),
                                  ("true", FAST, True), ("false", set(), False),
@@ -211,6 +215,7 @@ def test_a_recorded_choice_round_trips_through_json():
     assert "matmul_v2 oneDNN (40 vs 20 GFLOP/s)" in again.describe()
 
 
+@pytest.mark.slow
 def test_gpu_runs_time_nothing(build_programs):
     timer = FakeTimer()
     cfg = SimpleNamespace(train=TrainConfig(device="gpu"))
@@ -219,6 +224,7 @@ def test_gpu_runs_time_nothing(build_programs):
     assert not timer.calls
 
 
+@pytest.mark.slow
 def test_make_executor_needs_a_measured_choice_for_auto(build_programs):
     with pytest.raises(ValueError, match="auto needs the run's measured KernelChoice"):
         executor_for(tiny(build_programs), None, device="cpu")
@@ -236,3 +242,152 @@ def test_the_serial_executor_is_chosen_for_cpu_runs_only():
     assert env == {}  # GPU: the threaded executor overlaps host work with the device
     with pytest.raises(RuntimeError, match="before paddle is imported"):
         configure_executor({}, device="cpu", modules={"paddle": object()})
+
+
+# -- a choice that does not depend on the topology, the threads or the machine's load ------------------------
+
+class DictTimer(FakeTimer):
+    """A `measure` returning what ProgramTimer returns: times plus how they were taken."""
+
+    def __init__(self, fast=FAST, **extra):
+        super().__init__(fast)
+        self.extra = extra
+
+    def __call__(self, op, signature, budget_s):
+        plain, onednn = super().__call__(op, signature, budget_s)
+        ratio = onednn / plain
+        return {"plain_s": plain, "onednn_s": onednn, "rounds": 5, "ratio_low": ratio, "ratio_high": ratio,
+                "threads": 1, "check_threads": 2, "plain_thread_stable": True, "onednn_thread_stable": True,
+                "same_bits": False, "others_cores": 0.0, **{k: v(signature) if callable(v) else v
+                                                             for k, v in self.extra.items()}}
+
+
+def test_the_machine_identity_of_training_kernels_leaves_out_threads_and_cpus(monkeypatch):
+    """1 process x 2 threads and 2 processes x 1 thread on one machine read and write the same cache entries
+    (every measurement runs on 1 thread: ProgramTimer), so they choose the same kernels."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    two = machine_identity()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    one = machine_identity()
+    assert one == two and "threads" not in one and "logical_cpus" not in one
+    assert machine_identity(threads=4)["threads"] == 4  # a predictor's throughput does depend on them
+
+
+def test_the_timer_measures_on_one_thread_whatever_the_process_runs_with(build_programs, monkeypatch):
+    from paddle.base import core
+
+    from ernie_mtl.program.kernel_choice import ProgramTimer, op_signatures
+
+    calls = []
+    real = core.set_num_threads
+    monkeypatch.setattr(core, "set_num_threads", lambda n: (calls.append(n), real(n))[1])
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # as a 1-process run on 2 cores
+    p = tiny(build_programs)
+    (sig, _, op), *_ = [s for s in op_signatures(p.main, ["elementwise_add"], batch=2, seq=16)]
+    result = ProgramTimer(min_rounds=3, max_rounds=3)(op, sig, budget_s=0.0)
+    assert calls[0] == 1 and calls[-1] == 2  # timed on 1 thread, then back to the process's 2
+    assert 2 in calls[1:-1]  # the thread-count check ran on 2
+    assert result["threads"] == 1 and result["check_threads"] == 2 and result["rounds"] == 3
+    assert result["plain_s"] > 0 and result["onednn_s"] > 0 and result["ratio_low"] <= result["ratio_high"]
+    assert result["plain_thread_stable"] is True  # an add has one correctly rounded answer on any thread count
+    assert result["onednn_thread_stable"] is True and result["same_bits"] is True
+    assert result["others_cores"] is None or result["others_cores"] >= 0
+
+
+def test_a_disturbed_measurement_decides_until_an_undisturbed_one_replaces_it(build_programs, tmp_path):
+    busy = DictTimer(others_cores=1.7)  # another process used 1.7 cores meanwhile
+    first, _ = decide(tiny(build_programs), tmp_path, timer=busy)
+    assert set(first.onednn) == FAST and any("was disturbed" in n for n in first.notes), first.notes
+    entries = json.loads((tmp_path / "cache" / "cpu_kernels.json").read_text())["machines"]
+    assert all(e["disturbed"] and e["others_cores"] == 1.7 for slot in entries.values()
+               for e in slot["signatures"].values())
+    still_busy = DictTimer(fast=(), others_cores=1.2)  # busy again, and its noise would choose otherwise...
+    second, _ = decide(tiny(build_programs), tmp_path, timer=still_busy)
+    assert still_busy.calls and second.onednn == first.onednn  # ...measured again, but the first one decides
+    quiet = DictTimer(fast={"matmul_v2", "matmul_v2_grad"})  # the quiet machine's numbers
+    third, _ = decide(tiny(build_programs), tmp_path, timer=quiet)
+    assert quiet.calls and set(third.onednn) == {"matmul_v2", "matmul_v2_grad"}  # replaced by the clean one
+    later = DictTimer(fast=())
+    fourth, _ = decide(tiny(build_programs), tmp_path, timer=later)
+    assert not later.calls and fourth.onednn == third.onednn  # a clean measurement is kept for good
+
+
+def test_rounds_that_straddle_the_threshold_are_disturbed():
+    from ernie_mtl.program.kernel_choice import MARGIN, is_disturbed
+
+    assert not is_disturbed({"ratio_low": 0.5, "ratio_high": 0.6, "others_cores": 0.1})
+    assert not is_disturbed({"ratio_low": 0.95, "ratio_high": 1.3})  # plain on every round: clear
+    assert is_disturbed({"ratio_low": 1 - MARGIN - 0.05, "ratio_high": 1 - MARGIN + 0.05})  # noise could decide
+    assert is_disturbed({"ratio_low": 0.2, "ratio_high": 0.3, "others_cores": 0.9})
+    assert not is_disturbed({})  # an injected (plain, oneDNN) pair says nothing about how it was taken
+
+
+def test_a_oneDNN_kernel_whose_result_depends_on_the_threads_is_never_chosen(build_programs, tmp_path):
+    timer = DictTimer(onednn_thread_stable=lambda sig: sig.op_type != "matmul_v2_grad",
+                      plain_thread_stable=lambda sig: sig.op_type != "scale")
+    kernels, _ = decide(tiny(build_programs), tmp_path, timer=timer)
+    assert set(kernels.onednn) == FAST - {"matmul_v2_grad"}
+    assert any(n.startswith("matmul_v2_grad left plain: its oneDNN result changes with the thread count")
+               for n in kernels.notes), kernels.notes
+    assert any("the plain kernels of scale change their results with the thread count" in n for n in kernels.notes)
+
+
+def _with_timeout(fn, seconds=20):
+    import threading
+
+    out = {}
+    worker = threading.Thread(target=lambda: out.setdefault("value", fn()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"{fn} blocked for {seconds} s"
+    return out["value"]
+
+
+def test_the_cache_file_is_read_with_bounds(tmp_path):
+    import os
+    import stat
+
+    here = machine_identity()
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    cache = _with_timeout(lambda: KernelCache(fifo, machine=here))  # opening a FIFO would block forever
+    assert cache.get("sig") is None and "is a FIFO (named pipe), not a regular file" in cache.notes[0]
+    cache.put("sig", "matmul_v2 X1", 2.0, 1.0)
+    _with_timeout(cache.save)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and cache.get("sig") == (2.0, 1.0)  # never replaced; still decides
+
+    nested = tmp_path / "nested.json"
+    nested.write_text("[" * 200_000 + "]" * 200_000)
+    cache = KernelCache(nested, machine=here)
+    assert "nested too deeply" in cache.notes[0]
+    cache.put("sig", "matmul_v2 X1", 2.0, 1.0)
+    cache.save()
+    assert KernelCache(nested, machine=here).get("sig") == (2.0, 1.0)  # rewritten as a healthy file
+
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as f:
+        f.truncate(64 << 20)  # sparse: no disk used
+    assert "more than" in KernelCache(huge, machine=here).notes[0]
+
+    folder = tmp_path / "folder.json"
+    folder.mkdir()
+    assert "is a folder" in KernelCache(folder, machine=here).notes[0]
+
+
+def test_the_kernels_command_shows_and_resets_the_cache(tmp_path, capsys):
+    from ernie_mtl.program.kernel_choice import main
+
+    path = tmp_path / "cpu_kernels.json"
+    cache = KernelCache(path, machine=machine_identity())
+    cache.put("a", "matmul_v2 X8x128x768 Y768x768", 2e-3, 1e-3, rounds=5, threads=1, others_cores=0.02,
+              disturbed=False)
+    cache.put("b", "scale X8x12x128x64", 1e-4, 2e-4, rounds=7, threads=1, others_cores=1.2, disturbed=True)
+    cache.save()
+    assert main(["show", "--cache", str(path)]) == 0
+    shown = capsys.readouterr().out
+    assert str(path) in shown and describe_machine(machine_identity()) in shown
+    assert "matmul_v2 X8x128x768 Y768x768" in shown and "ratio  0.50" in shown and "5 rounds on 1 thread(s)" in shown
+    assert "DISTURBED: measured again by the next run" in shown and "others 1.20 cores" in shown
+    assert main(["reset", "--cache", str(path)]) == 0
+    assert not path.exists() and f"deleted {path}" in capsys.readouterr().out
+    assert main(["show", "--cache", str(path)]) == 0 and "(empty" in capsys.readouterr().out

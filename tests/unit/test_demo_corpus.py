@@ -181,7 +181,8 @@ def test_segmentation_labels_match_the_peoples_daily_words(demo_dir):
     rows = dict(row for name in ("train", "dev", "test")
                 for row in _rows(out / "wordseg" / f"{name}.tsv", "text_a\tlabel"))
     # The 4th paragraph of 199801.txt, cut before its trailing photo credit; tags rebuilt from its words.
-    words = ("１２月 ３１日 ， 中共中央 总书记 、 国家 主席 江 泽民 发表 １９９８年 新年 讲话 《 迈向 充满 希望 的 新 世纪 》 。"
+    words = ("１２月 ３１日 ， 中共中央 总书记 、 国家 主席 江 泽民 发表 "
+             "１９９８年 新年 讲话 《 迈向 充满 希望 的 新 世纪 》 。"
              .split())
     tags = [t for w in words for t in (["S"] if len(w) == 1 else ["B"] + ["M"] * (len(w) - 2) + ["E"])]
     assert rows["\x02".join("".join(words))] == "\x02".join(tags)

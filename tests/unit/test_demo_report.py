@@ -77,5 +77,6 @@ def test_the_quality_summary_quotes_docs_quality_md():
     for figure in (f"{mtl_random:.3f}", f"{mtl_pretrained:.3f}", f"{gain:+.3f}", f"alone: {alone:.3f}",
                    f"({alone:.3f} both ways)" if f"{alone:.3f}" == f"{alone_pretrained:.3f}" else "never"):
         assert figure in summary, (figure, summary)
-    longer = [cell("pretraining (6,000 steps) gain, single-task", task)[2] for task in ("sentiment (acc)", "wordseg (f1)")]
+    longer = [cell("pretraining (6,000 steps) gain, single-task", task)[2] for task in ("sentiment (acc)",
+                                                                                        "wordseg (f1)")]
     assert f"sentiment {longer[0]:+.3f}, word segmentation\nF1 {longer[1]:+.3f}" in summary, (longer, summary)

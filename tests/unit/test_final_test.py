@@ -1,6 +1,6 @@
 """engine/evaluation.final_test: the test split with the final weights and with each target's best
-checkpoint; a best checkpoint saved at the final step is not evaluated a second time (issue 24: a
-single-task run evaluated its test split twice when its best was its last step)."""
+checkpoint; a best checkpoint saved at the final step is not evaluated a second time (a single-task
+run once evaluated its test split twice when its best was its last step)."""
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,39 +36,38 @@ class _Checkpointer:
         return SimpleNamespace(step=step)
 
 
-def _trainer(tmp_path, best_steps, final_step=10):
+def _run(tmp_path, best_steps, final_step=10):
+    """(results, evaluator, checkpointer, printed lines, reported results) of a final test at `final_step`."""
     task = lambda name: SimpleNamespace(spec=SimpleNamespace(name=name))  # noqa: E731
     scores = {(n, s): {"acc": 0.5 + s / 100 + (0.01 if n == "b" else 0)} for n in ("a", "b") for s in (5, 10)}
     ev = _Evaluator(scores)
     ev.weights = final_step
+    printed, reported = [], []
     session = SimpleNamespace(
         plan=SimpleNamespace(tasks=[task("a"), task("b")], test={"a": [1, 2], "b": [1, 2, 3]}),
         cfg=SimpleNamespace(train=SimpleNamespace(output_dir=str(tmp_path))),
-        barrier=SimpleNamespace(share=lambda what, value: value), is_rank0=True)
-    printed = []
-    trainer = SimpleNamespace(
-        session=session, evaluator=ev, step=final_step, print=printed.append,
-        checkpointer=_Checkpointer({best_dir(str(tmp_path), n).name: s for n, s in best_steps.items()}, ev),
-        reporter=SimpleNamespace(metrics=lambda prefix, name, step, metrics, what: (f"{prefix} {name} {step}", {})),
-        writer=SimpleNamespace(scalars=lambda step, scalars: None))
-    return trainer, printed
+        barrier=SimpleNamespace(share=lambda what, value: value), is_rank0=True,
+        log=SimpleNamespace(info=printed.append))
+    checkpointer = _Checkpointer({best_dir(str(tmp_path), n).name: s for n, s in best_steps.items()}, ev)
+    results = final_test(session, ev, checkpointer, step=final_step,
+                         report=lambda prefix, name, step, metrics, what: reported.append((prefix, name, step)))
+    return results, ev, checkpointer, printed, reported
 
 
 def test_a_best_checkpoint_at_the_final_step_is_not_evaluated_again(tmp_path):
-    trainer, printed = _trainer(tmp_path, {"a": 10, "b": 5})
-    results = final_test(trainer)
+    results, evaluator, checkpointer, printed, reported = _run(tmp_path, {"a": 10, "b": 5})
     # one pass with the final weights for both targets, one with b's best; a's best is the final step
-    assert trainer.evaluator.calls == [("test", ["a", "b"]), ("best test", ["b"])]
-    assert trainer.checkpointer.restored == [best_dir(str(tmp_path), "b").name]
+    assert evaluator.calls == [("test", ["a", "b"]), ("best test", ["b"])]
+    assert checkpointer.restored == [best_dir(str(tmp_path), "b").name]
     assert results["a"]["best"] == {"step": 10, "metrics": results["a"]["last"]["metrics"]}
     assert results["b"]["best"] == {"step": 5, "metrics": {"acc": 0.5 + 5 / 100 + 0.01}}
     assert results["b"]["last"]["metrics"] == {"acc": 0.5 + 10 / 100 + 0.01}
     assert any("best a checkpoint is the final step's (10)" in line for line in printed)
+    assert reported == [("test", "a", 10), ("test_best", "a", 10), ("test", "b", 10), ("test_best", "b", 5)]
     assert json.loads((tmp_path / TEST_RESULTS).read_text()) == results
 
 
 def test_best_checkpoints_at_earlier_steps_are_restored_and_evaluated(tmp_path):
-    trainer, _ = _trainer(tmp_path, {"a": 5})
-    results = final_test(trainer)
-    assert trainer.evaluator.calls == [("test", ["a", "b"]), ("best test", ["a"])]
+    results, evaluator, _, _, _ = _run(tmp_path, {"a": 5})
+    assert evaluator.calls == [("test", ["a", "b"]), ("best test", ["a"])]
     assert results["a"]["best"] == {"step": 5, "metrics": {"acc": 0.55}} and "best" not in results["b"]

@@ -1,4 +1,5 @@
 """The index cache: hash keys, atomic build-once, the builder/barrier protocol, validation."""
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -87,27 +88,51 @@ def test_builder_rank_rule():
     assert not is_index_builder(9, 1, shared_filesystem=False)
 
 
-def _concurrent_job(cache_dir, counter_dir):
+def _contending_job(cache_dir, marks, role):
+    """One of two jobs building the same cache. The second announces when it reaches the build lock;
+    the first builds until it has seen that, so the two provably overlap."""
+    marks = Path(marks)
+    if role == "second":
+        locked = index_cache._locked
+
+        @contextlib.contextmanager
+        def announced(path):
+            (marks / "second-at-lock").touch()
+            with locked(path):
+                yield
+
+        index_cache._locked = announced  # this forked process only
+
     def build():
-        # record that a build ran, and take long enough for the other job to contend
-        open(os.path.join(counter_dir, f"built-{os.getpid()}"), "w").close()
-        time.sleep(0.5)
+        (marks / f"built-{role}").touch()
+        if role == "first":  # hold the lock until the other job is at it (a deadline only against a hang)
+            deadline = time.monotonic() + 120
+            while not (marks / "second-at-lock").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
         return _arrays()
 
-    load_or_build(cache_dir, "c", DESC, build, log=lambda m: None)
+    arrays = load_or_build(cache_dir, "c", DESC, build, log=lambda m: None)
+    np.save(marks / f"mapping-{role}.npy", arrays["mapping"])
 
 
 def test_concurrent_jobs_build_once(tmp_path):
-    counter = tmp_path / "counter"
-    counter.mkdir()
+    marks = tmp_path / "marks"
+    marks.mkdir()
     ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_concurrent_job, args=(str(tmp_path / "cache"), str(counter))) for _ in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(30)
+    first = ctx.Process(target=_contending_job, args=(str(tmp_path / "cache"), str(marks), "first"))
+    first.start()
+    deadline = time.monotonic() + 120
+    while not (marks / "built-first").exists() and first.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    second = ctx.Process(target=_contending_job, args=(str(tmp_path / "cache"), str(marks), "second"))
+    second.start()  # the first job is building: the cache is not complete yet
+    for p in (first, second):
+        p.join(180)
         assert p.exitcode == 0
-    assert len(list(counter.iterdir())) == 1
+    assert (marks / "second-at-lock").exists()  # the second job reached the lock while the first was building
+    assert sorted(m.name for m in marks.glob("built-*")) == ["built-first"]  # ... and waited instead of building
+    for role in ("first", "second"):
+        assert np.array_equal(np.load(marks / f"mapping-{role}.npy"), _arrays()["mapping"])
 
 
 def _node_rank(rank, local_rank, share_folder, root, fail):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from data_tools import _helpers, index as H, index_reference as R
+from tool_helpers import helpers as tool_helpers  # PaddleNLP's compiled helper: an oracle (pinned in the test extra)
 
 PAIR_DEFAULTS = dict(num_epochs=1, max_num_samples=1, max_seq_len=64, short_seq_prob=0.1, seed=7,
                      min_num_sent=2)
@@ -253,7 +254,8 @@ def test_pair_seed_determinism():
 # Blending
 
 
-@pytest.mark.parametrize("weights", [[1.0], [0.5, 0.3, 0.2], [3, 1, 0, 7, 2.5], list(np.random.default_rng(0).random(40))])
+@pytest.mark.parametrize("weights",
+                         [[1.0], [0.5, 0.3, 0.2], [3, 1, 0, 7, 2.5], list(np.random.default_rng(0).random(40))])
 def test_blending_equals_reference_and_keeps_every_prefix_within_one_sample(weights):
     size = 5000
     ours = H.build_blending_indices(weights, size)
@@ -324,13 +326,12 @@ def test_sample_idx_zero_length_documents_and_exact_end():
 
 
 def test_sample_idx_matches_megatron_tool_helpers_without_empty_documents():
-    helpers = pytest.importorskip("tool_helpers.helpers")
     rng = np.random.default_rng(1)
     sizes = rng.integers(1, 300, size=2000).astype(np.int32)
     doc_idx = np.concatenate([rng.permutation(2000), rng.permutation(2000)]).astype(np.int32)
     tokens = int(sizes.sum())
     ours = H.build_sample_idx(sizes, doc_idx, seq_len=128, num_epochs=2, tokens_per_epoch=tokens)
-    theirs = helpers.build_sample_idx(sizes, doc_idx, 128, 2, tokens)
+    theirs = tool_helpers.build_sample_idx(sizes, doc_idx, 128, 2, tokens)
     np.testing.assert_array_equal(ours, theirs)
 
 
@@ -374,7 +375,8 @@ GOOD_DOC_IDX, GOOD_SIZES = np.array([0, 2, 4], np.int64), np.array([5, 5, 5, 5],
     (GOOD_DOC_IDX, GOOD_SIZES, {"seed": -1}, r"seed must be in \[0, 9223372036854775807\], got -1"),
     (GOOD_DOC_IDX, GOOD_SIZES, {"seed": 2 ** 63}, r"seed must be in \[0, "),
     (GOOD_DOC_IDX, GOOD_SIZES, {"num_epochs": 0}, r"num_epochs must be in \[1, "),
-    (GOOD_DOC_IDX, GOOD_SIZES, {"num_epochs": 2.0}, r"num_epochs must be an integer, got 2.0 \(float\); pass int\(2.0\)"),
+    (GOOD_DOC_IDX, GOOD_SIZES, {"num_epochs": 2.0},
+     r"num_epochs must be an integer, got 2.0 \(float\); pass int\(2.0\)"),
     (GOOD_DOC_IDX, GOOD_SIZES, {"min_num_sent": 0}, r"min_num_sent must be in \[1, "),
     (GOOD_DOC_IDX, GOOD_SIZES, {"max_num_samples": True}, r"max_num_samples must be an integer, got the bool True"),
 ])

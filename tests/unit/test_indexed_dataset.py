@@ -256,3 +256,32 @@ def test_interoperates_with_paddlenlp_reader_and_writer(tmp_path):
     ours = MMapIndexedDataset(tmp_path / "pd")
     assert [ours[i].tolist() for i in range(len(ours))] == flat
     assert (tmp_path / "pd.idx").read_bytes() == (tmp_path / "ours.idx").read_bytes()
+
+
+@pytest.mark.parametrize("change", ["zeroed in place", "truncated", "index truncated"])
+def test_a_corpus_changed_under_a_reader_is_an_error_not_sigbus_or_zeros(tmp_path, change):
+    """A truncated .bin under a memory map used to end the run with SIGBUS (nothing named); one zeroed in
+    place trained on [PAD] to exit 0. Every read compares the files with what was mapped; a worker's copy
+    (a pickle) compares with what the trainer mapped."""
+    import time
+
+    _write(tmp_path / "p", EXAMPLE)
+    ds = MMapIndexedDataset(str(tmp_path / "p"))
+    blob = pickle.dumps(ds)
+    assert ds[0].tolist() == [5, 6, 7]
+    time.sleep(0.01)  # a distinct modification time even on coarse clocks
+    target = tmp_path / ("p.idx" if change == "index truncated" else "p.bin")
+    size = target.stat().st_size
+    with open(target, "r+b") as f:
+        if change == "zeroed in place":
+            f.write(b"\0" * size)
+        else:
+            f.truncate(size - 4)
+    with pytest.raises(IndexedDatasetError) as e:
+        ds[1]
+    message = str(e.value)
+    assert f"{tmp_path / 'p'}{target.suffix} changed while this run was reading it ({size:,} bytes" in message
+    assert "must not be written" in message and "resumes from the last checkpoint" in message
+    with pytest.raises(IndexedDatasetError) as e:  # a worker opening its copy after the change
+        pickle.loads(blob)
+    assert str(target) in str(e.value)  # "changed while ...", or the index check's own "index truncated"

@@ -33,6 +33,7 @@ def run(p, exe, scope, task_index, feed):
     return name, values[:1 + len(p.fwd.task_scalars[name])], values[len(values) - (2 if p.loss_scaling else 1):]
 
 
+@pytest.mark.slow
 def test_one_task_sums_equal_the_host_sums_and_a_take_starts_anew(build_programs):
     from ernie_mtl.config import ParallelConfig
 
@@ -42,7 +43,9 @@ def test_one_task_sums_equal_the_host_sums_and_a_take_starts_anew(build_programs
     for window in ((0, 5), (5, 8)):
         runs = []
         for i in range(*window):
-            task, values, last = run(p, exe, scope, 0, p.feed(make_batch(seed=i, batch=2), step=i // 2, slot=i % 2))  # one process: slot = micro-batch
+            task, values, last = run(p, exe, scope, 0,
+                                     p.feed(make_batch(seed=i, batch=2), step=i // 2,
+                                            slot=i % 2))  # one process: slot = micro-batch
             runs.append((task, values))
         taken = p.loss_sums.take(exe, scope=scope)
         assert p.loss_sums.columns["pretrain"] == ("loss", "mlm_loss", "nsp_loss")
@@ -67,7 +70,7 @@ def test_gated_sums_take_only_the_drawn_tasks_micro_batches(build_programs, tmp_
     parallel, amp = ParallelConfig(micro_batch_size=2, global_batch_size=4), AmpConfig(use_amp=True)
     topo = Topology.from_config(parallel, 1)
     init_fleet(topo)
-    p = build(ModelConfig(model_name_or_path="ernie-tiny-test"), OptimConfig(max_steps=50), 
+    p = build(ModelConfig(model_name_or_path="ernie-tiny-test"), OptimConfig(max_steps=50),
               functools.partial(build_strategy, topo, parallel, amp), topo, [first, second], seed=3, amp_cfg=amp)
     p.tasks_ = ["pretrain", "other"]
     scope = paddle.static.Scope()

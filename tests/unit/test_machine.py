@@ -158,9 +158,9 @@ def test_kernel_cache_identity_keeps_its_key_unless_an_isa_limit_is_set():
     from ernie_mtl.program.kernel_choice import machine_identity, machine_key
 
     info = parse_cpuinfo(SPR)[0]
-    plain = machine_identity(2, cpuinfo=info, cpus=4, paddle_version="2.6.2", env={})
+    plain = machine_identity(cpuinfo=info, paddle_version="2.6.2", env={})
     assert "isa_limits" not in plain  # the keys of existing caches do not change
-    limited = machine_identity(2, cpuinfo=info, cpus=4, paddle_version="2.6.2", env={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    limited = machine_identity(cpuinfo=info, paddle_version="2.6.2", env={"ONEDNN_MAX_CPU_ISA": "AVX2"})
     assert limited["isa_limits"] == "ONEDNN_MAX_CPU_ISA=AVX2"
     assert machine_key(plain) != machine_key(limited)  # AVX2 timings are never read as AVX-512 ones
 

@@ -47,7 +47,8 @@ def shards(tmp_path_factory):
 
 def _preprocess(root, src, vocab, name, *extra):
     prefix = root / name
-    assert create_pretraining_data.main(["--input", str(src), "--vocab_file", str(vocab), "--output_prefix", str(prefix),
+    assert create_pretraining_data.main(["--input", str(src), "--vocab_file", str(vocab), "--output_prefix",
+                                         str(prefix),
                                          "--cn_whole_word_segment", *extra]) == 0
     return prefix
 

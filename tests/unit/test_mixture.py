@@ -307,7 +307,8 @@ def test_describe_gives_weight_documents_samples_and_epochs(data, tmp_path, monk
     # VisualDL scalars: what was consumed so far, per corpus (incremental counts match a recount)
     for consumed in (10, 500, 100, 1200):
         expected = np.bincount(np.asarray(sets["train"].dataset_index[:consumed]), minlength=2)
-        assert sets.scalars(consumed) == {"data/train_samples/clue": expected[0], "data/train_samples/wudao": expected[1]}
+        assert sets.scalars(consumed) == {"data/train_samples/clue": expected[0],
+                                          "data/train_samples/wudao": expected[1]}
 
 
 def test_empty_split_of_one_corpus_is_one_clear_error(data, tmp_path):
@@ -323,7 +324,8 @@ def _rank(rank, local_rank, share_folder, spec, vocab_file, root, out):
     node = rank // 2
     try:
         sets = build_mixture_datasets(
-            parse_mixture(spec), split="8,1,1", num_samples=(300, 30, 0), cfg=CFG, vocab=VocabInfo.from_file(vocab_file),
+            parse_mixture(spec), split="8,1,1", num_samples=(300, 30, 0), cfg=CFG,
+            vocab=VocabInfo.from_file(vocab_file),
             cache_dir=os.path.join(root, f"node{node}"), is_builder=is_index_builder(rank, local_rank, share_folder),
             barrier=FileBarrier(os.path.join(root, "barrier"), rank, 4), log=lambda m: None)
         result = {"ok": [list(map(np.ndarray.tolist, sets["train"][i][:2])) for i in (0, 99, 299)]}

@@ -60,8 +60,9 @@ def test_readers_count_like_palm_and_keep_its_constructors(files):
         palm.reader.ClassifyReader(str(files / "vocab.txt"), 16, lang="fr")
     with pytest.raises(ValueError, match="phase 'eval'"):
         palm.reader.ClassifyReader(str(files / "vocab.txt"), 16, phase="eval")
-    with pytest.raises(ConfigError, match=r"load_data\(shuffle_train=False\) is not supported"):
-        reader.load_data(str(files / "cls.tsv"), 4, shuffle_train=False)
+    ordered = palm.reader.ClassifyReader(str(files / "vocab.txt"), 16, seed=1)
+    ordered.load_data(str(files / "cls.tsv"), 4, shuffle_train=False)  # PALM's argument: the file's order
+    assert ordered.task_keys()["shuffle"] is False and "shuffle" not in reader.task_keys()
     with pytest.raises(ConfigError, match="no such file"):
         reader.load_data(str(files / "nope.tsv"), 4)
     bad = files / "bad.tsv"
@@ -181,9 +182,11 @@ def test_misuse_is_one_clear_error(files, tmp_path):
     (tmp_path / "params" / "word_embedding").write_bytes(b"")
     trainer.build_predict_forward(palm.backbone.ERNIE.from_config(CONFIG, phase="predict"),
                                   palm.head.Classify(2, 32, phase="predict"))
-    trainer.load_predict_model(str(tmp_path / "params"))
+    trainer.load_ckpt(str(tmp_path / "params"))
     with pytest.raises(ConfigError, match="pretrained parameters, not a trained model"):
         trainer._model_source()
+    trainer.load_predict_model(str(tmp_path / "params"))  # PALM's examples/predict: allowed, with a warning
+    assert trainer._model_source() == ("pretrained", str((tmp_path / "params").resolve()))
     with pytest.raises(ValueError, match="save_type 'model'"):
         trainer.set_saver(str(tmp_path), 5, save_type="model")
     with pytest.raises(ConfigError, match="downloads nothing"):
@@ -208,5 +211,59 @@ def test_masked_lm_and_ema_become_a_task_and_flags(files, tmp_path):
     trainer.fit_reader(reader)
     trainer.set_saver(str(tmp_path / "out"), save_steps=3)
     cfg = trainer.to_config()
-    assert cfg["tasks"]["mlm_task"]["reader"] == "mlm" and cfg["tasks"]["mlm_task"]["train_file"] == str(files / "mlm.tsv")
+    mlm = cfg["tasks"]["mlm_task"]
+    assert mlm["reader"] == "mlm" and mlm["train_file"] == str(files / "mlm.tsv")
     assert (cfg["use_ema"], cfg["ema_decay"]) == (True, 0.99)
+
+
+def test_trainer_names_that_collide_are_named():
+    with pytest.raises(ValueError, match="trainers 'my task' and 'my_task' collide: both become task 'my_task'"):
+        palm.MultiHeadTrainer([palm.Trainer("my task"), palm.Trainer("my_task")])
+    with pytest.raises(ValueError, match="trainers 'a' and 'a' have the same name"):
+        palm.MultiHeadTrainer([palm.Trainer("a"), palm.Trainer("a")])
+
+
+def test_a_fresh_palm_run_never_deletes_another_runs_checkpoints(files, tmp_path):
+    """PALM overwrote its own outputs when a script ran again, and so does this face; a save_path that holds
+    another run's checkpoints (other tasks, or not written through the PALM API) is refused instead of
+    emptied."""
+    trainer, reader, ernie, loss = cls_setup(files)
+    trainer.build_backward(optimizer=palm.optimizer.Adam(loss, 1e-3))
+    trainer.fit_reader(reader)
+    out = tmp_path / "out"
+    for name, extra in (("cli", {"tasks": [{"name": "sentiment"}], "callbacks": {}}),
+                        ("palm-other", {"tasks": [{"name": "ner"}], "callbacks": {"PalmLayout": {}}})):
+        (out / "model_last").mkdir(parents=True, exist_ok=True)
+        (out / "model_last" / "train_state.json").write_text(json.dumps({"step": 7, "extra": extra}))
+        trainer.set_saver(save_path=str(out), save_steps=5)
+        with pytest.raises(ConfigError) as e:
+            trainer.to_config()
+        assert f"save_path {out} holds the checkpoints of another run (model_last: step 7" in str(e.value), name
+        assert "give this run another save_path" in str(e.value)
+    (out / "model_last" / "train_state.json").write_text(json.dumps(
+        {"step": 7, "extra": {"tasks": [{"name": "sentiment"}], "callbacks": {"PalmLayout": {}}}}))
+    assert trainer.to_config()["overwrite_output_dir"] is True  # this script's own earlier run: replaced, as PALM did
+
+
+@pytest.mark.slow
+def test_a_multihead_trainer_of_one_trainer_trains_step_by_step(files, tmp_path):
+    """PALM's step loop (`for batch in fit_readers_with_mixratio(...)`: train_one_step(batch)) with a single
+    trainer ended in KeyError '__task_id'."""
+    import numpy as np
+
+    reader = palm.reader.ClassifyReader(str(files / "vocab.txt"), 16, seed=1)
+    reader.load_data(str(files / "cls.tsv"), 4, num_epochs=1)
+    ernie = palm.backbone.ERNIE.from_config(CONFIG)
+    reader.register_with(ernie)
+    only = palm.Trainer("only")
+    multi = palm.MultiHeadTrainer([only])
+    only.build_forward(ernie, palm.head.Classify(2, 32))
+    multi.build_backward(palm.optimizer.Adam(multi.build_forward(), 1e-3))
+    multi.set_saver(str(tmp_path / "out"), 100)
+    steps = []
+    for batch in multi.fit_readers_with_mixratio([reader], "only", 1):
+        outputs, task_id = multi.train_one_step(batch)
+        steps.append((task_id, float(np.asarray(outputs["only.loss"]).reshape(-1)[0])))
+        if len(steps) == 2:
+            break
+    assert [t for t, _ in steps] == [0, 0] and all(np.isfinite(loss) for _, loss in steps)

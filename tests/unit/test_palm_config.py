@@ -193,7 +193,8 @@ def test_backbone_config_path_sets_the_architecture_flags(demo):
         "attention_probs_dropout_prob": 0.1, "hidden_act": "relu", "hidden_dropout_prob": 0.05, "hidden_size": 64,
         "initializer_range": 0.02, "max_position_embeddings": 513, "num_attention_heads": 4,
         "num_hidden_layers": 3, "sent_type_vocab_size": 2, "vocab_size": 18000}))
-    demo.write_text(demo.read_text().replace("backbone: ernie", "backbone: ernie\nbackbone_config_path: ernie_config.json"))
+    demo.write_text(demo.read_text().replace("backbone: ernie",
+                                             "backbone: ernie\nbackbone_config_path: ernie_config.json"))
     setup = load(demo)
     assert {k: setup.run_flags[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                             "intermediate_size", "type_vocab_size", "hidden_act", "vocab_size",

@@ -203,6 +203,7 @@ def test_amp_on_cpu_adds_loss_scaling_but_no_casts_and_gpu_emulation_adds_casts(
 
 # ----------------------------------------------------- GPU programs for rank r of N, built on CPU
 
+@pytest.mark.slow
 def test_gpu_hybrid_sharding_2_x_dp_2_amp_accumulation_4(build_programs):
     import paddle.distributed.fleet as fleet
 
@@ -255,6 +256,7 @@ def test_gpu_data_parallel_with_accumulation_all_reduces_once_per_step(build_pro
     assert top["c_allreduce_sum"] == 0 and everything["c_allreduce_sum"] == param_count(p)
 
 
+@pytest.mark.slow
 def test_gpu_bfloat16_through_the_static_amp_api(build_programs):
     from paddle.base import core
 
@@ -267,6 +269,7 @@ def test_gpu_bfloat16_through_the_static_amp_api(build_programs):
     assert not p.strategy.amp and p.loss_scaling is None and c[("c_allreduce_sum")] >= 1
 
 
+@pytest.mark.slow
 def test_gpu_amp_o2_keeps_fp32_master_weights(build_programs):
     """O2 casts the parameters to float16; AdamW must update fp32 master copies (multi_precision),
     not accumulate into the float16 values."""

@@ -7,7 +7,8 @@ import pytest
 
 from ernie_mtl.config import ARCHITECTURES, AmpConfig, ParallelConfig
 from ernie_mtl.dist.topology import Topology
-from ernie_mtl.planning.dryrun import (MiB, activation_estimate, count_parameters, memory_estimate, parameter_sizes, plan,
+from ernie_mtl.planning.dryrun import (MiB, activation_estimate, count_parameters, memory_estimate, parameter_sizes,
+                                       plan,
                                shard_sizes)
 
 TINY = ARCHITECTURES["ernie-tiny-test"]  # h 32, 2 layers, 2 heads, ffn 64, vocab 1000, 128 positions
@@ -235,6 +236,7 @@ def gpu_program(tmp_path, world, parallel, amp):
             paddle.disable_static()
 
 
+@pytest.mark.slow
 def test_gpu_program_facts_of_rank_0_under_sharding_amp_and_accumulation(tmp_path):
     """4 GPUs = sharding 2 x dp 2, AMP O1, 4 micro-batches per step: float16 casts, the sharding ring
     (broadcasts and reduces among ranks 0-1), the dp ring (all-reduce among ranks 0 and 2), gradient
@@ -263,6 +265,7 @@ def test_gpu_program_facts_of_rank_0_under_sharding_amp_and_accumulation(tmp_pat
     assert "gradient merge: 1 conditional_block (the update runs once every 4 micro-batches)" in lines
 
 
+@pytest.mark.slow
 def test_gpu_program_facts_of_one_float32_rank(tmp_path):
     from ernie_mtl.planning.dryrun import estimate, format_gpu_program, program_facts
 
@@ -282,7 +285,7 @@ def test_corpus_warnings_give_the_numbers_and_the_fix():
     from ernie_mtl.planning.plan import REPEAT_WARN_EPOCHS, corpus_warnings
 
     kwargs = dict(what="--input_dir", flag_mode=True)
-    # the issue's plan: 32 GPUs x micro batch 4 x ... = 6,400 per step, 32,000 steps of a 5,785-sample corpus
+    # a plan a user reported: 32 GPUs x micro batch 4 x ... = 6,400 per step, 32,000 steps of a 5,785-sample corpus
     warnings = corpus_warnings([("news", 204_800_000, 5_785)], global_batch=6_400, max_steps=32_000, **kwargs)
     assert len(warnings) == 2
     assert warnings[0].startswith("warning: --input_dir: the plan reads corpus 'news' 35,401.90 times "

@@ -43,7 +43,8 @@ def test_damaged_files_are_named(tmp_path):
     path = tmp_path / "a.safetensors"
     portable.write_file(path, {"w": np.ones((64, 64), "float32")})
     path.write_bytes(path.read_bytes()[:-100])
-    with pytest.raises(portable.PortableError, match=r"do not fit its shape \[64, 64\] or the file \(truncated\?\)"):
+    with pytest.raises(portable.PortableError, match=r"tensor 'w' has its bytes at 0..16384, outside the file's 16284 "
+                                                     r"bytes of data \(truncated\?\)"):
         portable.read_file(path)
     path.write_bytes(b"\xff" * 16)
     with pytest.raises(portable.PortableError, match="header length .* beyond the file"):
@@ -112,7 +113,8 @@ def test_a_portable_checkpoint_is_verified_and_read_by_name(tmp_path):
     back = portable.read_tensors(path)
     assert sorted(back) == sorted(full) and all(np.array_equal(back[k], full[k]) for k in full)
     static = merged_state(path)  # readers of Paddle-format states get static names
-    assert np.array_equal(static["embedding_0.w_0_moment1_0"], full["ernie.embeddings.word_embeddings.weight_moment1_0"])
+    assert np.array_equal(static["embedding_0.w_0_moment1_0"],
+                          full["ernie.embeddings.word_embeddings.weight_moment1_0"])
     assert np.array_equal(static["linear_0.w_0@EMA"], full["ernie.pooler.dense.weight@EMA"])
     # damage: a changed byte, a missing record
     victim = path / "tensors" / "ernie.pooler.dense.bias.safetensors"
@@ -154,7 +156,10 @@ def test_convert_and_average_offline(tmp_path):
     assert n == len(full) and read_train_state_file(out)["step"] == 2
     assert all(np.array_equal(portable.read_tensors(out)[k], full[k]) for k in full)
     with pytest.raises(CheckpointError, match="exists; choose another --output or pass --overwrite"):
-        portable.convert_checkpoint(a, tmp_path / "copy")
+        portable.convert_checkpoint(a, (tmp_path / "other").mkdir() or tmp_path / "other")
+    for overwrite in (False, True):  # a resumable checkpoint is never replaced, --overwrite or not
+        with pytest.raises(CheckpointError, match=r"is a checkpoint a run can resume \(step 2\); no tool replaces one"):
+            portable.convert_checkpoint(b, tmp_path / "copy", overwrite=overwrite)
     with pytest.raises(CheckpointError, match="model_<step> must hold that step"):
         portable.convert_checkpoint(a, tmp_path / "model_9")
     avg, n = portable.average_checkpoints([a, b], tmp_path / "avg")

@@ -137,6 +137,7 @@ def test_batched_segmenter_matches_jieba(corpus):
             assert np.array_equal(seg.word_internal(doc), ~_starts_from_lengths(seg.word_lengths(doc), len(doc)))
 
 
+@pytest.mark.slow
 def test_jieba_tables_cache(tmp_path, monkeypatch):
     """The arrays are built from jieba once, cached, and loaded identically; a damaged cache is rebuilt."""
     from data_tools import tokenization

@@ -88,6 +88,7 @@ def test_mlm_loss_counts_only_real_masked_tokens(tiny):
     assert float(static_nsp) == pytest.approx(dygraph_nsp, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_without_binary_head_there_is_no_sentence_pair_feed_or_loss(build_programs):
     p = build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test", binary_head=False))
     assert "next_sentence_labels" not in p.feed_names and p.nsp_loss is None
@@ -99,6 +100,7 @@ def test_without_binary_head_there_is_no_sentence_pair_feed_or_loss(build_progra
     assert float(loss) == float(mlm) and np.isfinite(loss)
 
 
+@pytest.mark.slow
 def test_bert_builds_and_runs(build_programs):
     p = build_programs(model=ModelConfig(model_type="bert", model_name_or_path="bert-tiny-test"))
     assert "bert.encoder.layers.1.linear2.weight" in p.name_map
@@ -107,6 +109,7 @@ def test_bert_builds_and_runs(build_programs):
     assert np.isfinite(loss)
 
 
+@pytest.mark.slow
 def test_recompute_gives_the_same_training_as_without(build_programs):
     model = ModelConfig(model_name_or_path="ernie-tiny-test", **NO_DROPOUT)
     runs = []
@@ -123,6 +126,7 @@ def test_recompute_gives_the_same_training_as_without(build_programs):
 
 # ---------------------------------------------------------------------------------- test program
 
+@pytest.mark.slow
 def test_test_program_evaluates_without_side_effects_under_accumulation(build_programs):
     p = build_programs(model=ModelConfig(model_name_or_path="ernie-tiny-test", **NO_DROPOUT),
                        parallel=ParallelConfig(micro_batch_size=4, global_batch_size=8))

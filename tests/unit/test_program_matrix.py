@@ -102,7 +102,8 @@ def assert_defined_before_use(program, where):
                 var = block._find_var_recursive(name)
                 if name in persistable or name in fed or name in written or var is None:
                     continue
-                if var.desc.need_check_feed() or block.idx == 0 and not any(name in o.output_arg_names for o in block.ops):
+                if var.desc.need_check_feed() or (block.idx == 0
+                                                  and not any(name in o.output_arg_names for o in block.ops)):
                     continue  # a data variable
                 assert False, (where, f"block {block.idx}: {op.type} reads {name} before it is written")
             if op.has_attr("sub_block"):
@@ -125,6 +126,7 @@ def live_ops(program):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_every_topology_builds_for_every_rank_with_the_freeze_covering_the_optimizer_state(kind, root):
     partner = ("cls", "intent") if kind == "seq_label_crf" else ("seq_label_crf", "ner")
     trained = None  # parameters some task's loss reaches (e.g. no pooler without a pooled-output task)

@@ -1,5 +1,6 @@
-"""Training randomness and on-device multi-task state, checked on built programs (issue: dropout was
-frozen, every same-shape parameter started equal, idle heads and the EMA went through the host).
+"""Training randomness and on-device multi-task state, checked on built programs (the defects these
+tests guard against: dropout was frozen, every same-shape parameter started equal, idle heads and the
+EMA went through the host).
 
 Each test here fails on the code before the fix: masks were equal across steps and layers
 (`fix_seed`), q/k/v and every layer started with equal weights, idle heads were restored from host
@@ -77,12 +78,14 @@ def test_a_slot_is_the_same_micro_batch_on_any_layout():
         slot_of(0, 2, 2)
 
 
+@pytest.mark.slow
 def test_dropout_changes_the_loss_and_recompute_replays_the_same_masks(build_programs):
     losses = {}
     for name, model, parallel in (("off", tiny_model(), ParallelConfig(micro_batch_size=4)),
                                   ("on", tiny_model(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
                                    ParallelConfig(micro_batch_size=4)),
-                                  ("on+recompute", tiny_model(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
+                                  ("on+recompute",
+                                   tiny_model(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
                                    ParallelConfig(micro_batch_size=4, use_recompute=True))):
         if name == "off":
             model = tiny_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -122,6 +125,7 @@ def test_gpu_program_feeds_every_dropout_a_cpu_seed_and_recompute_adds_none(buil
 
 
 # -------------------------------------------------------------------------------- initial weights
+@pytest.mark.slow
 def test_every_parameter_starts_from_its_own_seed(build_programs):
     p = build_programs(model=tiny_model())
     scope, _ = scope_and_exe(p)
@@ -133,10 +137,11 @@ def test_every_parameter_starts_from_its_own_seed(build_programs):
     assert 0.015 < q0.std() < 0.025  # still the architecture's initializer (truncated normal, std 0.02)
     again = build_programs(model=tiny_model())
     scope2, _ = scope_and_exe(again)
-    np.testing.assert_array_equal(np.array(scope2.find_var(again.name_map["ernie.encoder.layers.0.self_attn.q_proj.weight"]).get_tensor()), q0)
+    q_name = "ernie.encoder.layers.0.self_attn.q_proj.weight"
+    np.testing.assert_array_equal(np.array(scope2.find_var(again.name_map[q_name]).get_tensor()), q0)
     other = build_programs(model=tiny_model(), seed=2)
     scope3, _ = scope_and_exe(other)
-    assert not np.array_equal(np.array(scope3.find_var(other.name_map["ernie.encoder.layers.0.self_attn.q_proj.weight"]).get_tensor()), q0)
+    assert not np.array_equal(np.array(scope3.find_var(other.name_map[q_name]).get_tensor()), q0)
     assert parameter_seed(1, "a") != parameter_seed(1, "b") and parameter_seed(1, "a") == parameter_seed(1, "a")
 
 
@@ -322,6 +327,7 @@ def test_crf_decode_is_in_the_evaluation_program_only(task_files):
 
 
 # --------------------------------------------------------------------------------------------- EMA
+@pytest.mark.slow
 def test_device_ema_matches_the_formula_swaps_in_and_restores(task_files):
     import paddle
 

@@ -42,12 +42,14 @@ def test_structured_state_names_by_the_first_alias_and_drops_zero_merge_state():
               "gradient_merge_step": np.array([0], "int32"), "gradient_merge_k": np.array([2], "int32"),
               "learning_rate_0": np.array(1e-3, "float32"), "StructuredToParameterName@@": {"a": "b"}}
     state = structured_state(merged, NAME_MAP)
-    assert sorted(state) == ["ernie.embeddings.word_embeddings.weight", "ernie.embeddings.word_embeddings.weight_moment1_0",
+    assert sorted(state) == ["ernie.embeddings.word_embeddings.weight",
+                             "ernie.embeddings.word_embeddings.weight_moment1_0",
                              "ernie.encoder.layers.0.linear1.weight@EMA", "loss_scaling_0"]
 
 
 def test_a_state_saved_inside_an_optimizer_step_is_refused():
-    busy = {"linear_1.w_0@GRAD@GradientMerge": np.ones((2, 2), "float32"), "gradient_merge_step": np.array([1], "int32")}
+    busy = {"linear_1.w_0@GRAD@GradientMerge": np.ones((2, 2), "float32"),
+            "gradient_merge_step": np.array([1], "int32")}
     with pytest.raises(ReshardError, match=r"saved inside an optimizer step .*gradient_merge_step = \[1\].*"
                                            r"ernie.encoder.layers.0.linear1.weight\) is not zero"):
         structured_state(busy, NAME_MAP)
@@ -56,7 +58,8 @@ def test_a_state_saved_inside_an_optimizer_step_is_refused():
 def test_assignments_by_any_alias_and_the_first_differences_listed():
     state = {"heads.pretrain.decoder_weight": np.ones((4, 2), "float32"),  # a writer whose first alias was the head's
              "heads.pretrain.decoder_weight_moment1_0": np.zeros((4, 2), "float32"),
-             "ernie.encoder.layers.0.linear1.weight": np.ones((2, 2), "float32"), "loss_scaling_0": np.ones(1, "float32")}
+             "ernie.encoder.layers.0.linear1.weight": np.ones((2, 2), "float32"),
+             "loss_scaling_0": np.ones(1, "float32")}
     variables = {"embedding_0.w_0": ((4, 2), "float32"), "embedding_0.w_0_moment1_0": ((4, 2), "float32"),
                  "embedding_0.w_0@GRAD@GradientMerge": ((4, 2), "float32"), "learning_rate_0": ((), "float32")}
     got = assignments(state, NAME_MAP, variables)
@@ -114,6 +117,7 @@ def _fake_checkpoint(variables_per_rank, rng):
 
 @pytest.mark.parametrize("source,target", [("one_acc2", "sharding2_acc2"), ("sharding2_acc2", "dp2"),
                                            ("dp2", "one_acc2"), ("sharding2_acc2", "one_acc2")])
+@pytest.mark.slow
 def test_a_state_written_by_one_topology_fills_every_rank_of_another(layouts, source, target):
     """Every persistable variable of every target rank (its own shard under sharding) gets the value
     the source held for the same structured name; only transient state (gradient merge, the fed
@@ -136,6 +140,7 @@ def test_a_state_written_by_one_topology_fills_every_rank_of_another(layouts, so
     assert used == {n for n in merged if not is_transient(n, set(src_map.values()))}
 
 
+@pytest.mark.slow  # the `layouts` fixture builds the programs of several topologies
 def test_amp_o2_state_maps_master_weights_and_loss_scaling(layouts):
     (variables,), name_map = layouts["o2_gpu"]
     state = structured_state(_fake_checkpoint([variables], np.random.default_rng(1)), name_map)
@@ -167,7 +172,8 @@ def test_same_topology_is_exact_and_another_layout_with_the_global_batch_reshard
     assert decide(raw(topo(2, 2, 1, 2, 4)), topo(2, 2, 1, 2, 4), flag_mode=True).kind == "exact"
     c = decide(raw(topo(2, 2, 1, 2, 4)), topo(1, 1, 1, 2, 4), flag_mode=True)
     assert c.kind == "resharded" and c.same_masks and "with the same dropout masks" in c.summary()[-1]
-    assert c.summary()[1] == "  checkpoint: 2 processes (dp 2 x sharding 1), micro batch 2 x accumulation 1, global batch 4"
+    assert c.summary()[1] == ("  checkpoint: 2 processes (dp 2 x sharding 1), micro batch 2 x accumulation 1, "
+                              "global batch 4")
     c = decide(raw(topo(2, 1, 2, 2, 8)), topo(2, 2, 1, 4, 8), flag_mode=True)
     assert c.kind == "resharded" and not c.same_masks and "micro batch 2 -> 4" in c.notes[0]
     # multi-task: the global batch is micro-batches per step (each task's micro-batch is its batch_size)

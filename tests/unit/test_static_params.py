@@ -52,7 +52,8 @@ def test_the_name_table_covers_erniemodel_both_ways():
         name = static_name(key)
         assert name is not None, key
         assert structured_name(name) == key.split(".", 1)[1] if key.startswith("ernie.") else key
-    assert static_name("ernie.encoder.layers.1.self_attn.q_proj.weight") == "encoder_layer_1_multi_head_att_query_fc.w_0"
+    assert (static_name("ernie.encoder.layers.1.self_attn.q_proj.weight")
+            == "encoder_layer_1_multi_head_att_query_fc.w_0")
     assert static_name("ernie.encoder.layers.0.norm2.bias") == "encoder_layer_0_post_ffn_layer_norm_bias"
     assert structured_name("encoder_layer_11_ffn_fc_1.b_0") == "encoder.layers.11.linear2.bias"
     assert structured_name("pre_encoder_layer_norm_scale") == "embeddings.layer_norm.weight"

@@ -140,7 +140,8 @@ def test_match_pointwise_reader(ctx, tmp_path):
 
 
 def test_match_pairwise_reader_follows_palm_columns(ctx, tmp_path):
-    train = write_tsv(tmp_path / "train.tsv", ["text_a", "text_b", "text_b_neg"], [("好", "天", "坏气"), ("我", "你", "他")])
+    train = write_tsv(tmp_path / "train.tsv", ["text_a", "text_b", "text_b_neg"],
+                      [("好", "天", "坏气"), ("我", "你", "他")])
     dev = write_tsv(tmp_path / "dev.tsv", ["label", "text_a", "text_b"], [(1, "好", "天"), (0, "好", "坏")])
     task = make(MatchTask, ctx, train_file=train, dev_file=dev, learning_strategy="pairwise")
     feats = task.load("train").features

@@ -264,6 +264,7 @@ def marker_set(tmp_path, name, n, seed):
     return squad(tmp_path, name + ".json", paragraphs)
 
 
+@pytest.mark.slow
 def test_dummy_labels_finite_and_learnable_marker_task(vocab, tmp_path):
     files = {"train_file": marker_set(tmp_path, "train", 256, 1), "dev_file": marker_set(tmp_path, "dev", 32, 2)}
     task = make_task(vocab, max_seq_len=32, files=files)

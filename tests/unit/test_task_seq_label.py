@@ -239,7 +239,8 @@ def test_dummy_labels_give_finite_losses_for_crf_and_softmax(tmp_path, static_mo
     soft = make_task(tmp_path, name="soft", index=1, files=seg_files, label_map=IOB2)
     harness = TaskHarness([crf, soft], vocab_size=len(VOCAB))
     # A foreign micro-batch whose first text is empty ([CLS] [SEP]): the CRF chain is clamped to length 1.
-    foreign = soft.collate([SeqLabelFeature([1, 2], [0, 0], [], 0), SeqLabelFeature([1, 5, 6, 2], [0, 1, 2, 0], [1, 2], 2)])
+    foreign = soft.collate([SeqLabelFeature([1, 2], [0, 0], [], 0),
+                            SeqLabelFeature([1, 5, 6, 2], [0, 1, 2, 0], [1, 2], 2)])
     own = crf.collate(crf.load("train").features[:4])
     for task_index, batch in ((1, foreign), (0, own)):
         feed = harness.feed(task_index, batch)
@@ -268,7 +269,7 @@ def test_evaluate_equals_hand_computed_seqeval(tmp_path):
                 + row(list("fgh"), list("SBE")) + "\n")
     task = make_task(tmp_path, files={"dev_file": dev})
     data = task.load("dev")
-    B, M, E, S = 0, 1, 2, 3
+    B, E, S = 0, 2, 3  # tags B M E S
     # Two batches (one row each, different widths). Row 1 predicts B E S S S: 1 of its 4 chunks right;
     # row 2 predicts S B E: both right. Gold chunks 4, predicted 6, correct 3; tokens right 2 + 3 of 8.
     outputs = {"tags": [np.array([[0, B, E, S, S, S, 0, 0]]), np.array([[0, S, B, E, 0, 0, 0, 0]])]}

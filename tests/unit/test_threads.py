@@ -73,7 +73,8 @@ def test_cpu_threads_are_the_node_share_of_each_rank(cpus, ranks, expected):
 
 
 def test_local_process_count_reads_paddle_launch_then_mpi():
-    assert local_process_count({"PADDLE_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}) == (4, "PADDLE_LOCAL_SIZE")
+    assert (local_process_count({"PADDLE_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+            == (4, "PADDLE_LOCAL_SIZE"))
     assert local_process_count({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}) == (2, "OMPI_COMM_WORLD_LOCAL_SIZE")
     assert local_process_count({"PADDLE_LOCAL_SIZE": ""}) == (1, "")
 
@@ -109,6 +110,10 @@ def test_configure_threads_sets_the_environment_and_refuses_after_paddle():
     env = {"PADDLE_LOCAL_SIZE": "2"}
     line = configure_threads(env, budget=CpuBudget(affinity=6), modules={})
     assert env["OMP_NUM_THREADS"] == "3" and env["MKL_NUM_THREADS"] == "3" and line.startswith("threads: ")
+    assert env["MKL_CBWR"] == "AUTO,STRICT" and "MKL_CBWR=AUTO,STRICT (results independent of the thread count)" in line
+    env = {"MKL_CBWR": "COMPATIBLE"}  # the user's value is kept, and what it costs is said
+    line = configure_threads(env, budget=CpuBudget(affinity=6), modules={})
+    assert env["MKL_CBWR"] == "COMPATIBLE" and "without STRICT" in line and "not bitwise" in line
     with pytest.raises(RuntimeError, match="before paddle is imported"):
         configure_threads({}, budget=CpuBudget(affinity=6), modules={"paddle": object()})
 
@@ -125,8 +130,11 @@ def test_device_hint_reads_argv_then_the_config_file_then_the_build(tmp_path):
 
 def test_shell_exports_for_a_launch_script():
     line, _ = shell_exports({}, CpuBudget(affinity=8), device="cpu", nproc_per_node=2)
-    assert line.startswith("export OMP_NUM_THREADS=4 MKL_NUM_THREADS=4 ERNIE_MTL_THREADS_ORIGIN=")
-    assert shell_exports({"OMP_NUM_THREADS": "2"}, CpuBudget(affinity=8), device="cpu", nproc_per_node=2)[0] == ""
+    assert line.startswith("export OMP_NUM_THREADS=4 MKL_NUM_THREADS=4 MKL_CBWR=AUTO,STRICT ERNIE_MTL_THREADS_ORIGIN=")
+    assert shell_exports({"OMP_NUM_THREADS": "2"}, CpuBudget(affinity=8), device="cpu",
+                         nproc_per_node=2)[0] == "export MKL_CBWR=AUTO,STRICT"
+    assert shell_exports({"OMP_NUM_THREADS": "2", "MKL_CBWR": "AVX2,STRICT"}, CpuBudget(affinity=8), device="cpu",
+                         nproc_per_node=2)[0] == ""
 
 
 # --- the real processes -----------------------------------------------------------------------
@@ -171,8 +179,58 @@ def test_the_predictor_thread_budget_follows_the_training_rule():
     training: this process's cores / the ranks on this node."""
     from ernie_mtl.dist.threads import process_threads
 
-    assert process_threads({"OMP_NUM_THREADS": "3"}, budget=CpuBudget(affinity=8)) == (3, "OMP_NUM_THREADS=3 from the environment")
+    assert (process_threads({"OMP_NUM_THREADS": "3"}, budget=CpuBudget(affinity=8))
+            == (3, "OMP_NUM_THREADS=3 from the environment"))
     threads, why = process_threads({"OMP_NUM_THREADS": "1"}, budget=CpuBudget(affinity=8))
     assert threads == 8 and "8 CPUs in the affinity mask / 1 process" in why
     assert process_threads({"PADDLE_LOCAL_SIZE": "2"}, budget=CpuBudget(affinity=8))[0] == 4
     assert process_threads({}, budget=CpuBudget(affinity=2, quota=1.5))[0] == 1  # the cgroup quota, rounded down
+
+
+def test_mkl_results_do_not_depend_on_the_thread_count_once_configured():
+    """MKL_CBWR=AUTO,STRICT (set by configure_threads before paddle's import): a vector-matrix product (what
+    the bias gradients by matmul compute) and a matrix product give the same bits on 1 and 2 threads, so
+    a run continues bitwise on another number of processes. (Without it, MKL's GEMV split the reduction
+    across threads on the developers' Intel machine: 1.6e-6 apart after 4 tiny training steps.)"""
+    code = ("import zlib, hashlib, sys\n"
+            "from ernie_mtl.dist.threads import CpuBudget, configure_threads\n"
+            "configure_threads(budget=CpuBudget(affinity=2))\n"
+            "import numpy as np, paddle\n"
+            "from paddle.base import core\n"
+            "paddle.enable_static()\n"
+            "main = paddle.static.Program()\n"
+            "with paddle.static.program_guard(main, paddle.static.Program()):\n"
+            "    a = paddle.static.data('a', [1, 1024], 'float32')\n"
+            "    b = paddle.static.data('b', [1024, 768], 'float32')\n"
+            "    c = paddle.static.data('c', [256, 1024], 'float32')\n"
+            "    outs = [paddle.matmul(a, b), paddle.matmul(c, b)]\n"
+            "exe = paddle.static.Executor(paddle.CPUPlace())\n"
+            "rng = np.random.RandomState(0)\n"
+            "feed = {'a': np.ones((1, 1024), 'float32'), 'b': rng.randn(1024, 768).astype('float32'),\n"
+            "        'c': rng.randn(256, 1024).astype('float32')}\n"
+            "for threads in (1, 2, 1):\n"
+            "    core.set_num_threads(threads)\n"
+            "    got = exe.run(main, feed=feed, fetch_list=outs)\n"
+            "    print(threads, *[hashlib.sha1(o.tobytes()).hexdigest() for o in got])\n")
+    env = {k: v for k, v in _env_without_threads().items() if k != "MKL_CBWR"}
+    lines = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=str(ROOT),
+                           env=env).stdout.split("\n")
+    rows = [line.split()[1:] for line in lines if line[:2] in ("1 ", "2 ")]
+    assert len(rows) == 3 and rows[0] == rows[1] == rows[2], rows
+
+
+def test_a_script_that_did_not_configure_the_process_gets_reproducible_mkl_or_a_warning():
+    """The engine's start (dist/process.start_process) switches MKL to strict reproducibility itself when
+    MKL has not computed yet (a user's script that imported paddle first); after a computation MKL cannot
+    switch any more, and `mkl_reproducible` says so instead of pretending."""
+    code = ("import zlib, sys\n"
+            "import numpy as np, paddle\n"
+            "from ernie_mtl.dist.compat import mkl_reproducible\n"
+            "if sys.argv[1] == 'late':\n"
+            "    paddle.matmul(paddle.ones([64, 64]), paddle.ones([64, 64])).numpy()\n"
+            "print(mkl_reproducible())\n")
+    env = {k: v for k, v in _env_without_threads().items() if k != "MKL_CBWR"}
+    out = {when: subprocess.run([sys.executable, "-c", code, when], check=True, capture_output=True, text=True,
+                                cwd=str(ROOT), env=env).stdout.strip().splitlines()[-1] for when in ("early", "late")}
+    assert out["early"] == "(True, 'MKL switched to strict reproducibility mode')", out
+    assert out["late"].startswith("(False, 'MKL already computed in this process without MKL_CBWR=AUTO,STRICT"), out

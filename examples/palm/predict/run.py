@@ -1,9 +1,10 @@
 # coding=utf-8
 # PaddlePALM's examples/predict/run.py (PaddlePaddle/PALM, Apache-2.0) ported to ernie_mtl.
-# Lines marked "ernie_mtl:" differ: the import, the paths of the tiny model written by
-# ../prepare_data.py, and the model predicted with: PALM's example loaded the *pretraining*
-# parameters, so its head was random and its accuracy chance (0.4758); here it is the model that
-# ../classification/run.py trained and exported (run that first).
+# Lines marked "ernie_mtl:" differ: the import and the paths of the tiny model written by
+# ../prepare_data.py. As in PALM, it predicts with the *pretraining* parameters: the classifier head
+# is untrained (random), so the accuracy is chance (PALM's README: 0.4758), and ernie_mtl warns so.
+# To predict with a trained model, point pre_params at ../classification/outputs/chnsenticorp/infer_model
+# (written by ../classification/run.py) or a checkpoint (../classification/outputs/ckpt.step<N>).
 from ernie_mtl import palm  # ernie_mtl: was `import paddlepalm as palm`
 import json
 
@@ -22,7 +23,7 @@ if __name__ == '__main__':
     task_name = 'chnsenticorp'
     pred_output = './outputs/predict/'
     print_steps = 20
-    pre_params = '../classification/outputs/chnsenticorp/infer_model'  # ernie_mtl: was ./pretrain/ERNIE-v1-zh-base/params
+    pre_params = '../pretrain/tiny-ernie/params'  # ernie_mtl: was ./pretrain/ERNIE-v1-zh-base/params
 
     # -----------------------  for prediction ----------------------- 
 

@@ -1,0 +1,218 @@
+"""What a user who takes the defaults gets: no pinned threads, `--cpu_kernels auto`, data-loading workers.
+
+The other end-to-end tests pin one thread per process (`OMP_NUM_THREADS=1`) or a kernel mode, which hid
+that a run moved from 2 processes to 1 did not continue bitwise under the defaults: 1 process ran its
+math on 2 threads, the 2 processes on 1 each, and MKL's results depended on the thread count; the kernel
+choice was keyed and timed by the thread count too. Here nothing is pinned: the 1-process run gets this
+machine's cores (2 on CI), the ranks of `paddle.distributed.launch` 1 thread each, and both decide their
+kernels with `auto` (sharing the user's kernel cache, as two runs on one machine do).
+"""
+import zlib  # noqa: F401  (before paddle)
+
+import json
+import shutil
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import ENTRY, ROOT, launch_logs, tiny_args, with_hooks
+
+EXCLUSIVE = {"two_processes"}  # these launch several processes: run alone (tests/conftest.py)
+
+PINNED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR", "ERNIE_MTL_THREADS_ORIGIN", "PADDLE_LOCAL_SIZE")
+FLAG = dict(max_steps=6, max_lr=5e-3, min_lr=1e-4, warmup_rate=0.34, logging_freq=1, eval_freq=1000, eval_iters=1,
+            checkpoint_steps=2, save_steps=2, keep_last=5, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+            micro_batch_size=2, global_batch_size=4, num_workers=2)
+
+
+def default_env(**extra):
+    """The test process's environment without any thread or MKL setting (paddle's import in this process
+    wrote OMP_NUM_THREADS=1 into it): what a user's shell gives a run."""
+    env = {k: v for k, v in os.environ.items() if k not in PINNED}
+    env.update(PYTHONPATH=str(ROOT), **extra)
+    return env
+
+
+def run(argv, cwd, *, procs=0, env=None, timeout=600):
+    argv = with_hooks([str(a) for a in argv], env)
+    prefix = [sys.executable] + (["-m", "paddle.distributed.launch", "--nproc_per_node", str(procs), "--log_dir",
+                                  str(Path(cwd) / "logs")] if procs else [])
+    proc = subprocess.run(prefix + [str(ENTRY)] + argv, cwd=cwd, env=default_env(**(env or {})), capture_output=True,
+                          text=True, timeout=timeout)
+    logs = launch_logs(Path(cwd) / "logs", tail=200_000) if procs else proc.stdout + proc.stderr
+    return proc, logs
+
+
+def final_state(path):
+    from ernie_mtl.checkpoint import merged_state
+
+    transient = ("GradientMerge", "GradiantMerge", "gradient_merge", "learning_rate", "StructuredToParameterName")
+    return {k: np.asarray(v) for k, v in merged_state(Path(path)).items() if not any(t in k for t in transient)}
+
+
+def kernels_of(path):
+    record = json.loads((Path(path) / "train_state.json").read_text())["extra"]["cpu_kernels"]
+    return record["onednn"], record["bias_grads"]
+
+
+def test_two_processes_to_one_continue_bitwise_under_the_defaults(demo, tmp_path):
+    """Uninterrupted: 1 process (this machine's threads), accumulation 2. Chain: 2 processes (1 thread each)
+    SIGKILLed after the checkpoint of step 4, then the same command on 1 process: the final parameters and
+    optimizer state equal the uninterrupted run's bitwise, and both runs chose the same kernels."""
+    straight, logs = run(tiny_args(demo, tmp_path / "straight", **FLAG), tmp_path)
+    assert straight.returncode == 0, logs[-4000:]
+    threads_line = next(line for line in logs.splitlines() if "threads: OMP_NUM_THREADS=" in line)
+    assert "MKL_CBWR=AUTO,STRICT" in threads_line, threads_line
+    argv = tiny_args(demo, tmp_path / "chain", **FLAG)
+    killed, logs = run(argv, tmp_path, procs=2, env={"ERNIE_MTL_TEST_KILL_AT_STEP": "4"})
+    assert killed.returncode != 0 and "MKL_CBWR=AUTO,STRICT" in logs, logs[-4000:]
+    assert json.loads((tmp_path / "chain/model_4/train_state.json").read_text())["topology"]["world_size"] == 2
+    resumed, logs = run(argv, tmp_path)
+    assert resumed.returncode == 0 and "another topology with the same global batch" in logs, logs[-4000:]
+    assert kernels_of(tmp_path / "straight/model_last") == kernels_of(tmp_path / "chain/model_4")
+    a, b = final_state(tmp_path / "straight/model_last"), final_state(tmp_path / "chain/model_last")
+    assert sorted(a) == sorted(b) and len(a) > 100
+    differing = [k for k in a if not np.array_equal(a[k], b[k])]
+    worst = max((float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in differing), default=0.0)
+    assert not differing, f"{len(differing)} variables differ, by up to {worst:.3g}: {differing[:5]}"
+
+
+# -- signals in every phase ------------------------------------------------------------------------------------
+SIGNAL_RUN = dict(max_steps=3, micro_batch_size=2, global_batch_size=2, checkpoint_steps=1, save_steps=1000,
+                  logging_freq=1, eval_freq=1000, num_workers=1)
+
+
+def signalled_run(demo, out, where, signum, *, stuck=False):
+    """(process, output) of a run that pauses at `where` (tests/plugins/test_hooks.py `pause_at`) and gets
+    `signum` there; the pause would last 120 s, so a run that ends at all ended because of the signal."""
+
+    env = {"ERNIE_MTL_TEST_PAUSE_AT": where, "ERNIE_MTL_TEST_PAUSE_S": "120", "OMP_NUM_THREADS": "1"}
+    if stuck:
+        env.update(ERNIE_MTL_TEST_PAUSE_IN_C="1", ERNIE_MTL_STOP_GRACE_S="2")
+    argv = with_hooks([str(a) for a in tiny_args(demo, out, **SIGNAL_RUN)], env)
+    proc = subprocess.Popen([sys.executable, str(ENTRY)] + argv, cwd=out.parent, env=default_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if f"paused at {where}" in line:
+            proc.send_signal(signum)
+            break
+    try:
+        rest, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the run did not stop on signal {signum} at {where}: {''.join(lines)[-3000:]}")
+    return proc, "".join(lines) + rest
+
+
+def leftovers(out):
+    return sorted(str(p.relative_to(out)) for p in Path(out).rglob(".*") if ".tmp" in p.name or p.name.endswith(".old"))
+
+
+@pytest.mark.parametrize("where,name", [("import", "TERM"), ("start-up", "TERM"), ("train_end", "TERM"),
+                                        ("train_end", "INT")])
+def test_a_signal_before_or_after_the_loop_stops_the_run_cleanly(demo, tmp_path, where, name):
+    """Start-up (parsing: the plugin imports; the trainer built) and after the loop (the last evaluation,
+    exports and test): the run stops with 128 + the signal number and one line, no traceback and no
+    Paddle FatalError; nothing half-written; the same command again finishes the run."""
+    import signal as signals
+
+    signum = getattr(signals, f"SIG{name}")
+    out = tmp_path / "run"
+    proc, text = signalled_run(demo, out, where, signum)
+    assert proc.returncode == 128 + signum, text[-3000:]
+    phase = "start-up" if where != "train_end" else "the last evaluation, the exports and the final test"
+    assert f"run_multitask_static.py: stopped by SIG{name} during {phase}" in text, text[-3000:]
+    assert "Traceback" not in text and "FatalError" not in text and "C++ Traceback" not in text, text[-3000:]
+    assert not leftovers(out) if out.exists() else True
+    if where == "train_end":
+        assert json.loads((out / "model_last/train_state.json").read_text())["step"] == 3
+        assert not (out / "test_results.json").exists()  # the final test had not run
+        again, logs = run(tiny_args(demo, out, **SIGNAL_RUN), tmp_path, env={"OMP_NUM_THREADS": "1"})
+        assert again.returncode == 0, logs[-3000:]
+        assert "pretrain" in json.loads((out / "test_results.json").read_text())  # finished now
+
+
+def test_a_run_stuck_in_a_call_still_stops_after_the_grace_period(demo, tmp_path):
+    """The main thread cannot run a Python handler (as inside a long C++ call): the signal thread ends the
+    process after ERNIE_MTL_STOP_GRACE_S with the signal's status and says why."""
+    import signal as signals
+
+    out = tmp_path / "run"
+    proc, text = signalled_run(demo, out, "train_end", signals.SIGTERM, stuck=True)
+    assert proc.returncode == 143, text[-3000:]
+    assert "ernie-mtl: SIGTERM during the last evaluation, the exports and the final test (training is finished): " \
+           "still busy 2 s after the signal, exiting now (status 143)" in text, text[-3000:]
+    assert json.loads((out / "model_last/train_state.json").read_text())["step"] == 3
+
+
+def test_a_preemption_signal_in_the_last_step_stops_before_the_final_test(demo, tmp_path):
+    """SIGTERM (a preemption signal) during the last step: the loop ends with the final checkpoint saved and
+    the run stops with exit 76 right away, instead of recording the signal while the final evaluation,
+    exports and test run on."""
+    out = tmp_path / "run"
+    proc, logs = run(tiny_args(demo, out, **SIGNAL_RUN), tmp_path,
+                     env={"ERNIE_MTL_TEST_SIGNAL_AT_STEP": "3", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 76, logs[-3000:]
+    assert "preempted (SIGTERM): stopped at step 3" in logs and "Traceback" not in logs, logs[-3000:]
+    assert json.loads((out / "model_last/train_state.json").read_text())["step"] == 3
+    assert not (out / "test_results.json").exists()
+
+
+def test_resuming_with_another_run_length_is_refused(demo, tmp_path):
+    """A finished 3-step run resumed with --max_steps 5 logged "training steps 4..3", trained nothing and
+    exited 0: the length is now compared with the checkpoint's, and the message says how to train on."""
+    out = tmp_path / "run"
+    flags = dict(SIGNAL_RUN, num_workers=0)
+    first, logs = run(tiny_args(demo, out, **flags), tmp_path, env={"OMP_NUM_THREADS": "1"})
+    assert first.returncode == 0, logs[-3000:]
+    before = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file())
+    longer, logs = run(tiny_args(demo, out, **dict(flags, max_steps=5)), tmp_path, env={"OMP_NUM_THREADS": "1"})
+    assert longer.returncode == 2 and "Traceback" not in logs, logs[-3000:]
+    assert f"cannot resume exactly from {out / 'model_last'}: " in logs and "max_steps: checkpoint 3 vs now 5" in logs
+    assert f"start a new run with --init_from {out / 'model_last'} --init_optimizer and another --output_dir" in logs
+    assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()) == before
+
+
+# -- the data path under the defaults (2 workers): no hang, no SIGBUS, no training on zeros ---------------------
+def disturbed_run(demo, tmp_path, what, *, corpus=None, timeout=240):
+    """A 12-step run with the default data-loading workers, disturbed after step 2 (tests/plugins/test_hooks.py
+    `disturb_data`); (process, output). `corpus`: a private copy of the demo corpus to damage."""
+    flags = dict(SIGNAL_RUN, max_steps=12, num_workers=2, checkpoint_steps=2)
+    argv = tiny_args(demo, tmp_path / "run", **flags)
+    env = {"ERNIE_MTL_TEST_DISTURB": what, "ERNIE_MTL_TEST_DISTURB_AT_STEP": "2", "OMP_NUM_THREADS": "1"}
+    if corpus is not None:
+        for ext in (".bin", ".idx", ".json"):
+            shutil.copy(f"{demo / 'corpus'}{ext}", f"{corpus}{ext}")
+        argv[argv.index("--input_dir") + 1] = str(corpus)
+        env["ERNIE_MTL_TEST_DISTURB_FILE"] = f"{corpus}.bin"
+    return run(argv, tmp_path, env=env, timeout=timeout)
+
+
+def test_a_stopped_worker_is_named_within_seconds_instead_of_a_hang(demo, tmp_path):
+    proc, logs = disturbed_run(demo, tmp_path, "stop_worker")
+    assert proc.returncode == 74 and "Traceback" not in logs, logs[-3000:]
+    assert "run_multitask_static.py: error: data-loading worker 0 (pid " in logs
+    assert "is stopped (process state T: SIGSTOP or a debugger)" in logs
+    assert ", building micro-batch 0 of step " in logs and "task pretrain, examples " in logs
+    assert json.loads((tmp_path / "run/model_last/train_state.json").read_text())["step"] >= 2  # intact
+
+
+def test_a_killed_worker_is_one_message_with_a_status_to_retry_on(demo, tmp_path):
+    proc, logs = disturbed_run(demo, tmp_path, "kill_worker")
+    assert proc.returncode == 74 and "Traceback" not in logs, logs[-3000:]
+    assert "data-loading worker 0 (pid " in logs and "was killed by signal SIGKILL" in logs
+
+
+@pytest.mark.parametrize("what", ["zero_corpus", "truncate_corpus"])
+def test_a_corpus_changed_under_the_run_stops_it_naming_the_file(demo, tmp_path, what):
+    corpus = tmp_path / "corpus"
+    proc, logs = disturbed_run(demo, tmp_path, what, corpus=corpus)
+    assert proc.returncode == 2 and "Traceback" not in logs and proc.returncode != -7, logs[-3000:]
+    assert f"{corpus}.bin changed while this run was reading it" in logs, logs[-3000:]
+    assert "loss: 0.0000" not in logs
