@@ -67,6 +67,10 @@ def main(argv=None) -> int:
     parser.add_argument("--formats", nargs="+", default=["paddle", "portable"], choices=["paddle", "portable"])
     parser.add_argument("--steps", type=int, default=4, help="steps per run (a save after each; the first is excluded)")
     args = parser.parse_args(argv)
+    from ernie_mtl.dist.machine import describe_machine  # the machine every figure below came from
+
+    machine = describe_machine()
+    print("\n".join(machine.header()), flush=True)
     from bench_train import write_corpus
     from ernie_mtl.config import ModelConfig
 

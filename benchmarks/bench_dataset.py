@@ -48,6 +48,10 @@ def main():
     p.add_argument("--max_seq_len", type=int, default=512)
     p.add_argument("--batch", type=int, default=32)
     args = p.parse_args()
+    from ernie_mtl.dist.machine import describe_machine  # the machine every figure below came from
+
+    machine = describe_machine()
+    print("\n".join(machine.header()), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         corpus, vocab_file = (args.corpus, args.vocab) if args.corpus else synthetic_corpus(Path(tmp), args.docs)
         vocab = VocabInfo.from_file(vocab_file)

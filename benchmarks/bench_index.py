@@ -152,6 +152,10 @@ def main(argv=None) -> None:
                    help="skip the NumPy reference above this many documents (it takes ~20 s per "
                         "workload at 1e7 here)")
     args = p.parse_args(argv)
+    from ernie_mtl.dist.machine import describe_machine  # the machine every figure below came from
+
+    machine = describe_machine()
+    print("\n".join(machine.header()), flush=True)
     sizes = [int(float(x)) for x in args.docs.split(",") if x.strip()]
     if not sizes or min(sizes) < 1 or args.repeat < 1:
         p.error(f"--docs needs positive counts and --repeat >= 1, got --docs {args.docs} --repeat {args.repeat}")

@@ -78,6 +78,10 @@ def main():
     p.add_argument("--repeats", type=int, default=3, help="runs per row (the best is reported)")
     p.add_argument("--dir", default=None, help="where the temporary folder goes (default: the system's)")
     args = p.parse_args()
+    from ernie_mtl.dist.machine import describe_machine  # the machine every figure below came from
+
+    machine = describe_machine()
+    print("\n".join(machine.header()), flush=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         prefixes = [os.path.join(tmp, f"shard{k}") for k in range(args.shards)]
         for k, prefix in enumerate(prefixes):

@@ -95,6 +95,11 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repo", default=str(ROOT), help="checkout whose run_multitask_static.py is timed")
     args = p.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from ernie_mtl.dist.machine import describe_machine  # the machine every figure below came from
+
+    machine = describe_machine()
+    print("\n".join(machine.header()), flush=True)
     repo = Path(args.repo).resolve()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

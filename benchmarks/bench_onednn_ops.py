@@ -118,6 +118,11 @@ def main():
     p.add_argument("--only", default="", help="comma-separated op types to run (default: all cases)")
     args = p.parse_args()
     threads = sp.prepare_env({"serial": None})
+    # after the threads are set: the header asks MKL and oneDNN which code path they take
+    from ernie_mtl.dist.machine import describe_machine  # the machine every figure below came from
+
+    machine = describe_machine()
+    print("\n".join(machine.header()), flush=True)
     import paddle
 
     paddle.enable_static()

@@ -78,8 +78,14 @@ def main():
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", default="", help="thread counts to compare (default: 1, 2 and all CPUs)")
+    p.add_argument("--json", default="", help="also write the figures, the machine and the load to this file")
     args = p.parse_args()
     threads_line = sp.prepare_env({"serial": None})
+    # after the threads are set: the header asks MKL and oneDNN which code path they take
+    from ernie_mtl.dist.machine import describe_machine  # the machine every figure below came from
+
+    machine = describe_machine()
+    print("\n".join(machine.header()), flush=True)
     from ernie_mtl.dist.threads import cpu_budget
     from ernie_mtl.engine.inference import cpu_predictor, predictor_runner, read_manifest
     from ernie_mtl.engine.prediction import predict_batches
@@ -88,6 +94,7 @@ def main():
     counts = sorted({int(t) for t in args.threads.split(",") if t} or {1, 2, cpus})
     print(f"load average before: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}; {threads_line}; "
           f"{cpus} CPUs for this process")
+    figures = []
     for model in args.models.split(","):
         with tempfile.TemporaryDirectory(prefix="ernie_bench_predict_") as tmp:
             model_dir, task, data = export_classifier(Path(tmp), model, args.examples, args.seq, args.batch)
@@ -123,6 +130,9 @@ def main():
                 print(f"| {t}{' (all)' if t == cpus else ''} | {statistics.median(a):,.1f} ({min(a):,.1f}-{max(a):,.1f}) | "
                       f"{statistics.median(b):,.1f} ({min(b):,.1f}-{max(b):,.1f}) | "
                       f"{statistics.median(b) / statistics.median(a):.2f}x |")
+            figures.append({"model": model, "examples": len(data), "seq": args.seq, "batch": args.batch,
+                            "auto_choice": lines[0], "other_cores": sp.other_cores_summary(others),
+                            "samples_per_s": {f"{t} threads, {'oneDNN' if k else 'plain'}": v for (t, k), v in rates.items()}})
             if 1 in counts and len(counts) > 1:
                 for k, label in ((False, "plain"), (True, "oneDNN")):
                     one = statistics.median(rates[(1, k)])
@@ -131,6 +141,8 @@ def main():
                 print(f"Paddle's default before (oneDNN, 1 thread): {statistics.median(rates[(1, True)]):,.1f} samples/s; "
                       f"now ({cpus} threads, oneDNN): {statistics.median(rates[(cpus, True)]):,.1f}")
     print(f"\nload average after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    if args.json:
+        sp.write_json(args.json, {"figures": figures}, machine)
 
 
 if __name__ == "__main__":

@@ -320,6 +320,10 @@ def main():
                    help="ours only: also time the corpus written this many times over (1 vs the largest --workers), "
                         "where start-up no longer dominates a sub-second run (0: skip)")
     args = p.parse_args()
+    from ernie_mtl.dist.machine import describe_machine  # the machine every figure below came from
+
+    machine = describe_machine()
+    print("\n".join(machine.header()), flush=True)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     docs = peoples_daily_documents()
     mb = sum(len(d.encode("utf-8")) for d in docs) / 1e6

@@ -565,6 +565,10 @@ def main(argv=None) -> int:
         print(tables(results, results["seeds"]))
         return 0
     args.work.mkdir(parents=True, exist_ok=True)
+    from ernie_mtl.dist.machine import describe_machine  # the machine of this invocation's runs
+
+    machine = describe_machine()
+    print("\n".join(machine.header()), flush=True)
     run = Runner(args.work, verbose=not args.quiet)
     t0 = time.perf_counter()
     print(f"bench_quality: {len(seeds)} seeds, arms {args.arm_list}, model {args.model}, work dir {args.work}; "
@@ -572,7 +576,7 @@ def main(argv=None) -> int:
     info = build_data(args, run)
     results = {"seeds": seeds, "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                "data": info, "baselines": dc.trivial_baselines(args.work / "data" / "tasks"), "cells": {a: {} for a in args.arm_list},
-               "pretraining": {}}
+               "pretraining": {}, "machine": machine.to_json()}  # runs reused from earlier invocations: theirs
     needs_pretrained = any(a.endswith("/pretrained") for a in args.arm_list)
     pretrained_shared = None
     for seed in (seeds[::-1] if args.reverse else seeds):

@@ -1,9 +1,13 @@
 """Training throughput on CPU: our static program vs the same ERNIE in a plain paddlenlp dygraph loop (and,
-with --paddlenlp, PaddleNLP's run_pretrain_static.py step rebuilt), and the model's FLOP/s as a fraction of
-the fastest matmul this machine offers on the model's shapes, measured in the same process.
+with --paddlenlp, PaddleNLP's run_pretrain_static.py step rebuilt from the script's source, on its own kernels
+and on ours), and the model's FLOP/s as a fraction of the fastest matmul this machine offers on the model's
+shapes, measured in the same process, and of the machine's estimated FP32 peak. Every output starts with
+the machine (ernie_mtl/dist/machine.py); --json writes it with the figures and the load.
 
     python benchmarks/bench_train.py                                   # small and base, 3 runs each
-    python benchmarks/bench_train.py --models base --runs 2 --paddlenlp plain,serial
+    python benchmarks/bench_train.py --models base --runs 2 --paddlenlp serial,serial+same_kernels
+    python benchmarks/bench_train.py --models base --paired --variants serial+auto,paddlenlp,paddlenlp+same_kernels
+    python benchmarks/bench_train.py --models base --isa avx2 ...      # the same on the AVX2 code paths
     python benchmarks/bench_train.py --models base --variants threads1,plain,serial+onednn+biasgrad,serial+auto
     python benchmarks/bench_train.py --models base --paired --variants serial,serial+onednn+biasgrad,serial+auto
     python benchmarks/bench_train.py --models base --short_docs        # padding to the longest sample
@@ -34,6 +38,7 @@ are not tests. Take figures on a quiet machine: the load average is printed befo
 import zlib  # noqa: F401  (before paddle)
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -41,6 +46,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -166,7 +172,19 @@ def run_static(args) -> dict:
     kept, _ = sp.timed_steps(train_step, plan["steps"], start=plan["warmup"])
     times, others = [t for t, _ in kept], [c for _, c in kept]
     return {"times": times, "other_cores": others, "threads": threads, "ceiling": ceiling, "flops_per_token": step.flops_per_token(),
-            "tokens_per_step": plan["b"] * args.seq, "arch": _arch_summary(arch), "applied": step.applied}
+            "tokens_per_step": plan["b"] * args.seq, "arch": _arch_summary(arch), "applied": step.applied,
+            "onednn_types": onednn_types_of(step, variant), "machine": sp.machine().to_json()}
+
+
+def onednn_types_of(step, variant) -> list:
+    """The op types the static side runs on oneDNN (what `same_kernels` gives PaddleNLP's program)."""
+    if step.kernels is not None:
+        return sorted(step.kernels.onednn)
+    if "onednn" in variant:
+        from ernie_mtl.program.cpu_kernels import EXACT_ONEDNN_OPS
+
+        return sorted(variant["onednn"].split(":") if variant["onednn"] else EXACT_ONEDNN_OPS)
+    return []
 
 
 def run_dygraph(args) -> dict:
@@ -205,83 +223,114 @@ def run_dygraph(args) -> dict:
     return {"times": times, "other_cores": others, "threads": threads, "tokens_per_step": plan["b"] * args.seq}
 
 
+class PaddleNLPStep:
+    """PaddleNLP's ERNIE 1.0 `run_pretrain_static.py` step, rebuilt from the script's source (PaddleNLP's
+    model_zoo/ernie-1.0/run_pretrain_static.py; the script is not in the paddlenlp wheel, so its program is
+    re-made here with the wheel's classes, the way the script makes it): paddlenlp's `ErnieForPretraining` and
+    `ErniePretrainingCriterion` in a static program (the script's feeds: int32 flattened masked positions padded
+    to a multiple of 8, labels -1 there), loss = MLM + SOP, AdamW over `LinearAnnealingWithWarmupDecay` with
+    global-norm clipping and its weight-decay filter (no decay on names with "bias" or "norm"),
+    `fleet.distributed_optimizer` with its strategy (execution threads 1, fuse_broadcast_ops, inplace),
+    `exe.run(..., use_program_cache=True)` fetching the losses and the LR every run, and the scheduler stepped
+    per run. Not rebuilt: its data loader (random batches in its collate layout are fed), evaluation and
+    checkpoints. `onednn_types`: op types put on oneDNN (`cpu_kernels.use_onednn_ops`, as our engine applies a
+    kernel choice, with the 2-D views of oneDNN matmul gradients); nothing else of the engine is applied."""
+
+    def __init__(self, model: str, b: int, seq: int, onednn_types=()):
+        import paddle
+        import paddle.distributed.fleet as fleet
+        from paddlenlp.transformers import (ErnieConfig, ErnieForPretraining, ErniePretrainingCriterion,
+                                            LinearAnnealingWithWarmupDecay)
+
+        arch = sp._model_cfg(model, False).resolve().arch
+        keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size", "hidden_act", "hidden_dropout_prob",
+                "attention_probs_dropout_prob")
+        paddle.enable_static()
+        fleet.init(is_collective=True)
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            ids = paddle.static.data("input_ids", [-1, -1], "int64")
+            seg = paddle.static.data("segment_ids", [-1, -1], "int64")
+            mask = paddle.static.data("input_mask", [-1, 1, 1, -1], "float32")
+            pos = paddle.static.data("masked_lm_positions", [-1], "int32")
+            labels = paddle.static.data("masked_lm_labels", [-1, 1], "int64")
+            nsp = paddle.static.data("next_sentence_labels", [-1, 1], "int64")
+            model_ = ErnieForPretraining(ErnieConfig(**{k: arch[k] for k in keys}))
+            scores, rel = model_(input_ids=ids, token_type_ids=seg, position_ids=None, attention_mask=mask,
+                                 masked_positions=pos)
+            lm_loss, sop_loss = ErniePretrainingCriterion(with_nsp_loss=True)(scores, rel, labels, nsp)
+            loss = lm_loss + sop_loss
+            scheduler = LinearAnnealingWithWarmupDecay(1e-4, 1e-5, warmup_step=0, decay_step=sp.LR_HORIZON)
+            decay = [p.name for n, p in model_.named_parameters() if not any(t in n for t in ("bias", "norm"))]
+            opt = paddle.optimizer.AdamW(learning_rate=scheduler, beta1=0.9, beta2=0.999, epsilon=1e-8,
+                                         grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0), weight_decay=0.01,
+                                         apply_decay_param_fun=lambda name: name in decay)
+            opt.apply_optimize = opt._apply_optimize
+            strategy = fleet.DistributedStrategy()
+            exec_strategy = paddle.static.ExecutionStrategy()
+            exec_strategy.num_threads = 1
+            exec_strategy.num_iteration_per_drop_scope = 10000
+            build = paddle.static.BuildStrategy()
+            build.fuse_broadcast_ops = True
+            build.enable_inplace = True
+            strategy.execution_strategy, strategy.build_strategy = exec_strategy, build
+            fleet.distributed_optimizer(opt, strategy=strategy).minimize(loss)
+        self.applied = "as built (Paddle's default kernels)"
+        if onednn_types:
+            from ernie_mtl.program.cpu_kernels import use_onednn_ops
+
+            changed = use_onednn_ops(main, list(onednn_types))
+            self.applied = f"oneDNN kernels on {sum(changed.values())} ops ({', '.join(sorted(changed))})"
+        self.main, self.startup, self.loss, self.scheduler = main, startup, loss, scheduler
+        lr = next(v for n, v in main.global_block().vars.items() if n.startswith("learning_rate_"))  # _0 when alone
+        self.fetch = [loss, lm_loss, sop_loss, lr]
+        rng = np.random.RandomState(0)
+        self.feeds = []
+        for _ in range(4):
+            batch = sp.pretrain_batch(rng, b, seq, arch["vocab_size"])
+            n = len(batch["masked_lm_positions"])
+            size = n + (-n) % 8
+            positions = np.zeros(size, "int32")
+            positions[:n] = batch["masked_lm_positions"]
+            mlm = np.full([size, 1], -1, "int64")
+            mlm[:n] = batch["masked_lm_labels"]
+            self.feeds.append({"input_ids": batch["input_ids"], "segment_ids": batch["segment_ids"],
+                               "input_mask": batch["input_mask"], "masked_lm_positions": positions,
+                               "masked_lm_labels": mlm, "next_sentence_labels": batch["next_sentence_labels"]})
+
+    def initialize(self, exe, scope) -> None:
+        exe.run(self.startup, scope=scope)
+
+    def run(self, exe, scope, i: int) -> float:
+        """One training step as the script runs it (the losses and the LR fetched); returns the loss."""
+        out = exe.run(self.main, feed=self.feeds[i % 4], fetch_list=self.fetch, use_program_cache=True, scope=scope)
+        self.scheduler.step()
+        return float(np.asarray(out[0]).reshape(-1)[0])
+
+
 def run_paddlenlp_static(args) -> dict:
-    """PaddleNLP's ERNIE 1.0 `run_pretrain_static.py` step, rebuilt from its description (the script is not
-    in the paddlenlp wheel): paddlenlp's `ErnieForPretraining` and `ErniePretrainingCriterion` in a static
-    program (its feeds: int32 flattened masked positions padded to a multiple of 8, labels -1 there), loss =
-    MLM + SOP, AdamW over `LinearAnnealingWithWarmupDecay` with global-norm clipping and its weight-decay filter
-    (no decay on names with "bias" or "norm"), `fleet.distributed_optimizer` with its strategy (execution
-    threads 1, fuse_broadcast_ops, inplace), `exe.run(..., use_program_cache=True)` fetching the losses and
-    the LR, and the scheduler stepped per run, as the script does. Its best CPU settings: the threads of
-    this machine (the script leaves Paddle's 1), and with `serial` in the variant the serial executor."""
+    """PaddleNLP's step (`PaddleNLPStep`) in its own process. Its best CPU settings: the threads of this
+    machine (the script leaves Paddle's 1), and with `serial` in the variant the serial executor. With
+    `onednn=T1:T2` (the driver's `same_kernels`: the op types the static side runs on oneDNN here) its program
+    gets the same kernel choice, and nothing else of the engine (no bias gradients by matmul, no other rewrite)."""
     variant = sp.parse_variant(args.variant)
+    unknown = sorted(set(variant) - {"threads1", "serial", "onednn"})
+    if unknown:
+        raise SystemExit(f"--paddlenlp: {unknown} are static-side variants; PaddleNLP's step takes threads1, serial "
+                         "and same_kernels (or onednn=<types>)")
     threads = sp.prepare_env({k: v for k, v in variant.items() if k in ("threads1", "serial")})
     import paddle
-    import paddle.distributed.fleet as fleet
-    from paddlenlp.transformers import (ErnieConfig, ErnieForPretraining, ErniePretrainingCriterion,
-                                        LinearAnnealingWithWarmupDecay)
 
     plan = PLAN[args.model]
-    arch = sp._model_cfg(args.model, False).resolve().arch
-    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-            "max_position_embeddings", "type_vocab_size", "hidden_act", "hidden_dropout_prob",
-            "attention_probs_dropout_prob")
-    paddle.enable_static()
-    fleet.init(is_collective=True)
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.static.program_guard(main, startup):
-        ids = paddle.static.data("input_ids", [-1, -1], "int64")
-        seg = paddle.static.data("segment_ids", [-1, -1], "int64")
-        mask = paddle.static.data("input_mask", [-1, 1, 1, -1], "float32")
-        pos = paddle.static.data("masked_lm_positions", [-1], "int32")
-        labels = paddle.static.data("masked_lm_labels", [-1, 1], "int64")
-        nsp = paddle.static.data("next_sentence_labels", [-1, 1], "int64")
-        model = ErnieForPretraining(ErnieConfig(**{k: arch[k] for k in keys}))
-        scores, rel = model(input_ids=ids, token_type_ids=seg, position_ids=None, attention_mask=mask,
-                            masked_positions=pos)
-        lm_loss, sop_loss = ErniePretrainingCriterion(with_nsp_loss=True)(scores, rel, labels, nsp)
-        loss = lm_loss + sop_loss
-        scheduler = LinearAnnealingWithWarmupDecay(1e-4, 1e-5, warmup_step=0, decay_step=sp.LR_HORIZON)
-        decay = [p.name for n, p in model.named_parameters() if not any(t in n for t in ("bias", "norm"))]
-        opt = paddle.optimizer.AdamW(learning_rate=scheduler, beta1=0.9, beta2=0.999, epsilon=1e-8,
-                                     grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0), weight_decay=0.01,
-                                     apply_decay_param_fun=lambda name: name in decay)
-        opt.apply_optimize = opt._apply_optimize
-        strategy = fleet.DistributedStrategy()
-        exec_strategy = paddle.static.ExecutionStrategy()
-        exec_strategy.num_threads = 1
-        exec_strategy.num_iteration_per_drop_scope = 10000
-        build = paddle.static.BuildStrategy()
-        build.fuse_broadcast_ops = True
-        build.enable_inplace = True
-        strategy.execution_strategy, strategy.build_strategy = exec_strategy, build
-        fleet.distributed_optimizer(opt, strategy=strategy).minimize(loss)
-    exe = paddle.static.Executor(paddle.CPUPlace())
-    exe.run(startup)
-    lr_var = main.global_block().vars["learning_rate_0"]
-    rng = np.random.RandomState(0)
-    feeds = []
-    for _ in range(4):
-        batch = sp.pretrain_batch(rng, plan["b"], args.seq, arch["vocab_size"])
-        n = len(batch["masked_lm_positions"])
-        size = n + (-n) % 8
-        positions = np.zeros(size, "int32")
-        positions[:n] = batch["masked_lm_positions"]
-        mlm = np.full([size, 1], -1, "int64")
-        mlm[:n] = batch["masked_lm_labels"]
-        feeds.append({"input_ids": batch["input_ids"], "segment_ids": batch["segment_ids"],
-                      "input_mask": batch["input_mask"], "masked_lm_positions": positions, "masked_lm_labels": mlm,
-                      "next_sentence_labels": batch["next_sentence_labels"]})
-
-    def train_step(i):
-        exe.run(main, feed=feeds[i % 4], fetch_list=[loss, lm_loss, sop_loss, lr_var], use_program_cache=True)
-        scheduler.step()
-
+    step = PaddleNLPStep(args.model, plan["b"], args.seq, (variant.get("onednn") or "").split(":") if variant.get("onednn") else ())
+    scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
+    step.initialize(exe, scope)
     for i in range(plan["warmup"]):
-        train_step(i)
-    kept, _ = sp.timed_steps(train_step, plan["steps"], start=plan["warmup"])
+        step.run(exe, scope, i)
+    kept, _ = sp.timed_steps(lambda i: step.run(exe, scope, i), plan["steps"], start=plan["warmup"])
     return {"times": [t for t, _ in kept], "other_cores": [c for _, c in kept], "threads": threads,
-            "tokens_per_step": plan["b"] * args.seq}
+            "tokens_per_step": plan["b"] * args.seq, "applied": step.applied}
 
 
 def run_paired(args) -> dict:
@@ -290,29 +339,50 @@ def run_paired(args) -> dict:
     processes falls on all of them alike. Process-level settings (threads, serial, inplace: Paddle's
     executors share one work queue, so serial and threaded executors cannot be mixed) must be the same
     in every variant: compare those with separate runs. Also reports whether each variant's losses
-    equal the first variant's bitwise (same initial weights, feeds and dropout seeds)."""
-    variants = [sp.parse_variant(v) for v in args.variant.split(",")]
+    equal the first variant's bitwise (same initial weights, feeds and dropout seeds).
+
+    A variant `paddlenlp` is PaddleNLP's rebuilt step (`PaddleNLPStep`) on its own kernels under the same
+    process settings; `paddlenlp+same_kernels` puts it on the oneDNN op types of the first of our variants
+    (pretraining only)."""
+    texts = args.variant.split(",")
+    variants = [sp.parse_variant(v) for v in texts if not v.startswith("paddlenlp")]
     process_level = {frozenset(k for k in v if k in ("threads1", "serial", "inplace")) for v in variants}
-    if len(process_level) != 1:
-        raise SystemExit("--paired: threads1/serial/inplace are per process; give every variant the same ones")
+    if len(process_level) != 1 or not variants:
+        raise SystemExit("--paired: threads1/serial/inplace are per process; give every variant the same ones "
+                         "(and one of ours first)")
+    if any(t.startswith("paddlenlp") for t in texts) and args.task != "pretrain":
+        raise SystemExit("--paired: PaddleNLP's step is a pretraining step (--task pretrain)")
     threads = sp.prepare_env(variants[0])
     import paddle
 
     plan = PLAN[args.model]
-    sides = []
-    for variant in variants:
-        step = sp.build_step(args.task, args.model, plan["b"], args.seq, variant)
-        if "seed" not in variant and any(op.type == "dropout" and op.attr("dropout_prob") > 0
-                                         for op in step.main.global_block().ops):
-            step.seed_vars = sp.add_dropout_seed_inputs(step.main)  # identical masks on every side
+    sides, ours = [], []
+    for text in texts:
         scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
-        step.initialize(exe, scope)
-        losses = []
-        for i in range(plan["warmup"]):
-            losses.append(float(np.asarray(exe.run(step.main, feed=step.feed(i), fetch_list=[step.loss],
-                                                   scope=scope)[0]).reshape(-1)[0]))
-            step.after_run()
-        sides.append({"step": step, "exe": exe, "scope": scope, "losses": losses, "times": [], "others": []})
+        if text.startswith("paddlenlp"):
+            extra = set(text.split("+")[1:])
+            if extra - {"same_kernels"}:
+                raise SystemExit(f"--paired: {text!r}: PaddleNLP's step takes only +same_kernels here")
+            types = onednn_types_of(ours[0][0], ours[0][1]) if "same_kernels" in extra else ()
+            step = PaddleNLPStep(args.model, plan["b"], args.seq, types)
+            step.initialize(exe, scope)
+            run = functools.partial(lambda st, e, sc, i: st.run(e, sc, i), step, exe, scope)
+        else:
+            variant = sp.parse_variant(text)
+            step = sp.build_step(args.task, args.model, plan["b"], args.seq, variant)
+            ours.append((step, variant))
+            if "seed" not in variant and any(op.type == "dropout" and op.attr("dropout_prob") > 0
+                                             for op in step.main.global_block().ops):
+                step.seed_vars = sp.add_dropout_seed_inputs(step.main)  # identical masks on every side
+            step.initialize(exe, scope)
+
+            def run(i, step=step, exe=exe, scope=scope):
+                (loss,) = exe.run(step.main, feed=step.feed(i), fetch_list=[step.loss], scope=scope)
+                step.after_run()
+                return float(np.asarray(loss).reshape(-1)[0])
+        losses = [run(i) for i in range(plan["warmup"])]
+        sides.append({"run": run, "losses": losses, "times": [], "others": [], "applied": step.applied,
+                      "ours": not text.startswith("paddlenlp")})
     rounds = args.rounds or plan["steps"] * 2
     for r in range(rounds):
         i = plan["warmup"] + r
@@ -320,15 +390,13 @@ def run_paired(args) -> dict:
             side = sides[(k + r) % len(sides)]
             with sp.OtherLoad() as other:
                 start = time.perf_counter()
-                (loss,) = side["exe"].run(side["step"].main, feed=side["step"].feed(i), fetch_list=[side["step"].loss],
-                                          scope=side["scope"])
+                loss = side["run"](i)
                 side["times"].append(time.perf_counter() - start)
-            side["step"].after_run()
             side["others"].append(other.cores)
-            side["losses"].append(float(np.asarray(loss).reshape(-1)[0]))
-    return {"threads": threads, "variants": args.variant.split(","), "tokens_per_step": plan["b"] * args.seq,
-            "flops_per_token": sides[0]["step"].flops_per_token(),
-            "sides": [{k: s[k] for k in ("times", "others", "losses")} for s in sides]}
+            side["losses"].append(loss)
+    return {"threads": threads, "variants": texts, "tokens_per_step": plan["b"] * args.seq,
+            "flops_per_token": ours[0][0].flops_per_token(), "machine": sp.machine().to_json(),
+            "sides": [{k: s[k] for k in ("times", "others", "losses", "applied", "ours")} for s in sides]}
 
 
 def run_short_docs(args) -> dict:
@@ -515,6 +583,7 @@ def child_run(mode, model, variant, args, *, with_ceiling=False) -> dict:
         cmd.append("--with_ceiling")
     env = dict(os.environ) if args.keep_env else \
         {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env.update(sp.isa_env(args.isa))
     before = loadavg()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode:
@@ -542,9 +611,16 @@ def main():
     p.add_argument("--runs", type=int, default=3, help="processes per side and variant (default 3)")
     p.add_argument("--no_dygraph", action="store_true", help="static variants only")
     p.add_argument("--paddlenlp", default="",
-                   help="also run PaddleNLP's run_pretrain_static.py step (rebuilt: run_paddlenlp_static) with these "
-                        "settings, comma-separated (e.g. plain,serial: its threads set, Paddle's default or the serial "
-                        "executor); the table gets static / PaddleNLP against the fastest of them")
+                   help="also run PaddleNLP's run_pretrain_static.py step (rebuilt from the script's source: "
+                        "run_paddlenlp_static) with these settings, comma-separated: plain (its threads set), serial "
+                        "(+ the serial executor), and with +same_kernels the static side's kernel choice (oneDNN on the "
+                        "op types ours runs on oneDNN here), e.g. serial,serial+same_kernels; the table gets static / "
+                        "PaddleNLP on its own kernels (the fastest such setting) and on the same kernels")
+    p.add_argument("--isa", default="native", choices=["native"] + sorted(sp.ISA_LIMITS),
+                   help="avx2: hold oneDNN, MKL and NumPy's OpenBLAS to their AVX2 code paths (ONEDNN_MAX_CPU_ISA, "
+                        "MKL_ENABLE_INSTRUCTIONS, OPENBLAS_CORETYPE) on a CPU with AVX-512: an ISA-limited run on this "
+                        "CPU, labelled so in the output (not a real AVX2 machine)")
+    p.add_argument("--json", default="", help="also write the table's figures, the machine and the load to this file")
     p.add_argument("--matmul_repeats", type=int, default=5)
     p.add_argument("--short_docs", action="store_true",
                    help="instead: real tokens/s with samples of U[short_min, seq] real tokens, padded to seq vs "
@@ -571,6 +647,12 @@ def main():
         print(json.dumps(fn(args)))
         return
 
+    os.environ.update(sp.isa_env(args.isa))  # this process's library probes and every run see the limits
+    machine = sp.machine(numpy_blas=False)  # NumPy's BLAS is already loaded here: the timed processes report theirs
+    sp.print_machine(machine)
+    if machine.isa_limited:
+        print(f"ISA-LIMITED RUN: the math libraries are held to {machine.isa_in_effect} on this {machine.isa} CPU "
+              f"({', '.join(v[0] for v in machine.isa_limits.values())}); not a real {machine.isa_in_effect} machine")
     print(f"load average before: {loadavg()}")
     models, variants = args.models.split(","), args.variants.split(",")
     if args.short_docs:
@@ -585,6 +667,7 @@ def main():
         print(f"load average after: {loadavg()}")
         return
     if args.paired:
+        paired_json = []
         for name in models:
             r = child_run("paired", name, args.variants, args)
             print(f"\n{args.task}: {name}, batch {PLAN[name]['b']} x seq {args.seq}, {r['threads']}; {len(r['sides'][0]['times'])} "
@@ -601,9 +684,19 @@ def main():
                 diff = max(abs(a - b) for a, b in zip(side["losses"], first["losses"]))
                 print(f"| {v} | {1e3 * statistics.median(t):,.0f} ({1e3 * min(t):,.0f}-{1e3 * max(t):,.0f}) | "
                       f"{r['tokens_per_step'] / statistics.median(t):,.0f} | {statistics.median(ratios):.3f}x "
-                      f"({q(0.25):.3f}-{q(0.75):.3f}) | {'yes' if same else f'no (max diff {diff:.2g})'} | "
+                      f"({q(0.25):.3f}-{q(0.75):.3f}) | "
+                      f"{('yes' if same else f'no (max diff {diff:.2g})') if side['ours'] else 'n/a (another program)'} | "
                       f"{statistics.median(side['others']):.2f}, {max(side['others']):.2f} |")
+            for v, side in zip(r["variants"], r["sides"]):
+                print(f"#   {v}: {side['applied']}", file=sys.stderr)
+                if not side["ours"]:  # the first variant over PaddleNLP's step, paired by round
+                    over = sorted(b / a for a, b in zip(first["times"], side["times"]))
+                    print(f"{r['variants'][0]} over {v}: {statistics.median(over):.2f}x (median of {len(over)} rounds, "
+                          f"IQR {over[len(over) // 4]:.2f}-{over[(3 * len(over)) // 4]:.2f})")
+            paired_json.append({"model": name, "task": args.task, **r})
         print(f"\nload average after: {loadavg()}")
+        if args.json:
+            sp.write_json(args.json, {"isa": args.isa, "paired": paired_json}, machine)
         return
     if args.real_loop:
         for name in models:
@@ -642,47 +735,103 @@ def main():
                     dygraph_runs[threads_key].append(child_run("dygraph", name, variant, args))
                 for v in pnlp_variants:  # alternating with the static runs, so drifting load hits both
                     if len(pnlp_runs[v]) < args.runs:
-                        pnlp_runs[v].append(child_run("paddlenlp", name, v, args))
+                        pnlp_runs[v].append(child_run("paddlenlp", name, paddlenlp_variant(v, static_runs[0]), args))
             first = static_runs[0]
             ceilings.setdefault(name, first["ceiling"])
             tps = first["tokens_per_step"]
             static = summarize(static_runs, tps)
             dyg = summarize(dygraph_runs[threads_key], tps) if not args.no_dygraph else None
             pnlp = {v: summarize(r, tps) for v, r in pnlp_runs.items() if r}
-            rows.append((name, variant, first, static, dyg, pnlp))
+            load = {"static": sp.other_cores_summary(c for r in static_runs for c in r["other_cores"]),
+                    "dygraph": sp.other_cores_summary(c for r in dygraph_runs.get(threads_key, []) for c in r["other_cores"]),
+                    **{f"paddlenlp[{v}]": sp.other_cores_summary(c for r in rs for c in r["other_cores"])
+                       for v, rs in pnlp_runs.items()}}
+            rows.append((name, variant, first, static, dyg, pnlp, load, static_runs, pnlp_runs))
             print(f"# {name} / {variant}: {first['threads']}; {first.get('applied', '')}; load {loadavg()}",
                   file=sys.stderr)
+            for v, rs in pnlp_runs.items():
+                print(f"# PaddleNLP [{v}]: {rs[0].get('applied', '')}", file=sys.stderr)
 
+    peak = rows[0][2]["machine"].get("peak_gflops") if rows else None
+    if rows:  # the machine as the timed processes saw it (NumPy's BLAS included: it is in the ceiling)
+        child_machine = rows[0][2]["machine"]
+        print(f"\nin the timed processes: ISA in effect {child_machine['isa_in_effect']}; "
+              + "; ".join(f"{k} {v}" for k, v in child_machine["libraries"].items() if k.endswith(("isa", "code_path", "blas"))))
+    warnings = []
     for name, c in ceilings.items():
         print(f"\nfloat32 matmul on {name}'s shapes (batch {PLAN[name]['b']} x seq {args.seq}), GFLOP/s median "
               f"(min-max) of {args.matmul_repeats}: Paddle MKL | Paddle oneDNN | NumPy BLAS")
         for f in c["forms"]:
             cells = " | ".join(f"{f[k][0]:6.1f} ({f[k][1]:.0f}-{f[k][2]:.0f})" for k in ("mkl", "onednn", "numpy"))
             print(f"  {f['form']:<34} x{f['uses']}: {cells}")
+            warnings += [w for w in (check_rate(f[k][0], peak, f"{k} on {f['form']}") for k in ("mkl", "onednn", "numpy")) if w]
         mix = c["mix"]
         print(f"  FLOP-weighted: Paddle MKL {mix['mkl'] / 1e9:.1f}, Paddle oneDNN {mix['onednn'] / 1e9:.1f}, "
-              f"NumPy {mix['numpy'] / 1e9:.1f} GFLOP/s; honest ceiling (fastest per form) {c['ceiling'] / 1e9:.1f} GFLOP/s")
+              f"NumPy {mix['numpy'] / 1e9:.1f} GFLOP/s; honest ceiling (fastest per form) {c['ceiling'] / 1e9:.1f} GFLOP/s"
+              + (f"; estimated FP32 peak {peak:.1f} GFLOP/s: the ceiling is {c['ceiling'] / 1e9 / peak:.0%} of it" if peak else ""))
+        warnings += [w for w in [check_rate(c["ceiling"] / 1e9, peak, f"the honest ceiling of {name}")] if w]
+    for w in warnings:
+        print(f"WARNING: {w}")
     print("\n| model | batch x seq | static variant | static tokens/s (runs) | dygraph tokens/s (runs) | static / dygraph "
-          "| PaddleNLP static tokens/s (runs) | static / PaddleNLP | static GFLOP/s | honest ceiling | of ceiling "
-          "| of Paddle MKL's |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, variant, first, static, dyg, pnlp in rows:
+          "| PaddleNLP step, its own kernels: tokens/s (runs) [setting] | static / PaddleNLP, its own kernels "
+          "| PaddleNLP step, our kernels: tokens/s (runs) | static / PaddleNLP, same kernels "
+          "| static GFLOP/s | honest ceiling | of ceiling | of FP32 peak |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    table = []
+    for name, variant, first, static, dyg, pnlp, load, static_runs, pnlp_runs in rows:
         a = first["arch"]
         gflops = static[0] * first["flops_per_token"] / 1e9
-        dyg_text = f"{dyg[0]:,.0f} ({dyg[1]:,.0f}-{dyg[2]:,.0f})" if dyg else "-"
-        ratio = f"{static[0] / dyg[0]:.2f}x" if dyg else "-"
-        best = max(pnlp.items(), key=lambda kv: kv[1][0]) if pnlp else None
-        pnlp_text = f"{best[1][0]:,.0f} ({best[1][1]:,.0f}-{best[1][2]:,.0f}) [{best[0]}]" if best else "-"
-        pnlp_ratio = f"{static[0] / best[1][0]:.2f}x" if best else "-"
+        own = {v: r for v, r in pnlp.items() if "same_kernels" not in v}
+        same = {v: r for v, r in pnlp.items() if "same_kernels" in v}
+        best_own = max(own.items(), key=lambda kv: kv[1][0]) if own else None
+        best_same = max(same.items(), key=lambda kv: kv[1][0]) if same else None
         c = ceilings[name]
+        cell = lambda x: f"{x[0]:,.0f} ({x[1]:,.0f}-{x[2]:,.0f})"  # noqa: E731
         print(f"| {name} (h{a['hidden_size']}, L{a['num_hidden_layers']}) | {PLAN[name]['b']} x {args.seq} | {variant} | "
-              f"{static[0]:,.0f} ({static[1]:,.0f}-{static[2]:,.0f}) | {dyg_text} | {ratio} | {pnlp_text} | {pnlp_ratio} | "
+              f"{cell(static)} | {cell(dyg) if dyg else '-'} | {f'{static[0] / dyg[0]:.2f}x' if dyg else '-'} | "
+              f"{f'{cell(best_own[1])} [{best_own[0]}]' if best_own else '-'} | "
+              f"{f'{static[0] / best_own[1][0]:.2f}x' if best_own else '-'} | "
+              f"{f'{cell(best_same[1])} [{best_same[0]}]' if best_same else '-'} | "
+              f"{f'{static[0] / best_same[1][0]:.2f}x' if best_same else '-'} | "
               f"{gflops:.1f} | {c['ceiling'] / 1e9:.1f} | {gflops * 1e9 / c['ceiling']:.0%} | "
-              f"{gflops * 1e9 / c['mix']['mkl']:.0%} |")
+              f"{f'{gflops / peak:.0%} of {peak:.0f}' if peak else '-'} |")
         for v, r in pnlp.items():
             print(f"#   PaddleNLP static [{v}]: {r[0]:,.0f} tokens/s ({r[1]:,.0f}-{r[2]:,.0f})", file=sys.stderr)
+        table.append({"model": name, "batch": PLAN[name]["b"], "seq": args.seq, "variant": variant,
+                      "static_tokens_per_s": static, "dygraph_tokens_per_s": dyg, "paddlenlp_tokens_per_s": pnlp,
+                      "paddlenlp_applied": {v: rs[0].get("applied") for v, rs in pnlp_runs.items() if rs},
+                      "static_over_paddlenlp_own_kernels": static[0] / best_own[1][0] if best_own else None,
+                      "static_over_paddlenlp_same_kernels": static[0] / best_same[1][0] if best_same else None,
+                      "static_gflops": gflops, "ceiling_gflops": c["ceiling"] / 1e9, "peak_gflops": peak,
+                      "onednn_types": first.get("onednn_types"), "applied": first.get("applied"),
+                      "threads": first["threads"], "other_cores": load,
+                      "static_run_medians": [tps_ / statistics.median(r["times"]) for r in static_runs
+                                             for tps_ in [first["tokens_per_step"]]]})
+    print("\nCPU used by other processes during the timed steps (cores, median / max): " + "; ".join(
+        f"{t['model']} {side} {v['median']:.2f} / {v['max']:.2f}" for t in table for side, v in t["other_cores"].items() if v))
     print(f"\nload average after: {loadavg()}")
+    if args.json:
+        sp.write_json(args.json, {"isa": args.isa, "ceilings": ceilings, "rows": table, "warnings": warnings,
+                                  "timed_machine": rows[0][2]["machine"] if rows else None}, machine)
 
+
+def check_rate(gflops: float, peak: Optional[float], what: str) -> Optional[str]:
+    """A measurement-error warning when `gflops` exceeds the machine's estimated FP32 peak."""
+    if not peak or gflops <= peak:
+        return None
+    return (f"MEASUREMENT ERROR? {what}: {gflops:.1f} GFLOP/s is above the estimated FP32 peak {peak:.1f} GFLOP/s of this "
+            "machine (cores x clock read x FLOP/cycle; see the header): the timing is wrong or the cores run faster "
+            "than the clock read")
+
+
+def paddlenlp_variant(v: str, static_first: dict) -> str:
+    """A --paddlenlp setting for the child: `same_kernels` becomes `onednn=<the static side's oneDNN op types>`."""
+    parts = [p for p in v.split("+") if p]
+    if "same_kernels" not in parts:
+        return v
+    types = static_first.get("onednn_types") or []
+    parts = [p for p in parts if p != "same_kernels"] + ([f"onednn={':'.join(types)}"] if types else [])
+    return "+".join(parts) or "plain"
 
 if __name__ == "__main__":
     main()

@@ -150,6 +150,10 @@ def main():
     if args._child:
         print(json.dumps(child(args)))
         return
+    from ernie_mtl.dist.machine import describe_machine  # the machine every figure below came from
+
+    machine = describe_machine()
+    print("\n".join(machine.header()), flush=True)
     tasks = ("pretrain", "multitask") if args.task == "both" else (args.task,)
     everything = []
     for task in tasks:
@@ -171,7 +175,7 @@ def main():
             f"{r['variant']} {max(r['other_cores']):.2f}" for r in results))
         everything += results
     if args.json:
-        Path(args.json).write_text(json.dumps(everything, indent=1))
+        sp.write_json(args.json, {"results": everything}, machine)
 
 
 if __name__ == "__main__":

@@ -97,15 +97,66 @@ class OtherLoad:
 
 
 CLEAN = 0.1  # cores used by other processes below which a timed step counts as undisturbed
+# steps run at most per kept step while waiting for undisturbed ones (`timed_steps`); BENCH_RETRY lowers it on a
+# machine that is never quiet (every step is then disturbed and 3x the steps only cost time)
+RETRY = max(1, int(os.environ.get("BENCH_RETRY", "3") or 3))
+
+# --isa avx2: the math libraries Paddle and NumPy use, held to their AVX2 code paths on a CPU that has more
+# (oneDNN and MKL read these when they first dispatch, NumPy's OpenBLAS when it loads: set before the import;
+# checked with ONEDNN_VERBOSE=1 / MKL_VERBOSE=1, docs/performance.md). Paddle's own CPU kernels are not limited.
+ISA_LIMITS = {"avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "OPENBLAS_CORETYPE": "Haswell"}}
+
+
+def isa_env(isa: str) -> Dict[str, str]:
+    """The environment of an ISA-limited run (`--isa`): {} for the CPU's own ISA."""
+    if not isa or isa == "native":
+        return {}
+    if isa not in ISA_LIMITS:
+        raise SystemExit(f"--isa {isa!r}: choose native or {', '.join(ISA_LIMITS)}")
+    return dict(ISA_LIMITS[isa])
+
+
+def machine(*, numpy_blas: bool = True, env=None):
+    """This machine (ernie_mtl.dist.machine.describe_machine) under `env` (default: this process's)."""
+    from ernie_mtl.dist.machine import describe_machine
+
+    m = describe_machine(env=env)
+    if not numpy_blas:
+        m.libraries.pop("numpy_blas", None)
+    return m
+
+
+def print_machine(m, file=None) -> None:
+    """The header every benchmark prints first: the machine, its ISA, cores, clock, software and FP32 peak."""
+    for line in m.header():
+        print(line, file=file or sys.stdout)
+
+
+def other_cores_summary(values) -> Dict[str, float]:
+    """{median, max} of other processes' CPU (cores) over timed parts, NaNs left out."""
+    import statistics
+
+    v = [float(x) for x in values if x == x]
+    return {"median": statistics.median(v), "max": max(v), "n": len(v)} if v else {}
+
+
+def write_json(path, payload: Dict[str, Any], m) -> None:
+    """`payload` with the machine and the command line, written to `path` atomically."""
+    import json
+
+    out = {"machine": m.to_json(), "command": [os.path.basename(sys.argv[0])] + sys.argv[1:], **payload}
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(out, indent=1, default=str))
+    os.replace(tmp, path)
 
 
 def timed_steps(run: Callable[[int], None], n: int, *, start: int = 0, max_runs: Optional[int] = None):
     """Run `run(i)` for i = start, start+1, ... until `n` steps ran while other processes used
-    less than CLEAN cores, or `max_runs` (default 3n) steps ran. Returns the `n` least disturbed
+    less than CLEAN cores, or `max_runs` (default RETRY x n) steps ran. Returns the `n` least disturbed
     steps as (seconds, other-process cores) pairs, in order of running, and the steps run."""
     import time
 
-    max_runs = max_runs or 3 * n
+    max_runs = max_runs or RETRY * n
     steps = []
     i = start
     while len(steps) < max_runs:

@@ -36,7 +36,8 @@ How (`choose_onednn_types`):
 - The cache (`KernelCache`): every signature's measurement is stored in one JSON file in the user's
   cache folder (`$XDG_CACHE_HOME/ernie_mtl/cpu_kernels.json`, default `~/.cache/ernie_mtl/`), under the
   machine's identity (`machine_identity`: CPU vendor, model name, family/model/stepping, a hash of its
-  feature flags, Paddle's version and commit -- not the thread count, not the number of CPUs), with how it
+  feature flags, Paddle's version and commit, and the ISA limits set in the environment, ONEDNN_MAX_CPU_ISA /
+  MKL_ENABLE_INSTRUCTIONS -- not the thread count, not the number of CPUs), with how it
   was measured: threads, rounds, the ratio spread, and the CPU other processes used meanwhile. A
   measurement is *disturbed* when other processes used more than `DISTURBED_CORES` cores while it ran, or
   when its ratio spread straddles the decision threshold (noise could decide it). The next run on the
@@ -64,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ernie_mtl.dist.machine import isa_limits, read_cpuinfo
 from ernie_mtl.program.cpu_kernels import EXACT_ONEDNN_OPS, onednn_conflicts
 
 # timed by --cpu_kernels auto; the gradient types are chosen independently of their forward types
@@ -86,26 +88,22 @@ _BOOKKEEPING = {"op_role", "op_role_var", "op_namescope", "op_callstack", "op_de
 
 def _cpuinfo() -> Dict[str, str]:
     """The first processor's fields of /proc/cpuinfo (empty when unreadable: not Linux)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return {}
-    fields: Dict[str, str] = {}
-    for line in text.split("\n\n", 1)[0].splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields[key.strip()] = value.strip()
-    return fields
+    processors = read_cpuinfo()
+    return processors[0] if processors else {}
 
 
 def machine_identity(threads: Optional[int] = None, *, cpuinfo: Optional[Mapping[str, str]] = None,
-                     paddle_version: Optional[str] = None) -> Dict[str, Any]:
+                     paddle_version: Optional[str] = None,
+                     env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """What a kernel timing depends on besides the shapes: the kind of CPU (vendor, model name,
-    family/model/stepping, a hash of its feature flags) and Paddle's version and commit. Not the number
-    of CPUs nor the run's threads: training measurements always run on `TIMING_THREADS`, so one machine
-    type gives one choice whatever the topology. `threads` adds the thread count for timings that do
-    depend on it (a predictor's throughput, ernie_mtl/engine/inference.py). Every input can be given (tests)."""
+    family/model/stepping, a hash of its feature flags), Paddle's version and commit, and the ISA limits
+    set in `env` (ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS: the same CPU on other code paths times
+    differently; the key is unchanged when none is set). Not the number of CPUs nor the run's threads:
+    training measurements always run on `TIMING_THREADS`, so one machine type gives one choice whatever the
+    topology. `threads` adds the thread count for timings that do depend on it (a predictor's throughput,
+    ernie_mtl/engine/inference.py). Every input can be given (tests)."""
     info = _cpuinfo() if cpuinfo is None else dict(cpuinfo)
+    env = os.environ if env is None else env
     if paddle_version is None:
         import paddle
 
@@ -118,6 +116,9 @@ def machine_identity(threads: Optional[int] = None, *, cpuinfo: Optional[Mapping
         "cpu_flags": hashlib.sha1(flags.encode()).hexdigest()[:12] if flags else "", "paddle": paddle_version}
     if threads is not None:
         identity["threads"] = int(threads)
+    limits = isa_limits(env)
+    if limits:
+        identity["isa_limits"] = " ".join(v[0] for _, v in sorted(limits.items()))
     return identity
 
 
