@@ -81,7 +81,8 @@ def portable_state(session, choose) -> Dict[str, Dict[str, np.ndarray]]:
             for group, keys in members.items() if group in chosen}
 
 
-def write_state(session, state: Dict[str, np.ndarray], what: str, *, only: Optional[str] = None) -> int:
+def write_state(session, state: Dict[str, np.ndarray], what: str, *, only: Optional[str] = None,
+                fresh_prefix: Optional[str] = None) -> int:
     """Write a structured state (ernie_mtl/checkpoint/reshard.py) into this rank's training program:
     every persistable variable it holds that is not transient (`only` narrows to parameters, or
     parameters and what they own); ReshardError listing the first differences, nothing written then.
@@ -89,7 +90,8 @@ def write_state(session, state: Dict[str, np.ndarray], what: str, *, only: Optio
     import paddle
 
     programs, scope = session.programs, session.scope
-    values = assignments(state, programs.name_map, program_variables(programs.state_program), what=what, only=only)
+    values = assignments(state, programs.name_map, program_variables(programs.state_program), what=what, only=only,
+                         fresh_prefix=fresh_prefix)
     place = session.exe.place if session.exe is not None else paddle.CPUPlace()
     for name, array in values.items():
         var = scope.find_var(name)
@@ -143,7 +145,12 @@ def warm_start(session, path: str, *, with_optimizer: bool) -> str:
         raw = verified_state(folder, use="warm start from")
     except CheckpointError as e:
         raise UserError(f"--init_from {folder}: {e}") from None
-    differences = name_map_differences(raw.get("name_map") or {}, session.programs.name_map)
+    from ernie_mtl.program.forward import BALANCE_PREFIX, model_names
+
+    # the loss-balancing log-variances are not model weights: a warm start takes them when both runs
+    # have them, else this run's start fresh (a refine stage has none)
+    differences = name_map_differences(model_names(raw.get("name_map") or {}),
+                                       model_names(session.programs.name_map))
     if differences:
         raise UserError(f"--init_from {folder}: its parameters do not match this model: " + "; ".join(differences)
                         + ". Warm start from a checkpoint of the same architecture and task heads, or convert its "
@@ -151,7 +158,7 @@ def warm_start(session, path: str, *, with_optimizer: bool) -> str:
     try:
         state = structured_state(merged_state(folder, verify=False), raw["name_map"], where=str(folder))
         n = write_state(session, state, f"checkpoint {folder}",
-                        only="parameters+optimizer" if with_optimizer else "parameters")
+                        only="parameters+optimizer" if with_optimizer else "parameters", fresh_prefix=BALANCE_PREFIX)
     except ReshardError as e:
         raise UserError(f"--init_from {folder}: {e}") from None
     what = "weights and optimizer state" if with_optimizer else "weights"
