@@ -59,7 +59,9 @@ def stage_key(cfg) -> str:
 
     d = cfg.to_dict()
     d["train"] = {k: v for k, v in d["train"].items() if k not in _OPERATIONAL}
-    d["mtl"] = {k: v for k, v in d["mtl"].items() if k not in REFINE_KEYS}
+    # callbacks and plugins observe a run (a resume may add or drop them); the task types they register are
+    # named by the tasks' readers
+    d["mtl"] = {k: v for k, v in d["mtl"].items() if k not in REFINE_KEYS + ("callbacks", "plugins")}
     d["tasks"] = [{k: v for k, v in t.to_json().items() if k not in REFINE_KEYS} for t in cfg.setup.tasks]
     d["data"] = {k: v for k, v in d["data"].items() if k not in ("num_workers", "worker_timeout", "data_cache")}
     idle = idle_tasks(cfg)

@@ -4,8 +4,8 @@ this lives in the production loop).
 - `kill_at_step`: SIGKILLs the process right after the `model_last` checkpoint of step
   $ERNIE_MTL_TEST_KILL_AT_STEP is written (after `model_<step>` when one is kept at that step), like a
   crashed node (exact-resume tests).
-  With $ERNIE_MTL_TEST_HOOK_STAGE set, `kill_at_step` and `signal_at_step` act only in the stage of a run
-  with refine stages whose output folder path contains that text (e.g. `refine`).
+  With $ERNIE_MTL_TEST_HOOK_STAGE set, `kill_at_step` and `signal_at_step` act only in that stage of a run
+  with refine stages: `multitask`, or `refine` (any refine stage).
 - `dump_state`: every rank saves its final program state to $ERNIE_MTL_TEST_DUMP_DIR/rank_<r>
   (without sharding checkpoints hold rank 0's state only; this shows the other ranks' copies); with
   ERNIE_MTL_TEST_DUMP_WHEN=begin the state training starts from instead (after resume or warm start).
@@ -48,7 +48,8 @@ from ernie_mtl.engine.callbacks import Callback, register_callback
 def _in_stage(trainer) -> bool:
     """Whether the hooks act in this trainer's stage ($ERNIE_MTL_TEST_HOOK_STAGE: part of its output path)."""
     stage = os.environ.get("ERNIE_MTL_TEST_HOOK_STAGE")
-    return not stage or stage in str(trainer.cfg.train.output_dir)
+    refining = os.path.basename(os.path.dirname(str(trainer.cfg.train.output_dir))) == "refine"
+    return not stage or (stage == "refine") == refining
 
 
 @register_callback("kill_at_step")
