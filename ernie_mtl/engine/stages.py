@@ -1,5 +1,5 @@
-"""The two-stage recipe as one run (MT-DNN, Liu et al. 2019): the multi-task stage, then each target
-refined alone from the multi-task weights, in the same output folder and the same processes.
+"""The two-stage recipe of MT-DNN as one run: the multi-task stage, then each target refined alone from
+the multi-task weights, in the same output folder and the same processes. (MT-DNN: Liu et al. 2019.)
 
     output_dir/                      the multi-task stage (its checkpoints, best_<task>, test results)
       refine/<task>/                 target <task>'s refine stage: the same layout again
