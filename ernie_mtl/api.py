@@ -41,7 +41,7 @@ from ernie_mtl.engine.callbacks import Callback, register_callback
 from ernie_mtl.engine.run import PrebuildResult, RunResult
 from ernie_mtl.engine.run import flags_restored as _flags_restored
 from ernie_mtl.engine.run import static_mode_restored as _static_mode_restored
-from ernie_mtl.engine.validate import HOOKS
+from ernie_mtl.engine.config_checks import HOOKS
 from ernie_mtl.tasks.base import TaskType, register_task_type
 
 ConfigSource = Union[None, str, os.PathLike, Mapping[str, Any], Sequence[str], RunConfig]
@@ -115,7 +115,7 @@ def train(source: ConfigSource = None, *, callbacks: Sequence[Callback] = (), wa
         from ernie_mtl.dist import watchdog
 
         def on_distributed(info):
-            watchdog.start_peer_watch(info, cfg.train.output_dir)
+            watchdog.start_peer_watch(info, **engine.resume_point(cfg.train.output_dir))
     with _static_mode_restored(), _flags_restored():
         result = engine.train(cfg, callbacks=callbacks, on_distributed=on_distributed)
     if watch_peers:
@@ -177,7 +177,7 @@ def predict(output_dir: os.PathLike, task: str, pred_file: os.PathLike, *, outpu
 def export(checkpoint: os.PathLike, task: str, output: Optional[os.PathLike] = None) -> Path:
     """Export `task`'s inference model from the weights of `checkpoint` (its EMA averages when the run
     kept them) to `output` (default `<checkpoint's output dir>/<task>/infer_model`); returns it."""
-    from ernie_mtl.engine.exporter import export_from_checkpoint
+    from ernie_mtl.engine.saved_models import export_from_checkpoint
 
     with _static_mode_restored():
         return export_from_checkpoint(Path(checkpoint), task, None if output is None else Path(output))
