@@ -103,6 +103,7 @@ def average_checkpoints(sources: Sequence[os.PathLike], out: os.PathLike, *, ove
             raise CheckpointError(f"{source} does not hold the weights of {sources[0]} (names or shapes differ: "
                                   f"{', '.join(differ[:8])}{' ...' if len(differ) > 8 else ''}); average checkpoints "
                                   "of one model")
-    mean = {k: (sum(w[k].astype(np.float64) for w in weights) / len(weights)).astype(first[k].dtype) for k in first}
+    mean = {k: np.mean(np.stack([w[k].astype(np.float64) for w in weights]), axis=0).astype(first[k].dtype)
+            for k in first}
     note = {"weights_only": True, "averaged_from": [f"{Path(s)} (step {r['step']})" for s, r in zip(sources, raws)]}
     return _write_checkpoint(out, raws[-1], mean, overwrite=overwrite, inputs=sources, **note), len(mean)

@@ -116,7 +116,7 @@ def write_file(path: os.PathLike, tensors: Mapping[str, np.ndarray], *, metadata
             f.write(block)
             digest.update(block)
         for array in arrays:
-            view = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
+            view = array.reshape(-1).view(np.uint8).data if array.size else memoryview(b"")
             f.write(view)
             digest.update(view)
         f.flush()
