@@ -334,7 +334,8 @@ RANK_SCRIPT = textwrap.dedent("""
         from ernie_mtl.distributed import ProcessInfo, init_distributed
     info = ProcessInfo.from_env()
     init_distributed(info)
-    watchdog.start_peer_watch(info, os.environ["OUT"])  # right after the distributed set-up
+    from ernie_mtl.engine.run import resume_point
+    watchdog.start_peer_watch(info, **resume_point(os.environ["OUT"]))  # right after the distributed set-up
     main, start = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, start):
         x = paddle.static.data("x", [64], "float32")
@@ -411,7 +412,9 @@ def test_a_frozen_node_stops_the_survivor_within_the_timeout(job, tmp_path):
     silence = re.search(r"ernie_mtl watchdog: rank 0: lost rank 1 \(node 127\.0\.0\.1\): no heartbeat for (\d+) s "
                         r"\(ERNIE_MTL_PEER_TIMEOUT=8\)", text)
     assert silence and int(silence.group(1)) >= 8, text[-3000:]
-    assert f"Run the same command again on every node to resume from {tmp_path}/out/model_last" in text
+    # as the entry point names it: the checkpoint folder, and that this run had saved none yet
+    assert (f"Run the same command again on every node to resume from {tmp_path}/out/model_last "
+            "(no checkpoint there yet: that run starts from the beginning)." in text), text[-3000:]
 
 
 @pytest.mark.slow
