@@ -89,8 +89,9 @@ ARMS = {
 DEFAULT_ARMS = ("single", "single-long", "mtl", "related", "refine", "anneal", "uncertainty", "normalize")
 RECIPES = ("refine", "anneal", "uncertainty", "normalize")  # each modifies `related` by one setting
 SINGLE_ARMS = ("single", "single-long")
+REFINED = ("refine", "mtl-refine")  # two-stage arms
 USES_RELATED = ("related",) + RECIPES
-STAGE1 = "stage1"  # arm `stage1@<arm>`: a two-stage run's multi-task stage (its test_results.json), not a run of its own
+STAGE1 = "stage1"  # arm `stage1@<arm>`: a two-stage run's multi-task stage (its own export), not a run of its own
 # The two metrics' tolerance: the exported model (Paddle Inference) and the training program's
 # evaluation may round differently; any difference in a prediction shows as >= 1/N.
 AGREE_TOL = 1e-9
@@ -377,7 +378,7 @@ def global_keys(args, arm: str, init: str, names: List[str], model: str, out: Pa
                  "checkpoint_steps": 1000000, "save_steps": 1000000, "num_workers": 0})
     if init == "random":
         glob["vocab_size"] = info["vocab_size"]  # a pretrained directory brings its own
-    if arm in ("refine", "mtl-refine"):
+    if arm in REFINED:
         glob.update(refine=True, refine_steps=args.refine_steps, refine_learning_rate=args.refine_lr)
     elif arm == "anneal":
         glob.update(sampling="temperature", temperature=1.0, temperature_end="inf", examples_cap=args.anneal_cap)
@@ -424,7 +425,9 @@ def finetune(args, run: Runner, info: dict, size, init: str, arm: str, task: Opt
     spec = {"global": glob, "tasks": files, "data": data_digests(files),
             "weights": digest(pretrained / "model_state.pdparams") if pretrained else None}
     out_dir = folder / "out"
-    needed = [f"out/{t}/{f}" for t in targets for f in ("test_eval.json", "dev_eval.json", "predictions.json")]
+    stage1 = arm in REFINED  # a two-stage run: its multi-task stage's export is scored too (--stage multitask)
+    needed = [f"out/{t}/{f}" for t in targets for f in ("test_eval.json", "dev_eval.json", "predictions.json")
+              + (("test_eval_multitask.json",) if stage1 else ())]
     with claimed(folder):
         if not reusable(folder, spec, needed):
             shutil.rmtree(folder, ignore_errors=True)
@@ -445,6 +448,11 @@ def finetune(args, run: Runner, info: dict, size, init: str, arm: str, task: Opt
                 t += run([RUN, "--do_predict", "--task", target, "--output_dir", out_dir,
                           "--pred_file", files_of / "test.tsv"],
                          folder / f"predict_{target}.log", f"seed {seed}: {arm} {target} --do_predict test")
+                if stage1:
+                    t += run([RUN, "--do_eval", "--stage", "multitask", "--task", target, "--output_dir", out_dir,
+                              "--eval_file", files_of / "test.tsv", "--eval_output",
+                              out_dir / target / "test_eval_multitask.json"], folder / f"eval_test_{target}_multitask.log",
+                             f"seed {seed}: {arm} {target} --do_eval --stage multitask test")
             mark_done(folder, spec, seconds=t, train_seconds=train_s)
     return read_run(args, folder, name, targets)
 
@@ -470,12 +478,14 @@ def read_run(args, folder: Path, name: str, targets: List[str]) -> dict:
     out_dir = folder / "out"
     done = json.loads((folder / "bench_spec.json").read_text(encoding="utf-8"))
     log = (folder / "train.log").read_text(encoding="utf-8", errors="replace")
-    m = re.search(r"training finished at step (\d+): micro-batches per task (\{[^}]*\})", log)
-    updates = json.loads(m[2].replace("'", '"')) if m else {}
+    # one line per stage: the (multi-task) training stage, then each refine stage of a two-stage run
+    finished = re.findall(r"training finished at step (\d+): micro-batches per task (\{[^}]*\})", log)
+    updates = json.loads(finished[0][1].replace("'", '"')) if finished else {}
+    refined: Dict[str, int] = {}
+    for _, counts in finished[1:]:
+        refined.update(json.loads(counts.replace("'", '"')))
     out = {"seconds": done["seconds"], "train_seconds": done.get("train_seconds", done["seconds"]),
-           "steps": int(m[1]) if m else None, "run": name, "stage1": {}}
-    results_file = out_dir / "test_results.json"
-    test_results = json.loads(results_file.read_text(encoding="utf-8")) if results_file.is_file() else {}
+           "steps": int(finished[0][0]) if finished else None, "run": name, "stage1": {}}
     for target in targets:
         test = _metrics(json.loads((out_dir / target / "test_eval.json").read_text(encoding="utf-8")))
         dev = _metrics(json.loads((out_dir / target / "dev_eval.json").read_text(encoding="utf-8")))
@@ -488,10 +498,11 @@ def read_run(args, folder: Path, name: str, targets: List[str]) -> dict:
         if bad:
             check["ok"] = False
             check["problems"] += bad
-        out[target] = {"reported": test, "updates": updates.get(target), "check": check, "dev": dev}
-        stage = (test_results.get(target) or {}).get("multitask") if isinstance(test_results, dict) else None
-        if isinstance(stage, dict) and isinstance(stage.get("best"), dict):  # a two-stage run's first stage
-            out["stage1"][target] = _metrics(stage["best"])
+        out[target] = {"reported": test, "updates": updates.get(target), "refine_updates": refined.get(target),
+                       "check": check, "dev": dev}
+        stage_file = out_dir / target / "test_eval_multitask.json"
+        if stage_file.is_file():  # a two-stage run's multi-task stage, scored by its own export
+            out["stage1"][target] = _metrics(json.loads(stage_file.read_text(encoding="utf-8")))
     return out
 
 
@@ -709,7 +720,8 @@ def tables(results: dict, seeds: Sequence[int]) -> str:
     lines += ["", "Every run (test set; weights at the end of the target's quota, or of its refine stage; `check`: the "
               "exported model's predictions rescored by hand and with scikit-learn/seqeval equal the run's report, "
               "P/R/F1 consistent, dev figures equal the run's own evaluation, target updates as planned; "
-              f"`{STAGE1}@<arm>`: the two-stage run's first stage, from its test_results.json, not checked):", "",
+              f"`{STAGE1}@<arm>`: the two-stage run's multi-task stage, its export scored by `--do_eval --stage "
+              "multitask`, not rechecked; target updates `a+b`: a in the training stage, b in the refine stage):", "",
               "| size | start | arm | seed | sentiment acc | sentiment F1 (P, R) | wordseg F1 (P, R) | wordseg token acc | "
               "target updates | optimizer steps | check | train s | all s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for cell, by_arm in results["cells"].items():
@@ -741,6 +753,10 @@ def tables(results: dict, seeds: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
+def _updates(r: dict) -> str:
+    return f"{r['updates']}" + (f"+{r['refine_updates']}" if r.get("refine_updates") else "")
+
+
 def _run_row(size: str, init: str, arm: str, seed: int, row: dict) -> str:
     se, ws = row["sentiment"], row["wordseg"]
     rs, rw = se["reported"], ws["reported"]
@@ -754,7 +770,7 @@ def _run_row(size: str, init: str, arm: str, seed: int, row: dict) -> str:
     return (f"| {size} | {init} | {arm} | {seed} | {rs['acc']:.4f} | {rs['f1']:.4f} "
             f"({se['check']['by_hand']['precision']:.3f}, {se['check']['by_hand']['recall']:.3f}) | "
             f"{rw['f1']:.4f} ({rw['precision']:.3f}, {rw['recall']:.3f}) | {rw['accuracy']:.4f} | "
-            f"{se['updates']} / {ws['updates']} | {steps} | {'ok' if ok else 'FAILED'} | "
+            f"{_updates(se)} / {_updates(ws)} | {steps} | {'ok' if ok else 'FAILED'} | "
             f"{sum(r['train_seconds'] for r in runs.values()):.0f} | {sum(r['seconds'] for r in runs.values()):.0f} |")
 
 
@@ -864,6 +880,10 @@ def plan_checks(args, results: dict, seeds: Sequence[int]) -> List[str]:
                     if r["updates"] != quota(args, arm, task):
                         problems.append(f"{cell} {arm} {task} seed {seed}: {r['updates']} target updates in the "
                                         f"training stage, planned {quota(args, arm, task)}")
+                    planned = args.refine_steps if arm in REFINED else None
+                    if r.get("refine_updates") != planned:
+                        problems.append(f"{cell} {arm} {task} seed {seed}: {r.get('refine_updates')} target updates "
+                                        f"in its refine stage, planned {planned}")
     return problems
 
 
