@@ -7,7 +7,10 @@
         state/rank_<r>.pdparams .pdopt .sha1
         train_state.json             written last: a checkpoint is complete when it exists
       <task>/infer_model/            an exported task model: model.pdmodel, model.pdiparams, manifest.json
+      <task>/infer_model_multitask/  with refine stages: the multi-task stage's export (infer_model: the refined)
       program_desc/  visualdl/  train_metrics.jsonl  test_results.json
+      refine/<task>/                 a refine stage's own output folder (this layout again)
+      stages.json                    with refine stages: which stages are complete, their results
 
 Everything else asks here (the store, the loop, evaluation, export, the converter, the command-line
 checks, the watchdog's resume hint), so a new layout is one change.
@@ -31,6 +34,10 @@ MODEL_PREFIX = "model"
 PROGRAM_DESC = "program_desc"
 METRICS_FILE = "train_metrics.jsonl"
 TEST_RESULTS = "test_results.json"
+STAGES_FILE = "stages.json"
+REFINE_DIR = "refine"
+EXPORT_NAME = "infer_model"
+MULTITASK_EXPORT = "infer_model_multitask"
 
 
 def kept_name(step: int) -> str:
@@ -68,4 +75,14 @@ def kept_step(name: str) -> Optional[int]:
 
 def export_dir(output_dir: os.PathLike, task: str) -> Path:
     """Where task `task`'s inference model is exported: output_dir/<task>/infer_model."""
-    return Path(output_dir) / task / "infer_model"
+    return Path(output_dir) / task / EXPORT_NAME
+
+
+def multitask_export_dir(output_dir: os.PathLike, task: str) -> Path:
+    """A refined target's multi-task export (the stage before refining): output_dir/<task>/infer_model_multitask."""
+    return Path(output_dir) / task / MULTITASK_EXPORT
+
+
+def refine_dir(output_dir: os.PathLike, task: str) -> Path:
+    """The output folder of target `task`'s refine stage: output_dir/refine/<task>."""
+    return Path(output_dir) / REFINE_DIR / task

@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -159,13 +159,16 @@ def parameter_keys(name_map: Mapping[str, str]) -> Dict[str, List[str]]:
 
 def assignments(state: Mapping[str, np.ndarray], name_map: Mapping[str, str],
                 variables: Mapping[str, Tuple[Sequence[int], str]], *, what: str = "checkpoint",
-                only: Optional[str] = None) -> Dict[str, np.ndarray]:
+                only: Optional[str] = None, fresh_prefix: Union[str, Tuple[str, ...], None] = None
+                ) -> Dict[str, np.ndarray]:
     """This rank's values from a structured `state`: for every persistable variable of its program
     (`variables`: static name -> (shape, dtype name), e.g. a sharded rank's own shard) that is not
     transient, the state's array by structured name. `only="parameters"` takes the weights alone (a
     warm start: parameters and AMP O2's float32 master weights), `only="parameters+optimizer"`
     parameters, what they own and the run-level state (AMP's loss scale). ReshardError listing
-    the first differences (a variable the state lacks, another shape or dtype)."""
+    the first differences (a variable the state lacks, another shape or dtype). A variable whose
+    structured name starts with `fresh_prefix` (one or a tuple) and that the state lacks keeps its value
+    (a warm start's loss-balancing log-variances, which are not model weights, and heads it starts fresh)."""
     names = aliases(name_map)
     out: Dict[str, np.ndarray] = {}
     missing: List[str] = []
@@ -184,6 +187,8 @@ def assignments(state: Mapping[str, np.ndarray], name_map: Mapping[str, str],
                 continue
             keys = [alias + suffix for alias in names[param]]
         key = next((k for k in keys if k in state), None)
+        if key is None and fresh_prefix and keys[0].startswith(fresh_prefix):
+            continue
         if key is None:
             missing.append(keys[0])
             continue

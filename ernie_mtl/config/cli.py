@@ -527,6 +527,9 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_
 
 def _train_problems(train: TrainConfig, optim: OptimConfig) -> List[str]:
     problems = []
+    if train.stage != "final":
+        problems.append(f"--stage {train.stage} picks the model --do_predict and --do_eval read; a training run "
+                        "has none to pick: drop it")
     for name in ("save_steps", "checkpoint_steps", "logging_freq", "eval_freq", "eval_iters", "keep_last"):
         value = getattr(train, name)
         if value < 1:

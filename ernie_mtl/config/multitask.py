@@ -30,6 +30,25 @@ class MultiTaskConfig:
     task_dir: str = _k(MISSING, "str", "folder of the task YAMLs (relative to the global YAML)")
     sampling: str = _k("palm", "str", "palm | proportional | temperature")
     temperature: float = _k(1.0, "posfloat", "T of temperature sampling")
+    temperature_end: Optional[float] = _k(None, "opttemp", "anneal the sampling temperature from `temperature` to this "
+                                                           "over the run (inf: uniform at the end); sampling "
+                                                           "proportional or temperature")
+    loss_balance: str = _k("none", "str", "none | uncertainty (learned per-task log-variances, Kendall et al. 2018) "
+                                          "| normalize (each task's loss divided by its own value: scale-free "
+                                          "gradients)")
+    refine: bool = _k(False, "bool", "two-stage (MT-DNN): after the multi-task stage, fine-tune each target alone "
+                                     "from the multi-task weights, inside the same run")
+    refine_steps: Optional[int] = _k(None, "optposint", "optimizer steps of each target's refine stage (or "
+                                                        "refine_epochs)")
+    refine_epochs: Optional[float] = _k(None, "optposfloat", "epochs of each target's refine stage (default: the "
+                                                             "target's num_epochs, else 1)")
+    refine_learning_rate: Optional[float] = _k(None, "optposfloat", "peak LR of the refine stages (default: the "
+                                                                    "run's)")
+    refine_warmup_proportion: float = _k(0.1, "nonneg", "warm-up share of each refine stage")
+    refine_early_stopping_patience: Optional[int] = _k(None, "optnonnegint", "early stopping of the refine stages "
+                                                                             "(default: early_stopping_patience)")
+    refine_from: str = _k("last", "exportfrom", "the multi-task weights a refine stage starts from: last (the "
+                                                "stage's final weights, MT-DNN) or best (the target's best_<task>)")
     examples_cap: Optional[int] = _k(None, "optposint", "K: examples counted per task at most (proportional, "
                                                         "temperature)")
     num_epochs: float = _k(1.0, "posfloat", "PALM: epochs of the main (first) target")

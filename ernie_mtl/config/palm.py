@@ -32,6 +32,10 @@ from ernie_mtl.config.values import kind_of_default as _option_kind
 from ernie_mtl.config.values import read_yaml, suggest, yaml_value as _yaml_value
 
 SAMPLING_STRATEGIES = ("palm", "proportional", "temperature")  # ernie_mtl/planning/schedule.py implements them
+LOSS_BALANCE = ("none", "uncertainty", "normalize")  # ernie_mtl/program/forward.py implements them
+# readers whose training file `tapt: true` reads as text, and the columns holding the text
+TAPT_READERS = {"cls": "text_a, text_b", "match": "text_a, text_b, text_b_neg", "seq_label": "text_a",
+                "mlm": "text_a"}
 
 # PALM v0.3 name -> our run flag (args.py). `optimizer` is checked, not mapped (we have AdamW only).
 PALM_ALIASES: Dict[str, str] = {
@@ -55,6 +59,9 @@ TASK_KEYS: Dict[str, str] = {
     # PALM 1.x's reader and prediction keys: shuffle (False: the file's order every epoch), pred_batch_size
     # (prediction's batch size), pred_output_path (where Controller.pred writes), print_first_n (noted, unused)
     "shuffle": "bool", "pred_batch_size": "posint", "pred_output_path": "outpath", "print_first_n": "nonnegint",
+    # recipes of multi-task learning that pays (docs/multitask.md): task-adaptive masked LM, the refine stage
+    "tapt": "bool", "tapt_file": "path", "tapt_mix_ratio": "nonneg", "refine": "bool", "refine_steps": "optposint",
+    "refine_epochs": "optposfloat", "refine_learning_rate": "optposfloat",
 }
 BROADCAST_KEYS = ("max_seq_len", "batch_size", "loss_weight", "do_lower_case", "for_cn", "shuffle", "pred_batch_size",
                   "print_first_n")
@@ -233,6 +240,10 @@ class _Loader:
                     specs.append(spec)
         if not self.problems:
             self._check_groups(mtl, specs)
+        if not self.problems:
+            self._check_refine(mtl, specs)
+        if not self.problems:
+            mtl, specs = self._add_tapt_tasks(mtl, specs)
         if self.problems:
             raise ConfigError(self.problems)
         if mtl.early_stopping_patience:
@@ -293,6 +304,18 @@ class _Loader:
             self.problems.append(f"{self.path}: key 'temperature' needs sampling: temperature")
         if sampling == "palm" and values.get("examples_cap") is not None:
             self.problems.append(f"{self.path}: key 'examples_cap' needs sampling: proportional or temperature")
+        if sampling == "palm" and values.get("temperature_end") is not None:
+            self.problems.append(f"{self.path}: key 'temperature_end' anneals the temperature of sampling: "
+                                 "temperature (or proportional, which starts at T = 1); PALM's mix_ratio is fixed")
+        if values.get("loss_balance", "none") not in LOSS_BALANCE:
+            self.problems.append(f"{self.path}: key 'loss_balance' {values['loss_balance']!r} is not one of "
+                                 f"{list(LOSS_BALANCE)}")
+            values.pop("loss_balance")
+        refine_keys = sorted(k for k in values if k.startswith("refine_") and values[k] != MTL_DEFAULTS.get(k))
+        if refine_keys and not values.get("refine"):
+            self.problems.append(f"{self.path}: keys {refine_keys} set the refine stage, which needs refine: true")
+        if values.get("refine_steps") is not None and values.get("refine_epochs") is not None:
+            self.problems.append(f"{self.path}: refine_steps and refine_epochs both size the refine stage; keep one")
         task_dir = values.get("task_dir")
         if task_dir is None:
             task_dir = self.base
@@ -524,6 +547,66 @@ class _Loader:
         return TaskSpec(name=name, reader=reader, index=i, is_target=mtl.target_tag[i], mix_ratio=mtl.mix_ratio[i],
                         reuse_tag=None if mtl.task_reuse_tag is None else mtl.task_reuse_tag[i], options=options,
                         **values)
+
+    def _check_refine(self, mtl: MultiTaskConfig, specs: List[TaskSpec]) -> None:
+        """Task-level refine keys: on targets only, one size (steps or epochs), and only where refined."""
+        for spec in specs:
+            keys = [k for k in ("refine_steps", "refine_epochs", "refine_learning_rate")
+                    if getattr(spec, k) is not None]
+            refined = mtl.refine if spec.refine is None else spec.refine
+            if (keys or spec.refine) and not spec.is_target:
+                self.problems.append(f"task {spec.name}: {keys or ['refine']} refine a target alone after the "
+                                     "multi-task stage, and this task is auxiliary (target_tag 0); drop them or make "
+                                     "it a target")
+            elif keys and not refined:
+                self.problems.append(f"task {spec.name}: keys {keys} size its refine stage, which is off; add "
+                                     f"refine: true (to the task or to {self.path})")
+            if spec.refine_steps is not None and spec.refine_epochs is not None:
+                self.problems.append(f"task {spec.name}: refine_steps and refine_epochs both size its refine stage; "
+                                     "keep one")
+        if mtl.refine and mtl.sampling == "palm" and not any(s.is_target for s in specs):
+            self.problems.append(f"{self.path}: refine: true needs a target (target_tag 1)")
+
+    def _add_tapt_tasks(self, mtl: MultiTaskConfig, specs: List[TaskSpec]) -> Tuple[MultiTaskConfig, List[TaskSpec]]:
+        """Task-adaptive masked LM (Gururangan et al. 2020): a task with `tapt: true` gets an auxiliary `mlm`
+        task `<task>_tapt` over its own training text (or `tapt_file`), appended to task_instance with
+        `tapt_mix_ratio`, the task's max_seq_len and batch size, no dev or test file; the other columns of
+        the file (label, text_b) are ignored and a sequence-labelling file's tokens are joined again."""
+        from dataclasses import replace
+
+        added = []
+        for spec in specs:
+            if not spec.tapt:
+                continue
+            name = f"{spec.name}_tapt"
+            if name in mtl.task_instance:
+                self.problems.append(f"task {spec.name}: tapt adds a task named {name!r}, which task_instance already "
+                                     "has; rename that task")
+                continue
+            source = spec.tapt_file or spec.train_file
+            if spec.tapt_file is None and spec.reader not in TAPT_READERS:
+                self.problems.append(f"task {spec.name}: tapt reads the training file as text, which a {spec.reader!r} "
+                                     "file is not; add tapt_file: <a TSV with a text_a column> (the task's own "
+                                     "text, e.g. its passages)")
+                continue
+            columns = "text_a" if spec.tapt_file is not None else TAPT_READERS[spec.reader]
+            options = {"masked_lm_prob": 0.15, "max_predictions_per_seq": 20, "max_ngrams": 3,
+                       "text_columns": columns, "other_columns": "ignore",
+                       "token_separator": "\x02" if spec.reader == "seq_label" and spec.tapt_file is None else None}
+            added.append(TaskSpec(name=name, reader="mlm", index=len(specs) + len(added), train_file=source,
+                                  max_seq_len=spec.max_seq_len, batch_size=spec.batch_size, is_target=False,
+                                  mix_ratio=spec.tapt_mix_ratio, do_lower_case=spec.do_lower_case,
+                                  for_cn=spec.for_cn, options=options))
+            self.reports.append(f"task {spec.name}: tapt adds the auxiliary task {name} (masked LM over {source}, "
+                                f"mix_ratio {spec.tapt_mix_ratio:g})")
+        if not added:
+            return mtl, specs
+        reuse = None if mtl.task_reuse_tag is None else (
+            tuple(mtl.task_reuse_tag) + tuple(max(mtl.task_reuse_tag, default=-1) + 1 + k for k in range(len(added))))
+        mtl = replace(mtl, task_instance=tuple(mtl.task_instance) + tuple(t.name for t in added),
+                      mix_ratio=tuple(mtl.mix_ratio) + tuple(t.mix_ratio for t in added),
+                      target_tag=tuple(mtl.target_tag) + (False,) * len(added), task_reuse_tag=reuse)
+        return mtl, specs + added
 
     def _corpus(self, key: str, value: Any, label: str, base: str) -> Any:
         """A corpus split of a generated-data task (`reader: pretrain`): one prefix, weight/prefix pairs

@@ -310,6 +310,9 @@ class TrainConfig:
     do_eval: bool = _f(False, "Evaluate a saved model on a labelled file instead of training: needs --task and "
                               "--eval_file; reads output_dir/<task>/infer_model, or --checkpoint.")
     eval_file: Optional[str] = _f(None, "The labelled file to evaluate (--do_eval), in the task's reader format.")
+    stage: str = _f("final", "--do_predict / --do_eval of a run with refine stages: final (the refined model, "
+                             "output_dir/<task>/infer_model) or multitask (the multi-task stage's, "
+                             "<task>/infer_model_multitask).")
     checkpoint: Optional[str] = _f(None, "--do_eval: a checkpoint folder (model_last, model_<step>, best_<task>) "
                                          "instead of the exported model.")
     eval_output: Optional[str] = _f(None, "Where --do_eval writes its metrics JSON; default: "

@@ -32,11 +32,19 @@ class TaskSpec:
     shuffle: bool = True  # False: read the training examples in the file's order every epoch (PALM's shuffle)
     pred_batch_size: Optional[int] = None  # batch size of prediction (default: batch_size)
     pred_output_path: Optional[str] = None  # where PALM 1.x's Controller.pred writes the predictions
+    # task-adaptive masked LM (a target's own text as an auxiliary `mlm` task) and the refine stage's budget
+    tapt: bool = False
+    tapt_file: Optional[str] = None  # more unlabeled in-domain text (TSV with text_a) instead of the train file
+    tapt_mix_ratio: float = 1.0
+    refine: Optional[bool] = None  # False: this target is not refined (default: the global `refine`)
+    refine_steps: Optional[int] = None
+    refine_epochs: Optional[float] = None
+    refine_learning_rate: Optional[float] = None
 
     def to_json(self) -> dict:
-        """JSON-friendly copy (stored in manifests and checkpoints). The PALM 1.x keys (shuffle,
-        pred_batch_size, pred_output_path) appear only when set, so records written before them compare
-        equal when resumed."""
+        """JSON-friendly copy (stored in manifests and checkpoints). The keys added later (PALM 1.x's shuffle,
+        pred_batch_size, pred_output_path; tapt and refine) appear only when set, so records written before
+        them compare equal when resumed."""
         from dataclasses import asdict
 
         data = asdict(self)
@@ -53,4 +61,6 @@ class TaskSpec:
         return getattr(self, f"{split}_file")
 
 
-_OPTIONAL_DEFAULTS = {"shuffle": True, "pred_batch_size": None, "pred_output_path": None}
+_OPTIONAL_DEFAULTS = {"shuffle": True, "pred_batch_size": None, "pred_output_path": None, "tapt": False,
+                      "tapt_file": None, "tapt_mix_ratio": 1.0, "refine": None, "refine_steps": None,
+                      "refine_epochs": None, "refine_learning_rate": None}

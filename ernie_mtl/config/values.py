@@ -23,6 +23,8 @@ EXPECTED: Dict[str, str] = {
     "int": "an integer", "float": "a number",
     "tuple": "a comma-separated list", "posint": "an integer >= 1", "nonnegint": "an integer >= 0",
     "optposint": "an integer >= 1 (or none)", "posfloat": "a number > 0", "nonneg": "a number >= 0",
+    "optposfloat": "a number > 0 (or none)", "optnonnegint": "an integer >= 0 (or none)",
+    "opttemp": "a number > 0, inf, or none",
     "unit": "a number in (0, 1)", "strlist": "a list", "floatlist": "numbers >= 0 (a list or \"a, b, c\")",
     "intlist": "integers (a list or \"0, 1, 0\")", "exportfrom": "best or last",
     "corpus": "a corpus prefix, weight/prefix pairs or a folder of corpora",
@@ -88,11 +90,22 @@ def coerce(kind: str, value: Any) -> Any:
         if kind == "tuple":
             items = value if isinstance(value, (list, tuple)) else str(value).split(",")
             return tuple(str(i).strip() for i in items if str(i).strip())
-        if kind in ("posint", "nonnegint", "optposint"):
-            if kind == "optposint" and (value is None or str(value).strip().lower() in NONE_WORDS):
+        if kind in ("posint", "nonnegint", "optposint", "optnonnegint"):
+            if kind.startswith("opt") and (value is None or str(value).strip().lower() in NONE_WORDS):
                 return None
             number = _number(value, True)
-            if number < (0 if kind == "nonnegint" else 1):
+            if number < (0 if kind.endswith("nonnegint") else 1):
+                raise ValueError
+            return number
+        if kind in ("optposfloat", "opttemp"):
+            if value is None or str(value).strip().lower() in NONE_WORDS:
+                return None
+            if kind == "opttemp" and str(value).strip().lower() in ("inf", "infinity", ".inf"):
+                return math.inf
+            if kind == "opttemp" and isinstance(value, float) and math.isinf(value) and value > 0:
+                return math.inf
+            number = _number(value, False)
+            if number <= 0:
                 raise ValueError
             return number
         if kind in ("posfloat", "nonneg", "unit"):

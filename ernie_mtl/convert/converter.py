@@ -53,6 +53,7 @@ from ernie_mtl.checkpoint.io import replace_dir, write_json_atomic  # noqa: E402
 from ernie_mtl.config import ConfigError, ModelConfig, model_family  # noqa: E402
 from ernie_mtl.program.builder import load_pretrained_into_scope  # noqa: E402
 from ernie_mtl.program.edits import static_mode  # noqa: E402
+from ernie_mtl.program.forward import model_names  # noqa: E402
 
 
 class ConvertError(UserError):
@@ -132,6 +133,8 @@ def read_checkpoint(path: Path, *, with_optimizer: bool = False) -> Source:
                            "ernie-mtl-reshard --average) and holds "
                            "no optimizer state; drop --with_optimizer, or convert one of the averaged checkpoints")
     name_map = raw.get("name_map")
+    if isinstance(name_map, dict):  # the loss-balancing log-variances are not model weights
+        name_map = model_names(name_map)
     if not isinstance(name_map, dict) or not name_map:
         raise ConvertError(f"{path / TRAIN_STATE} has no name_map (structured name -> static name); it was not "
                            "written by ernie_mtl's trainer, so its parameters cannot be named reliably")

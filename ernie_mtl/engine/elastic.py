@@ -81,7 +81,8 @@ def portable_state(session, choose) -> Dict[str, Dict[str, np.ndarray]]:
             for group, keys in members.items() if group in chosen}
 
 
-def write_state(session, state: Dict[str, np.ndarray], what: str, *, only: Optional[str] = None) -> int:
+def write_state(session, state: Dict[str, np.ndarray], what: str, *, only: Optional[str] = None,
+                fresh_prefix=None) -> int:
     """Write a structured state (ernie_mtl/checkpoint/reshard.py) into this rank's training program:
     every persistable variable it holds that is not transient (`only` narrows to parameters, or
     parameters and what they own); ReshardError listing the first differences, nothing written then.
@@ -89,7 +90,8 @@ def write_state(session, state: Dict[str, np.ndarray], what: str, *, only: Optio
     import paddle
 
     programs, scope = session.programs, session.scope
-    values = assignments(state, programs.name_map, program_variables(programs.state_program), what=what, only=only)
+    values = assignments(state, programs.name_map, program_variables(programs.state_program), what=what, only=only,
+                         fresh_prefix=fresh_prefix)
     place = session.exe.place if session.exe is not None else paddle.CPUPlace()
     for name, array in values.items():
         var = scope.find_var(name)
@@ -143,20 +145,39 @@ def warm_start(session, path: str, *, with_optimizer: bool) -> str:
         raw = verified_state(folder, use="warm start from")
     except CheckpointError as e:
         raise UserError(f"--init_from {folder}: {e}") from None
-    differences = name_map_differences(raw.get("name_map") or {}, session.programs.name_map)
+    from ernie_mtl.program.forward import BALANCE_PREFIX, model_names
+
+    # what must match: the backbone, and each head the checkpoint has (by its group: the first task's name).
+    # A head of this model the checkpoint lacks starts fresh (the heads of a refine stage's other tasks, a
+    # single-task run warm-started from a multi-task one); the checkpoint's other heads are not used. The
+    # loss-balancing log-variances are not model weights: taken when both runs have them, else fresh.
+    saved, mine = model_names(raw.get("name_map") or {}), model_names(session.programs.name_map)
+    fresh_heads = sorted({_head(k) for k in mine if _head(k) and not any(_head(j) == _head(k) for j in saved)})
+    unused_heads = sorted({_head(k) for k in saved if _head(k) and not any(_head(j) == _head(k) for j in mine)})
+    differences = name_map_differences({k: v for k, v in saved.items() if _head(k) not in unused_heads},
+                                       {k: v for k, v in mine.items() if _head(k) not in fresh_heads})
     if differences:
         raise UserError(f"--init_from {folder}: its parameters do not match this model: " + "; ".join(differences)
-                        + ". Warm start from a checkpoint of the same architecture and task heads, or convert its "
-                        "backbone with static_to_dynamic.py and pass that directory")
+                        + ". Warm start from a checkpoint of the same architecture (its task heads are taken by "
+                        "task name), or convert its backbone with static_to_dynamic.py and pass that directory")
     try:
         state = structured_state(merged_state(folder, verify=False), raw["name_map"], where=str(folder))
+        fresh = (BALANCE_PREFIX, *(f"heads.{h}." for h in fresh_heads))
         n = write_state(session, state, f"checkpoint {folder}",
-                        only="parameters+optimizer" if with_optimizer else "parameters")
+                        only="parameters+optimizer" if with_optimizer else "parameters", fresh_prefix=fresh)
     except ReshardError as e:
         raise UserError(f"--init_from {folder}: {e}") from None
     what = "weights and optimizer state" if with_optimizer else "weights"
-    return (f"warm start from {folder}: its {what} ({n} variables; it was at step {raw['step']}); "
+    notes = "".join([f"; the head(s) of {', '.join(fresh_heads)} start fresh (not in the checkpoint)"
+                     if fresh_heads else "",
+                     f"; its head(s) of {', '.join(unused_heads)} are not used" if unused_heads else ""])
+    return (f"warm start from {folder}: its {what} ({n} variables; it was at step {raw['step']}){notes}; "
             "a new run from step 0 with this run's LR schedule and task schedule")
+
+
+def _head(structured: str) -> Optional[str]:
+    """The head group of a structured parameter name (`heads.<group>.<key>`), else None."""
+    return structured.split(".", 2)[1] if structured.startswith("heads.") else None
 
 
 def batch_ratio(c: Continuation, topo) -> float:

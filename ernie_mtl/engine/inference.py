@@ -39,14 +39,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ernie_mtl.checkpoint.io import write_json_atomic
-from ernie_mtl.checkpoint.layout import MANIFEST, MODEL_PREFIX, STATE_DIR, best_dir, export_dir, last_dir
+from ernie_mtl.checkpoint.layout import (MANIFEST, MODEL_PREFIX, STATE_DIR, best_dir, export_dir, last_dir,
+                                         multitask_export_dir)
 from ernie_mtl.config import ConfigError, TaskSpec
 from ernie_mtl.dist.threads import process_threads
 from ernie_mtl.engine.prediction import by_name, executor_runner, predict_batches
 from ernie_mtl.tasks.base import TaskContext, TaskType, get_task_type
 from ernie_mtl.checkpoint.store import CheckpointError, merged_state, unreadable_state_file, verified_state
 from ernie_mtl.program.builder import build_forward_program
-from ernie_mtl.program.forward import make_feed
+from ernie_mtl.program.forward import make_feed, model_names
 from ernie_mtl.program.edits import static_mode
 
 
@@ -436,7 +437,7 @@ class CheckpointModel:
         self.use_task_id = bool(mtl.get("use_task_id"))
         self.program, self.fwd = build_forward_program(self.model_type, self.arch, self.tasks,
                                                        use_task_id=self.use_task_id)
-        if self.fwd.name_map != raw["name_map"]:
+        if model_names(self.fwd.name_map) != model_names(raw["name_map"]):
             raise ConfigError([f"{checkpoint}: its name map does not match the network rebuilt from its own record "
                                "(written by another version?); use its exported model instead"])
         self.exe = paddle.static.Executor(paddle.CPUPlace())
@@ -519,6 +520,21 @@ def _report(task, data, metrics: Dict[str, float], *, source: str, step: Optiona
             "eval_file": task.spec.dev_file, "metrics": {k: float(v) for k, v in metrics.items()}}
 
 
+def stage_export_dir(output_dir, task: str, stage: str = "final") -> Path:
+    """The exported model --do_predict / --do_eval read: output_dir/<task>/infer_model (`final`: the refined
+    model of a run with refine stages), or the multi-task stage's (`multitask`; ConfigError when absent)."""
+    if stage == "multitask":
+        folder = multitask_export_dir(output_dir, task)
+        if not folder.is_dir():
+            raise ConfigError([f"--stage multitask: {folder} does not exist: only a run with refine stages keeps the "
+                               f"multi-task stage's export of a target (there, {export_dir(output_dir, task)} is the "
+                               "refined model); drop --stage to use that"])
+        return folder
+    if stage != "final":
+        raise ConfigError([f"--stage {stage!r} is none of final, multitask"])
+    return export_dir(output_dir, task)
+
+
 def evaluate_saved(train_cfg, *, use_gpu: bool, log=None) -> Dict[str, Any]:
     """`--do_eval`: evaluate the checkpoint (`--checkpoint`) or the exported model of `--task` on
     `--eval_file`, write the report JSON (`--eval_output`); returns the report."""
@@ -526,7 +542,7 @@ def evaluate_saved(train_cfg, *, use_gpu: bool, log=None) -> Dict[str, Any]:
     if t.checkpoint:
         report = evaluate_checkpoint(Path(t.checkpoint), t.task, t.eval_file, cpu_kernels=t.cpu_kernels, log=log)
     else:
-        report = evaluate_exported(export_dir(t.output_dir, t.task), t.eval_file, use_gpu=use_gpu,
+        report = evaluate_exported(stage_export_dir(t.output_dir, t.task, t.stage), t.eval_file, use_gpu=use_gpu,
                                    cpu_kernels=t.cpu_kernels, log=log)
     output = Path(t.eval_output or Path(t.output_dir) / t.task / "eval_results.json")
     write_json_atomic(output, report, indent=1, sort_keys=False)

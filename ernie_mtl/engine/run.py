@@ -7,6 +7,7 @@ the message the command line prints.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence
@@ -21,15 +22,18 @@ from ernie_mtl.planning.plan import load_eval_split, prepare
 
 @dataclass
 class RunResult:
-    """What a training run produced (on every rank; paths are rank 0's files)."""
+    """What a training run produced (on every rank; paths are rank 0's files). With refine stages
+    (ernie_mtl/engine/stages.py) the fields describe the final models -- a refined target's test
+    results, best checkpoint and export are its refine stage's -- and `stages` each stage's own."""
 
     output_dir: Path
-    steps: int  # optimizer steps completed
+    steps: int  # optimizer steps completed (with refine stages: of the multi-task stage)
     eval: Dict[str, Dict[str, float]] = field(default_factory=dict)  # task -> its latest dev metrics
     test: Dict[str, Any] = field(default_factory=dict)  # test_results.json: task -> {last, best}
     best_checkpoints: Dict[str, Path] = field(default_factory=dict)  # target -> best_<task>/
     exports: Dict[str, Path] = field(default_factory=dict)  # target -> <task>/infer_model
     last_checkpoint: Optional[Path] = None
+    stages: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # "multitask" / target -> steps, test, output_dir
 
 
 @dataclass
@@ -41,22 +45,80 @@ class PrebuildResult:
 
 def train(cfg, *, callbacks: Sequence = (), on_distributed: Optional[Callable[[ProcessInfo], None]] = None,
           notes: Sequence[str] = (), preempt_signals: Sequence[str] = ()) -> RunResult:
-    """Train as `cfg` says (resume, train, test, export); `callbacks`: extra Callback objects;
-    `preempt_signals` ("TERM", "USR1", ...): handled during the loop (ernie_mtl/dist/preemption.py:
-    save at the next step boundary on every rank, then `Preempted` is raised)."""
+    """Train as `cfg` says (resume, train, test, export; then the refine stages, if any); `callbacks`:
+    extra Callback objects (they see every stage); `preempt_signals` ("TERM", "USR1", ...): handled
+    during the loop (ernie_mtl/dist/preemption.py: save at the next step boundary on every rank, then
+    `Preempted` is raised)."""
     from ernie_mtl.engine.callbacks import Callback
-    from ernie_mtl.engine.loop import Trainer
-    from ernie_mtl.engine.session import open_session
+    from ernie_mtl.planning.refine import refine_targets
 
     for cb in callbacks:
         if not isinstance(cb, Callback):
             raise TypeError(f"callbacks: {cb!r} is not an ernie_mtl Callback instance")
-    session = open_session(cfg, on_distributed=on_distributed, notes=notes)
+    stage = functools.partial(_train_stage, callbacks=callbacks, preempt_signals=preempt_signals)
+    if refine_targets(cfg):
+        return _train_in_stages(cfg, stage, on_distributed=on_distributed, notes=notes)
+    return stage(cfg, None, on_distributed=on_distributed, notes=notes)[0]
+
+
+def _train_stage(cfg, process, *, callbacks: Sequence, preempt_signals: Sequence[str],
+                 on_distributed: Optional[Callable[[ProcessInfo], None]] = None, notes: Sequence[str] = ()):
+    """(RunResult, the job's Process) of one training run (a stage of a run with refine stages)."""
+    from ernie_mtl.engine.loop import Trainer
+    from ernie_mtl.engine.session import open_session
+    from ernie_mtl.planning.refine import refine_targets, stages_table
+
+    session = open_session(cfg, on_distributed=on_distributed, notes=notes, process=process)
+    if refine_targets(cfg) and session.is_rank0:
+        session.log.info(stages_table(cfg, session.plan, session.topo.slots_per_step))
     with session.scope_guard():
         trainer = Trainer(session, callbacks=callbacks, preempt_signals=preempt_signals)
         test = trainer.run()
     session.log.info(trainer.reporter.closing(cfg.train.output_dir))
-    return run_result(trainer, test)
+    return run_result(trainer, test), session.process
+
+
+def _train_in_stages(cfg, stage, *, on_distributed, notes: Sequence[str]) -> RunResult:
+    """The multi-task stage, then each target's refine stage, in one job (ernie_mtl/engine/stages.py)."""
+    from ernie_mtl.engine.session import start_job
+    from ernie_mtl.engine.stages import MULTITASK, StageRun, run_stages
+
+    process = start_job(cfg, on_distributed=on_distributed)
+    pending_notes = list(notes)
+
+    def run_stage(stage_cfg, proc, label: str) -> StageRun:
+        result, proc = stage(stage_cfg, proc, notes=[*pending_notes, label])
+        pending_notes.clear()
+        return StageRun(result=result, process=proc)
+
+    first, done = run_stages(cfg, run_stage, process)
+    out = Path(cfg.train.output_dir)
+    record = done["record"]["stages"]
+    mt = record.get(MULTITASK, {})
+    stages = {MULTITASK: {"steps": first.steps if first else mt.get("steps"), "test": done["multitask_test"],
+                          "output_dir": out}}
+    result = first if first is not None else RunResult(output_dir=out, steps=int(mt.get("steps") or 0))
+    result.last_checkpoint = last_dir(out) if is_complete(last_dir(out)) else None
+    from ernie_mtl.engine.stages import merged_test_results
+    from ernie_mtl.checkpoint.layout import refine_dir
+
+    refined_tests = {}
+    for target, refined in done["refined"].items():
+        folder = refine_dir(out, target)
+        if isinstance(refined, RunResult):
+            entry = {"steps": refined.steps, "test": refined.test, "output_dir": folder}
+            result.eval.update({target: refined.eval[target]} if target in refined.eval else {})
+        else:
+            entry = {"steps": refined.get("steps"), "test": refined.get("test", {}), "output_dir": folder}
+        stages[target] = entry
+        refined_tests[target] = entry["test"]
+        if is_complete(best_dir(folder, target)):
+            result.best_checkpoints[target] = best_dir(folder, target)
+        if export_dir(out, target).is_dir():
+            result.exports[target] = export_dir(out, target)
+    result.test = merged_test_results(done["multitask_test"], refined_tests)
+    result.stages = stages
+    return result
 
 
 def run_result(trainer, test: Dict[str, Any]) -> RunResult:
@@ -109,11 +171,11 @@ def predict(cfg) -> Path:
     """`--do_predict`: predictions of an exported task model; returns the file written."""
     import os
 
-    from ernie_mtl.engine.inference import predict as predict_file
+    from ernie_mtl.engine.inference import predict as predict_file, stage_export_dir
 
     t = cfg.train
     output = t.predict_output or os.path.join(t.output_dir, t.task, "predictions.json")
-    return predict_file(export_dir(t.output_dir, t.task), t.pred_file, output,
+    return predict_file(stage_export_dir(t.output_dir, t.task, t.stage), t.pred_file, output,
                         use_gpu=resolve_device(t.device) == "gpu", cpu_kernels=t.cpu_kernels)
 
 

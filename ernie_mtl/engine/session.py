@@ -53,6 +53,10 @@ class Session:
         return self.info.rank == 0
 
     @property
+    def process(self) -> Process:
+        return Process(info=self.info, log=self.log, topo=self.topo, barrier=self.barrier)
+
+    @property
     def data_rank(self) -> int:
         return self.topo.data_rank(self.info.rank)
 
@@ -81,20 +85,40 @@ class Session:
         return paddle.static.scope_guard(self.scope)
 
 
-def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]] = None,
-                 notes: Sequence[str] = ()) -> Session:
-    """Set up the run `cfg` (a validated RunConfig). `on_distributed(info)` runs once the job's store
-    exists (the command line's peer watch); `notes` are logged first (the entry point's thread and
-    executor decisions)."""
-    import paddle
+@dataclass
+class Process:
+    """This process in its job, set up once (static mode, gloo, fleet): the stages of a run (the
+    multi-task stage, then each refine stage: ernie_mtl/engine/stages.py) open their sessions in it."""
 
+    info: ProcessInfo
+    log: Any
+    topo: Topology
+    barrier: StoreBarrier
+
+
+def start_job(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]] = None) -> Process:
+    """`start_process` and the job's barrier."""
     from ernie_mtl.dist.compat import require_supported_paddle
 
     require_supported_paddle()  # every face trains through here (the PALM face too)
     info, log, topo = start_process(cfg, on_distributed=on_distributed)
+    return Process(info=info, log=log, topo=topo, barrier=StoreBarrier(info))
+
+
+def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]] = None,
+                 notes: Sequence[str] = (), process: Optional[Process] = None) -> Session:
+    """Set up the run `cfg` (a validated RunConfig). `on_distributed(info)` runs once the job's store
+    exists (the command line's peer watch); `notes` are logged first (the entry point's thread and
+    executor decisions). `process`: the job an earlier stage of the run set up (same topology)."""
+    import paddle
+
+    if process is None:
+        process = start_job(cfg, on_distributed=on_distributed)
+    elif Topology.from_config(cfg.parallel, process.info.world_size) != process.topo:
+        raise ValueError("a later stage of a run must keep the topology of the first")
+    info, log, topo, barrier = process.info, process.log, process.topo, process.barrier
     for line in [*notes, *cfg.setup.reports]:
         log.info(line)
-    barrier = StoreBarrier(info)
     resume_from = resolve_resume(cfg, info, log)  # a damaged checkpoint is refused before any data or program work
     # ... and so is one that cannot continue on this topology (another global batch), with what would be needed
     continuation = continuation_for(cfg, resume_from, topo, log=log.info if info.rank == 0 else None)

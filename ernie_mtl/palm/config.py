@@ -146,6 +146,11 @@ def run_config(root, members: Sequence, *, print_steps: int) -> Dict[str, Any]:
         "resume": root._resume or "none",
         "overwrite_output_dir": root._resume is None,
     }
+    if root._resume not in (None, "auto") and _checkpoint_tasks(root._resume) != set(order):
+        # load_ckpt of another run's checkpoint (a single-task trainer after a multi-task one, MT-DNN's
+        # second stage): a new run warm-started from its weights -- the backbone, and the heads of the tasks
+        # both runs have -- not a resume (ernie_mtl/engine/elastic.warm_start)
+        mapping.update(resume="none", overwrite_output_dir=True, init_from=root._resume)
     if vocabs:
         mapping["tokenizer_name_or_path"] = vocabs[0]
     if custom_readers:
@@ -371,3 +376,17 @@ class PalmLayout(Callback):
                     export_from_checkpoint(Path(path), task, export_dir(self.save_path / f"pred.step{step}", task))
                     trainer.print("predict model has been saved at "
                                   f"{export_dir(os.path.join(self.shown, f'pred.step{step}'), task)}")
+
+
+def _checkpoint_tasks(path: str) -> Optional[set]:
+    """The task names a checkpoint of the engine was trained on (None when it records none)."""
+    import json
+
+    from ernie_mtl.checkpoint.layout import TRAIN_STATE
+
+    try:
+        with open(os.path.join(path, TRAIN_STATE), encoding="utf-8") as f:
+            records = json.load(f).get("extra", {}).get("tasks", [])
+        return {r["name"] for r in records}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # the engine's own checks name what is wrong with it

@@ -507,6 +507,10 @@ def dry_run(cfg) -> str:
         longest = max(t.spec.max_seq_len for t in run_plan.tasks)
         summary = (f"task schedule (planned {run_plan.planned.total_steps} optimizer steps = LR horizon):\n"
                    + run_plan.schedule.summary())
+        from ernie_mtl.planning.refine import refine_targets, stages_table
+
+        if refine_targets(cfg):
+            summary += "\n" + stages_table(cfg, run_plan, topo.slots_per_step)
         parts = estimate(arch, cfg.parallel, cfg.amp, world_size=world_size, seq_len=longest, masked_tokens_per_seq=20,
                          task_heads=heads, pretraining_heads=False)
         sections = [format_plan(**parts, schedule_summary=summary)]

@@ -17,12 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ernie_mtl.checkpoint.reshard import Continuation
 from ernie_mtl.checkpoint.store import CheckpointError, CheckpointRef, read_train_state_file
 from ernie_mtl.config import ConfigError
-from ernie_mtl.planning.schedule import (Plan, TaskSchedule, TaskStream, regroup_state, sampling_probabilities,
-                                         steps_per_epoch, target_quotas)
-from ernie_mtl.tasks.base import TaskContext, get_task_type
+from ernie_mtl.planning.schedule import (Plan, TaskSchedule, TaskStream, end_probabilities, regroup_state,
+                                         sampling_probabilities, steps_per_epoch, target_quotas)
+from ernie_mtl.tasks.base import TaskContext, TaskData, get_task_type
 
 TEST_ITERS_PER_EVAL_ITER = 10  # the final test split takes 10 x eval_iters global batches (PaddleNLP)
 # A plan that reads a pretraining corpus (or an auxiliary task's data) more than this many epochs
@@ -88,8 +90,13 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
     sized = {t.spec.name for t in tasks if t.sized_by_run}
     kept = dict(resume.train_samples) if resume is not None else {}
     train, train_samples = {}, {}
+    idle = idle_tasks(cfg)
     for t in tasks:
-        if t.spec.name not in sized:  # generated corpora are loaded once their size is planned
+        if t.spec.name in idle:  # never drawn: its training data is not read
+            log(f"task {t.spec.name} ({t.name}): mix_ratio 0, never drawn; its training data is not read")
+            train[t.spec.name] = TaskData("train", [])
+            sized.discard(t.spec.name)
+        elif t.spec.name not in sized:  # generated corpora are loaded once their size is planned
             log(f"reading task {t.spec.name} ({t.name}): train {t.spec.train_file}")
             train[t.spec.name] = t.load("train")
     for t in tasks:  # a generated corpus: its natural size (one epoch) tells the schedule its epochs
@@ -101,10 +108,10 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
             train[t.spec.name] = t.load("train")
             sized.discard(t.spec.name)
     empty = [f"task {t.spec.name}: train file {t.spec.train_file} has no examples; give a file with rows after the "
-             "header" for t in tasks if len(train[t.spec.name]) == 0]
+             "header" for t in tasks if len(train[t.spec.name]) == 0 and t.spec.name not in idle]
     if empty:
         raise ConfigError(empty)
-    sizes = [t.num_train_examples(train[t.spec.name]) for t in tasks]
+    sizes = [0 if t.spec.name in idle else t.num_train_examples(train[t.spec.name]) for t in tasks]
     probabilities = sampling_probabilities(m.sampling, mix_ratio=[t.spec.mix_ratio for t in tasks], num_examples=sizes,
                                            temperature=m.temperature, examples_cap=m.examples_cap)
     max_steps = cfg.optim.max_steps
@@ -117,9 +124,18 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
                                is_target=[t.spec.is_target for t in tasks], num_epochs=m.num_epochs,
                                task_num_epochs=[t.spec.num_epochs for t in tasks],
                                mix_ratio=[t.spec.mix_ratio for t in tasks] if m.sampling == "palm" else None)
-    schedule = TaskSchedule(probabilities, quotas, [t.spec.is_target for t in tasks], cfg.train.seed,
+    def make_schedule(**annealing) -> TaskSchedule:
+        return TaskSchedule(probabilities, quotas, [t.spec.is_target for t in tasks], cfg.train.seed,
                             slots_per_step=slots, max_steps=max_steps, names=[t.spec.name for t in tasks],
-                            steps_per_epoch=[steps_per_epoch(n, t.spec.batch_size) for n, t in zip(sizes, tasks)])
+                            steps_per_epoch=[steps_per_epoch(n, t.spec.batch_size) for n, t in zip(sizes, tasks)],
+                            **annealing)
+
+    schedule = make_schedule()
+    if getattr(m, "temperature_end", None) is not None and len(tasks) > 1:
+        end = end_probabilities(sizes, m.temperature_end, m.examples_cap)
+        end = np.where(np.asarray(probabilities) > 0, end, 0.0)  # a task never drawn (mix_ratio 0) stays so
+        horizon = (resume.sampler.get("anneal_slots") if resume is not None else None) or anneal_horizon(schedule)
+        schedule = make_schedule(end_probabilities=end, anneal_slots=horizon)
     unresumed_steps = schedule.plan().total_steps
     resume_sampler = None
     if resume is not None:  # flag mode's quota is derived from the run's length, not configured
@@ -136,7 +152,8 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
 
     def stream(t):
         return TaskStream(len(train[t.spec.name]), seed=cfg.train.seed, task_index=t.spec.index,
-                          batch_size=t.spec.batch_size, shuffle=t.shuffle_examples and t.spec.shuffle)
+                          batch_size=t.spec.batch_size, shuffle=t.shuffle_examples and t.spec.shuffle,
+                          idle=t.spec.name in idle)
 
     dev, test = {}, {}
     if load_dev:  # the evaluation data too, so a bad row is found before training, not after it
@@ -147,6 +164,21 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
                    schedule=schedule, planned=planned, probabilities=probabilities, quotas=quotas,
                    eval_batches=eval_batches, train_samples=train_samples, resume_sampler=resume_sampler,
                    unresumed_steps=unresumed_steps)
+
+
+def idle_tasks(cfg) -> set:
+    """Auxiliary tasks never drawn: PALM sampling with mix_ratio 0 (a task switched off, the other
+    tasks of a refine stage). Their programs' heads stay (frozen), their training data is not read."""
+    setup = cfg.setup
+    if setup.flag_mode or setup.mtl.sampling != "palm":
+        return set()
+    return {s.name for s in setup.tasks if not s.is_target and s.mix_ratio == 0}
+
+
+def anneal_horizon(schedule: TaskSchedule) -> int:
+    """The micro-batches over which annealed sampling moves (schedule.py): those of the run planned with
+    its starting probabilities, fixed when the run starts (a resumed run keeps its checkpoint's)."""
+    return max(1, schedule.plan().total_steps * schedule.slots_per_step)
 
 
 def flag_mode_steps(run_samples: int, topo, resume: Optional[ResumePoint]) -> int:
@@ -314,6 +346,8 @@ def plan_warnings(run_plan: RunPlan, topo, *, flag_mode: bool, max_steps: Option
     epochs = run_plan.planned.epochs
     for i, t in enumerate(run_plan.tasks):
         name, batch = t.spec.name, t.spec.batch_size
+        if run_plan.streams[i].num_examples == 0:  # never drawn (idle_tasks)
+            continue
         global_batch = batch * dw * acc
         sources = t.train_sources()
         if sources is not None:

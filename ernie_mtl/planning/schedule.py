@@ -18,6 +18,13 @@ Sampling (`sampling_probabilities`), with N_i the training examples of task i:
     proportional  p_i ∝ min(N_i, K)                      (T5 examples-proportional mixing, cap K)
     temperature   p_i ∝ min(N_i, K) ** (1 / T)           (T5/mT5; T = 1 is proportional)
 
+Annealed sampling (`temperature_end`, Stickland and Murray 2019; MT-DNN's annealed sampling): the
+exponent moves linearly from 1/T to 1/T_end over the first `anneal_slots` slots of the run, so slot j
+draws with p_i(j) ∝ min(N_i, K) ** ((1 - a_j) / T + a_j / T_end), a_j = min(1, j / anneal_slots):
+examples-proportional (T = 1) at the start, uniform (T_end = inf) at the end, and the end of training
+is not dominated by the largest task. The horizon is planned up front: the slots the run would take
+with its starting probabilities (`anneal_horizon`), so the sequence stays a pure function of (seed, j).
+
 Quotas (`target_quotas`) are counted in slots *of the task*; one slot of task i is B_i examples,
 so steps_per_epoch_i = ceil(N_i / B_i).
     a target with its own num_epochs E_i:     q_i = ceil(E_i * S_i)
@@ -83,6 +90,20 @@ def sampling_probabilities(strategy: str, *, mix_ratio: Optional[Sequence[float]
             sizes = np.minimum(sizes, float(examples_cap))
         exponent = 1.0 / temperature if strategy == "temperature" else 1.0
         weights = sizes ** exponent
+    return weights / weights.sum()
+
+
+def end_probabilities(num_examples: Sequence[int], temperature_end: float,
+                      examples_cap: Optional[int] = None) -> np.ndarray:
+    """Where annealed sampling ends: p_i ∝ min(N_i, K) ** (1 / T_end); T_end = inf is uniform over the
+    tasks with examples."""
+    sizes = _nonnegative("num_examples", num_examples)
+    if examples_cap is not None:
+        sizes = np.minimum(sizes, float(examples_cap))
+    if not (isinstance(temperature_end, (int, float)) and temperature_end > 0):
+        raise ValueError(f"temperature_end {temperature_end!r} must be a number > 0 or inf")
+    exponent = 0.0 if math.isinf(temperature_end) else 1.0 / temperature_end
+    weights = np.where(sizes > 0, sizes ** exponent, 0.0)
     return weights / weights.sum()
 
 
@@ -154,7 +175,8 @@ class TaskSchedule:
 
     def __init__(self, probabilities: Sequence[float], quotas: Sequence[Optional[int]], is_target: Sequence[bool],
                  seed: int, slots_per_step: int = 1, max_steps: Optional[int] = None, *,
-                 names: Optional[Sequence[str]] = None, steps_per_epoch: Optional[Sequence[int]] = None):
+                 names: Optional[Sequence[str]] = None, steps_per_epoch: Optional[Sequence[int]] = None,
+                 end_probabilities: Optional[Sequence[float]] = None, anneal_slots: Optional[int] = None):
         p = np.asarray(probabilities, dtype=np.float64)
         n = len(p)
         if n == 0 or not (len(quotas) == len(is_target) == n):
@@ -187,6 +209,18 @@ class TaskSchedule:
         if problems:
             raise ConfigError(problems)
         self.probabilities = p / p.sum()
+        self.end_probabilities: Optional[np.ndarray] = None
+        self.anneal_slots = 0
+        if end_probabilities is not None:
+            end = np.asarray(end_probabilities, dtype=np.float64)
+            if end.shape != p.shape or not np.all(np.isfinite(end)) or np.any(end < 0) or end.sum() <= 0 or \
+                    np.any((end > 0) != (p > 0)):
+                raise ValueError(f"end_probabilities {end.tolist()} must be >= 0, one per task, positive where the "
+                                 "starting probabilities are")
+            if anneal_slots is None or anneal_slots < 1:
+                raise ValueError(f"anneal_slots {anneal_slots!r} must be >= 1 with end_probabilities")
+            self.end_probabilities = end / end.sum()
+            self.anneal_slots = int(anneal_slots)
         self.quotas = tuple(None if q is None else int(q) for q in quotas)
         self.seed = int(seed)
         self.slots_per_step = int(slots_per_step)
@@ -264,9 +298,29 @@ class TaskSchedule:
             self._block = (block, rng.random(_BLOCK))
         return self._block[1]
 
-    def _choose(self, candidates: np.ndarray, u: np.ndarray) -> np.ndarray:
-        cdf = np.cumsum(self.probabilities[candidates])
-        picks = np.searchsorted(cdf, u * cdf[-1], side="right")
+    def probabilities_at(self, positions: np.ndarray) -> np.ndarray:
+        """[len(positions), tasks]: the sampling probabilities of the slots at `positions` (module docstring:
+        geometric interpolation from the starting to the end probabilities over `anneal_slots`)."""
+        positions = np.asarray(positions, dtype=np.float64)
+        if self.end_probabilities is None:
+            return np.broadcast_to(self.probabilities, (len(positions), len(self.probabilities)))
+        a = np.clip(positions / self.anneal_slots, 0.0, 1.0)[:, None]
+        support = self.probabilities > 0
+        logp0 = np.where(support, np.log(np.where(support, self.probabilities, 1.0)), 0.0)
+        logp1 = np.where(support, np.log(np.where(support, self.end_probabilities, 1.0)), 0.0)
+        logw = (1.0 - a) * logp0 + a * logp1
+        w = np.where(support, np.exp(logw - logw.max(axis=1, keepdims=True)), 0.0)
+        return w / w.sum(axis=1, keepdims=True)
+
+    def _choose(self, candidates: np.ndarray, u: np.ndarray, start: int) -> np.ndarray:
+        """The tasks of the slots `start`, `start + 1`, ... drawn with the uniforms `u` among `candidates`."""
+        if self.end_probabilities is None:
+            cdf = np.cumsum(self.probabilities[candidates])
+            picks = np.searchsorted(cdf, u * cdf[-1], side="right")
+            return candidates[np.minimum(picks, len(candidates) - 1)]
+        p = self.probabilities_at(np.arange(start, start + len(u)))[:, candidates]
+        cdf = np.cumsum(p, axis=1)
+        picks = (cdf <= (u * cdf[:, -1])[:, None]).sum(axis=1)
         return candidates[np.minimum(picks, len(candidates) - 1)]
 
     def next_task(self) -> int:
@@ -275,7 +329,7 @@ class TaskSchedule:
             raise RuntimeError(f"the task schedule is done (step {self.step}); check `done` before drawing")
         j = self._position
         u = self._uniforms(j // _BLOCK)[j % _BLOCK]
-        task = int(self._choose(self._candidates(self._counts, self._early), np.array([u]))[0])
+        task = int(self._choose(self._candidates(self._counts, self._early), np.array([u]), j)[0])
         self._counts[task] += 1
         self._position += 1
         return task
@@ -296,7 +350,7 @@ class TaskSchedule:
                 limit = min(limit, base_pos + ((pos - base_pos) // per_step + 1) * per_step)
             candidates = self._candidates(counts, early)
             u = self._uniforms(pos // _BLOCK)[pos % _BLOCK: pos % _BLOCK + (limit - pos)]
-            picks = self._choose(candidates, u)
+            picks = self._choose(candidates, u, pos)
             take = len(picks)
             for i in candidates:  # stop right after the draw that completes a target's quota
                 if self.is_target[i] and not self._finished(i, counts, early):
@@ -317,23 +371,32 @@ class TaskSchedule:
         """A table of the planned run (for the log and --dry_run)."""
         plan = self.plan()
         width = max(4, *(len(n) for n in self.names))
-        lines = [f"{'task':<{width}}  role    p_i     quota       planned  realized  epochs"]
+        annealed = self.end_probabilities is not None
+        head = "p_i -> end       " if annealed else "p_i   "
+        lines = [f"{'task':<{width}}  role    {head}  quota       planned  realized  epochs"]
         for i, name in enumerate(self.names):
             quota = "-" if self.quotas[i] is None else str(self.quotas[i])
             epochs = "-" if plan.epochs is None else f"{plan.epochs[i]:.2f}"
+            p = f"{plan.expected[i]:.4f} -> {self.end_probabilities[i]:.4f}" if annealed else f"{plan.expected[i]:.4f}"
             lines.append(f"{name:<{width}}  {'target' if self.is_target[i] else 'aux':<6}  "
-                         f"{plan.expected[i]:.4f}  {quota:>9}  {plan.micro_batches[i]:>10}  "
+                         f"{p}  {quota:>9}  {plan.micro_batches[i]:>10}  "
                          f"{plan.realized[i]:.4f}  {epochs:>6}")
         cap = "" if self.max_steps is None else f" (max_steps {self.max_steps})"
         lines.append(f"optimizer steps: {plan.total_steps}{cap}, micro-batches per step (all ranks): "
                      f"{self.slots_per_step}, seed {self.seed}")
+        if annealed:
+            lines.append(f"sampling annealed over the first {self.anneal_slots} micro-batches "
+                         f"({self.anneal_slots / self.slots_per_step:g} optimizer steps), then at the end "
+                         "probabilities")
         return "\n".join(lines)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """JSON-safe state: the configuration it is valid for and the counters."""
+        annealing = {} if self.end_probabilities is None else {
+            "end_probabilities": self.end_probabilities.tolist(), "anneal_slots": self.anneal_slots}
         return {"version": _STATE_VERSION, "seed": self.seed, "probabilities": self.probabilities.tolist(),
-                "quotas": list(self.quotas), "is_target": list(self.is_target),
+                **annealing, "quotas": list(self.quotas), "is_target": list(self.is_target),
                 "slots_per_step": self.slots_per_step, "position": self._position,
                 "counts": list(self.counts), "finished_early": sorted(self._early), "base": list(self._base)}
 
@@ -349,15 +412,18 @@ class TaskSchedule:
                                "version draws one per rank's micro-batch, so the sequence cannot continue)"
                                if state.get("version") == 1 else ""))
         mine = {"seed": self.seed, "quotas": list(self.quotas), "is_target": list(self.is_target),
-                "slots_per_step": self.slots_per_step}
+                "slots_per_step": self.slots_per_step, "anneal_slots": self.anneal_slots or None}
         for key, value in mine.items():
             if state.get(key) != value:
                 problems.append(f"checkpoint task schedule has {key} {state.get(key)!r} but this run has {value!r}")
-        theirs = state.get("probabilities")
-        if theirs is None or len(theirs) != len(self.probabilities) or not np.allclose(
-                theirs, self.probabilities, rtol=1e-12, atol=0):
-            problems.append(f"checkpoint task schedule has probabilities {theirs!r} but this run has "
-                            f"{self.probabilities.tolist()!r}")
+        for key, ours in (("probabilities", self.probabilities), ("end_probabilities", self.end_probabilities)):
+            theirs = state.get(key)
+            if ours is None and theirs is None:
+                continue
+            if ours is None or theirs is None or len(theirs) != len(ours) or not np.allclose(theirs, ours, rtol=1e-12,
+                                                                                           atol=0):
+                problems.append(f"checkpoint task schedule has {key} {theirs!r} but this run has "
+                                f"{None if ours is None else ours.tolist()!r}")
         if problems:
             raise ConfigError(problems + ["the task mix changed since the checkpoint (seed, tasks, mix_ratio, "
                                           "sampling, data sizes, batch sizes, global batch): restore the "
@@ -402,6 +468,8 @@ def regroup_state(state: Dict[str, Any], *, slots_per_step: int, slot_scale: int
     base = [0, 0] if position == step * int(slots_per_step) else [position, step]
     out = dict(state, position=position, counts=[rescale(c, "count") for c in state["counts"]],
                slots_per_step=int(slots_per_step), base=base)
+    if state.get("anneal_slots"):  # the annealing horizon was planned up front, in slots
+        out["anneal_slots"] = rescale(state["anneal_slots"], "anneal_slots")
     if quotas is not None:
         out["quotas"] = list(quotas)
     return out
@@ -417,8 +485,9 @@ class TaskStream:
     topology, reads exactly what the interrupted run would have read.
     """
 
-    def __init__(self, num_examples: int, *, seed: int, task_index: int, batch_size: int, shuffle: bool = True):
-        if num_examples < 1:
+    def __init__(self, num_examples: int, *, seed: int, task_index: int, batch_size: int, shuffle: bool = True,
+                 idle: bool = False):
+        if num_examples < 1 and not (idle and num_examples == 0):
             raise ValueError(f"task {task_index}: no training examples (num_examples {num_examples})")
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size} must be >= 1")
@@ -445,6 +514,8 @@ class TaskStream:
 
     def indices(self, k: int) -> List[Tuple[int, int]]:
         """(example index, epoch) pairs of the task's slot `k`."""
+        if self.num_examples == 0:
+            raise RuntimeError(f"task {self.task_index} is never drawn (mix_ratio 0) and its data was not read")
         start = k * self.batch_size
         out = []
         for pos in range(start, start + self.batch_size):
@@ -455,8 +526,8 @@ class TaskStream:
 
     def epoch_of(self, k: int) -> int:
         """Epoch of the first example of slot `k`."""
-        return (k * self.batch_size) // self.num_examples
+        return (k * self.batch_size) // self.num_examples if self.num_examples else 0
 
     def epochs_done(self, k: int) -> float:
         """Epochs consumed after `k` slots."""
-        return k * self.batch_size / self.num_examples
+        return k * self.batch_size / self.num_examples if self.num_examples else 0.0

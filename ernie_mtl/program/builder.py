@@ -108,7 +108,7 @@ class Programs:
 def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Union[StrategyBuilder, Any],
                    topo: Topology, tasks: Sequence[TaskType], *, seed: int, amp_cfg: Optional[AmpConfig] = None,
                    use_task_id: bool = False, ema_decay: Optional[float] = None,
-                   anomaly_guard: bool = False) -> Programs:
+                   anomaly_guard: bool = False, loss_balance: str = "none") -> Programs:
     """The programs of a run (fleet initialised first: `parallel.init_fleet`, or
     `compat.emulate_gpu_program` for GPU programs on CPU; static mode).
 
@@ -122,7 +122,8 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
     base of the dropout seeds fed per micro-batch; give every rank the same seed (data
     parallelism broadcasts rank 0's initial values but sharding keeps each owner's).
     `ema_decay`: keep an EMA of the weights on the device. `anomaly_guard`: skip (and count) an update
-    whose global gradient norm is not finite, on the device (ernie_mtl/program/anomaly.py)."""
+    whose global gradient norm is not finite, on the device (ernie_mtl/program/anomaly.py). `loss_balance`:
+    how task losses are balanced (ernie_mtl/program/forward.py)."""
     import paddle.distributed.fleet as fleet
 
     if paddle.in_dynamic_mode():
@@ -141,10 +142,10 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
     main, startup = paddle.static.Program(), paddle.static.Program()
     startup.random_seed = seed  # per-parameter seeds are set below; main's stays 0 (ernie_mtl/program/randomness.py)
     with paddle.static.program_guard(main, startup), unique_name.guard():
-        fwd = build_forward(model_cfg.model_type, arch, tasks, use_task_id=use_task_id)
+        fwd = build_forward(model_cfg.model_type, arch, tasks, use_task_id=use_task_id, loss_balance=loss_balance)
         _drop_untied_duplicates(main, startup, set(fwd.name_map.values()))
         n_seeds = wire_dropout_seeds(main)
-        freeze = plan_freeze(main, fwd.task_losses, fwd.name_map)
+        freeze = plan_freeze(main, fwd.balanced or fwd.task_losses, fwd.name_map)
         minimized = minimize_with_fleet(fwd.loss, fwd.name_map, optim_cfg, strategy, amp_cfg,
                                         fwd.recompute_checkpoints, no_decay=fwd.no_decay,
                                         skip_flags=freeze.param_flags)
@@ -159,7 +160,8 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
                          lr=minimized.lr_var, loss_scaling=minimized.loss_scaling)
     seed_initializers(startup, fwd.name_map, seed)
     ema = DeviceEMA(main, sorted(set(fwd.name_map.values())), ema_decay) if ema_decay is not None else None
-    forward, export_fwd = build_forward_program(model_cfg.model_type, arch, tasks, seed=seed, use_task_id=use_task_id)
+    forward, export_fwd = build_forward_program(model_cfg.model_type, arch, tasks, seed=seed, use_task_id=use_task_id,
+                                                loss_balance=loss_balance)
     if export_fwd.name_map != fwd.name_map:  # the export would read other parameters: never expected
         raise RuntimeError("the export program's parameter names differ from the training program's")
     pretrained_heads = {}
@@ -191,16 +193,16 @@ def build_run_programs(cfg, topo: Topology, tasks: Sequence[TaskType], *, total_
     return build_programs(cfg.model, replace(cfg.optim, max_steps=total_steps), strategy, topo, tasks,
                           seed=cfg.train.seed, amp_cfg=cfg.amp, use_task_id=m.use_task_id,
                           ema_decay=m.ema_decay if m.use_ema else None,
-                          anomaly_guard=cfg.train.on_anomaly != "none")
+                          anomaly_guard=cfg.train.on_anomaly != "none", loss_balance=m.loss_balance)
 
 
 def build_forward_program(model_type: str, arch: Dict[str, Any], tasks: Sequence[TaskType], *, seed: int = 0,
-                          use_task_id: bool = False):
+                          use_task_id: bool = False, loss_balance: str = "none"):
     """(program, Forward): the multi-task forward alone, dropout off (for export and verification)."""
     program, startup = paddle.static.Program(), paddle.static.Program()
     startup.random_seed = seed
     with paddle.static.program_guard(program, startup), unique_name.guard():
-        fwd = build_forward(model_type, arch, tasks, use_task_id=use_task_id)
+        fwd = build_forward(model_type, arch, tasks, use_task_id=use_task_id, loss_balance=loss_balance)
         _drop_untied_duplicates(program, startup, set(fwd.name_map.values()))
     return program.clone(for_test=True), fwd
 

@@ -20,6 +20,19 @@ the same static names, so the training program, the plain forward used for expor
 converter agree. `name_map` maps structured names to static names: `ernie.<...>` / `bert.<...>`
 for the backbone (PaddleNLP's ErnieForPretraining keys) and `heads.<group>.<...>` for a head,
 `<group>` being the name of the first task of its reuse group.
+
+Loss balancing (`loss_balance`, docs/multitask.md), term_i before the gate:
+    none         w_i * L_i
+    uncertainty  w_i * (exp(-s_i) * L_i + s_i)      Kendall et al. 2018: s_i = log sigma_i^2, one trained
+                 scalar per task (`loss_balance.<task>.log_var` in `name_map`, starts at 0, no weight decay,
+                 learning rate x BALANCE_LR_SCALE); at its optimum exp(s_i) = L_i, so every task's
+                 effective weight becomes 1 / (its loss)
+    normalize    w_i * L_i / (stop_gradient(L_i) + eps)   each micro-batch's loss divided by its own value:
+                 the gradient of log L_i, scale-free (a token-level loss of 8 and a sentence-level one of 0.7
+                 pull equally); value w_i, so the summed loss reads ~ sum w_i (the task losses are logged raw)
+Both add O(tasks) scalar ops to a step; under accumulation each micro-batch's term is balanced by itself,
+under sharding the log-variances are sharded like every parameter. The balanced terms are what
+`plan_freeze` walks, so a task's log-variance is frozen in steps that do not draw the task.
 """
 from __future__ import annotations
 
@@ -31,6 +44,17 @@ import numpy as np
 from ernie_mtl.config import model_family
 from ernie_mtl.tasks.feeds import BACKBONE_FEEDS, TASK_GATE, TASK_TYPE_IDS, FeedSpec, feed_name
 from ernie_mtl.tasks.base import Encoded, HeadOutputs, TaskType
+
+LOSS_BALANCE = ("none", "uncertainty", "normalize")
+BALANCE_PREFIX = "loss_balance."  # name_map keys of the log-variances: not model weights
+BALANCE_LR_SCALE = 100.0  # the log-variances' learning rate, x the run's (at 5e-5 they move ~5e-3 per step)
+NORMALIZE_EPS = 1e-3
+
+
+def model_names(name_map: Mapping[str, str]) -> Dict[str, str]:
+    """`name_map` without the loss-balancing log-variances (what exports, conversion and warm starts carry)."""
+    return {k: v for k, v in name_map.items() if not k.startswith(BALANCE_PREFIX)}
+
 
 @dataclass
 class HeadGroup:
@@ -56,6 +80,7 @@ class Forward:
     recompute_checkpoints: List[str]
     backbone_feed_names: List[str]  # what an exported inference model takes
     no_decay: Set[str] = field(default_factory=set)  # parameters without weight decay (by role)
+    balanced: Dict[str, Any] = field(default_factory=dict)  # task -> its term before the gate (what freezing walks)
 
 
 def group_of(tasks: Sequence[TaskType]) -> Dict[str, str]:
@@ -89,9 +114,13 @@ def build_backbone(model_type: str, arch: Mapping[str, Any], *, use_task_id: boo
 
 
 def build_forward(model_type: str, arch: Mapping[str, Any], tasks: Sequence[TaskType], *,
-                  use_task_id: bool = False) -> Forward:
-    """Build the forward into the current `program_guard` (call it under a fresh `unique_name.guard()`)."""
+                  use_task_id: bool = False, loss_balance: str = "none") -> Forward:
+    """Build the forward into the current `program_guard` (call it under a fresh `unique_name.guard()`).
+    `loss_balance` (module docstring) applies to runs of more than one task."""
     import paddle
+
+    if loss_balance not in LOSS_BALANCE:
+        raise ValueError(f"loss_balance {loss_balance!r} is not one of {list(LOSS_BALANCE)}")
 
     specs: List[FeedSpec] = list(BACKBONE_FEEDS)
     if use_task_id:
@@ -121,6 +150,8 @@ def build_forward(model_type: str, arch: Mapping[str, Any], tasks: Sequence[Task
     task_scalars: Dict[str, Dict[str, Any]] = {}
     predictions: Dict[str, Dict[str, Any]] = {}
     gate = feed_vars.get(TASK_GATE)
+    balanced: Dict[str, Any] = {}
+    no_decay: Set[str] = set()
     total = None
     for i, t in enumerate(tasks):
         group = groups_by_task[t.spec.name]
@@ -142,8 +173,9 @@ def build_forward(model_type: str, arch: Mapping[str, Any], tasks: Sequence[Task
         task_losses[t.spec.name] = loss
         task_scalars[t.spec.name] = dict(out.scalars)
         predictions[t.spec.name] = dict(out.predictions)
-        weighted = loss if t.spec.loss_weight == 1.0 else float(t.spec.loss_weight) * loss
-        term = gate[i] * weighted if gated else weighted
+        balanced[t.spec.name] = _balanced(loss, float(t.spec.loss_weight), t.spec.name,
+                                          loss_balance if gated else "none", name_map, no_decay)
+        term = gate[i] * balanced[t.spec.name] if gated else balanced[t.spec.name]
         total = term if total is None else total + term
     backbone_feed_names = [s.name for s in BACKBONE_FEEDS] + ([TASK_TYPE_IDS] if use_task_id else [])
     from ernie_mtl.program.optim import no_decay_parameters
@@ -152,7 +184,30 @@ def build_forward(model_type: str, arch: Mapping[str, Any], tasks: Sequence[Task
                    task_scalars=task_scalars, predictions=predictions, name_map=name_map, groups=list(groups.values()),
                    recompute_checkpoints=recompute_checkpoints,
                    backbone_feed_names=backbone_feed_names,
-                   no_decay=no_decay_parameters([backbone, *heads.values()]))
+                   no_decay=no_decay_parameters([backbone, *heads.values()]) | no_decay, balanced=balanced)
+
+
+def _balanced(loss, weight: float, task: str, how: str, name_map: Dict[str, str], no_decay: Set[str]):
+    """A task's term before the gate (module docstring, Loss balancing)."""
+    import paddle
+
+    if how == "uncertainty":
+        log_var = paddle.static.create_parameter(
+            shape=[1], dtype="float32", attr=paddle.ParamAttr(
+                initializer=paddle.nn.initializer.Constant(0.0), learning_rate=BALANCE_LR_SCALE))
+        name_map[f"{BALANCE_PREFIX}{task}.log_var"] = log_var.name
+        no_decay.add(log_var.name)
+        term = paddle.exp(-log_var) * paddle.reshape(loss, [1]) + log_var
+        term = paddle.reshape(term, loss.shape)
+    elif how == "normalize":
+        # a copy, not `detach()`: detach shares the loss's memory, and the executor's in-place reuse then
+        # lets `+ eps` overwrite the loss itself (the term came out exactly 1)
+        value = paddle.assign(loss)
+        value.stop_gradient = True
+        term = loss / (value + NORMALIZE_EPS)
+    else:
+        term = loss
+    return term if weight == 1.0 else weight * term
 
 
 def shared_encoder(tasks: Sequence[TaskType]):

@@ -384,14 +384,15 @@ def read_json_file(path: str, what: str, example: str):
         raise ConfigError([f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); {what} is {example}"]) from None
 
 
-def read_tsv(path: str, required_columns: Sequence[str], *, optional_columns: Sequence[str] = ()
-             ) -> List[Tuple[int, Dict[str, str]]]:
+def read_tsv(path: str, required_columns: Sequence[str], *, optional_columns: Sequence[str] = (),
+             other_columns: str = "refuse") -> List[Tuple[int, Dict[str, str]]]:
     """Rows of a PALM-style TSV file with a header row: [(line number, {column: value})].
 
     The header names the columns (e.g. `label<TAB>text_a`); `required_columns` must all be there
     (a pred file may lack `label`: pass it in `optional_columns`). A row with another number of
     fields than the header is reported as `path:line`; so are bytes that are not UTF-8. A UTF-8
-    byte-order mark before the header is accepted.
+    byte-order mark before the header is accepted. `other_columns="ignore"` accepts columns beyond
+    the required and optional ones (their values are read and left unused).
     """
     rows: List[Tuple[int, Dict[str, str]]] = []
     lines = text_lines(path)
@@ -404,7 +405,7 @@ def read_tsv(path: str, required_columns: Sequence[str], *, optional_columns: Se
                            f"(tab-separated), found {header!r}; add a first line like "
                            f"'{'<TAB>'.join(required_columns)}'"])
     unknown = [c for c in header if c not in allowed]
-    if unknown:
+    if unknown and other_columns != "ignore":
         raise ConfigError([f"{path}:1: unknown column(s) {unknown} in the header; expected "
                            f"{list(required_columns) + list(optional_columns)}"])
     for number, line in lines:

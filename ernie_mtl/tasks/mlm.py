@@ -204,7 +204,13 @@ def _segmenter():
 class MaskedLMTask(TaskType):
     """`text_a` per row -> `[CLS] text [SEP]`, masked anew every epoch (see the module docstring)."""
 
-    options = dict(MASKING_OPTIONS)
+    options = {**MASKING_OPTIONS,
+               "text_columns": Option("text_a", "the column(s) whose texts are the examples, comma-separated: "
+                                                "each non-empty cell is one example (e.g. text_a, text_b)"),
+               "other_columns": Option("refuse", "refuse | ignore: what to do with other columns (ignore: a "
+                                                 "labelled file of another task read as text)"),
+               "token_separator": Option(None, "a sequence-labelling file's token separator (\\x02): tokens "
+                                               "joined again with nothing (for_cn) or a space")}
     main_metric = "mlm_acc"
     exportable = False  # predictions need masked positions, not only the backbone inputs
     pretrained_head_prefix = "cls."
@@ -213,6 +219,21 @@ class MaskedLMTask(TaskType):
         super().__init__(spec, ctx)
         self.cfg = sample_config(spec, ctx.seed)
         self.vocab = VocabInfo.from_file(ctx.vocab_file)
+        o = spec.options
+        self.text_columns = tuple(c.strip() for c in str(o.get("text_columns") or "text_a").split(",") if c.strip())
+        problems = []
+        if not self.text_columns:
+            problems.append(f"task {spec.name!r} (mlm): text_columns {o.get('text_columns')!r} names no column; "
+                            "use e.g. text_a or 'text_a, text_b'")
+        if o.get("other_columns", "refuse") not in ("refuse", "ignore"):
+            problems.append(f"task {spec.name!r} (mlm): other_columns {o.get('other_columns')!r} must be refuse or "
+                            "ignore")
+        separator = o.get("token_separator")
+        if separator is not None and (not isinstance(separator, str) or not separator):
+            problems.append(f"task {spec.name!r} (mlm): token_separator {separator!r} must be a non-empty string "
+                            "(the separator of a sequence-labelling file's tokens, \\x02)")
+        if problems:
+            raise ConfigError(problems)
 
     # -- data ----------------------------------------------------------------------------------
     def load(self, split: str) -> TaskData:
@@ -220,7 +241,7 @@ class MaskedLMTask(TaskType):
         if path is None:
             raise ConfigError([f"task {self.spec.name!r}: no {split}_file is set; add `{split}_file: <path>` "
                                "to its task YAML"])
-        texts = [row["text_a"] for _, row in read_tsv(path, ["text_a"])]
+        texts = self._texts(path)
         features = [self._encode(t) for t in texts]
         mask = functools.partial(self._mask, _SPLIT_IDS[split])  # picklable: data-loading workers get it
 
@@ -228,6 +249,26 @@ class MaskedLMTask(TaskType):
             return TaskData(split, features, examples=texts, transform=mask)
         # evaluation sees one fixed mask per example (epoch 0's), so its metrics are comparable over time
         return TaskData(split, [mask(f, i, 0) for i, f in enumerate(features)], examples=texts)
+
+    def _texts(self, path: str) -> List[str]:
+        """The examples of a file: each non-empty cell of the text columns, row by row, column by column."""
+        o = self.spec.options
+        first, rest = self.text_columns[0], self.text_columns[1:]
+        rows = read_tsv(path, [first], optional_columns=rest, other_columns=o.get("other_columns", "refuse"))
+        separator = o.get("token_separator")
+        joiner = "" if self.spec.for_cn else " "
+        texts = []
+        for _, row in rows:
+            for column in self.text_columns:
+                text = row.get(column, "")
+                if separator:
+                    text = joiner.join(t for t in text.split(separator) if t)
+                if text.strip():
+                    texts.append(text)
+        if not texts:
+            raise ConfigError([f"{path}: no text in the column(s) {list(self.text_columns)}: the masked-LM task "
+                               f"{self.spec.name!r} has no examples; point it at a file with text"])
+        return texts
 
     def _mask(self, split_id: int, tokens: np.ndarray, index: int, epoch: int) -> Sample:
         """Example `index` of a split as masked in `epoch`: a pure function of (seed, task, split,

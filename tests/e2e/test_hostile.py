@@ -536,11 +536,6 @@ CASES = [
     ("init_optimizer_without_init_from", lambda ws: flag("--init_optimizer", "--output_dir", "o",
                                                          drop=("--output_dir",)),
      ["--init_optimizer loads the optimizer state of --init_from, which is not given"]),
-    ("init_from_another_model", lambda ws: flag("--init_from", "mtl/best_topic", "--output_dir", "o",
-                                                drop=("--output_dir",)),
-     ["--init_from", "best_topic: its parameters do not match this model",
-      "of the checkpoint are not in this model: heads.topic.", "of this model are not in the checkpoint: "
-                                                              "heads.pretrain."]),
     ("init_from_other_shapes", lambda ws: flag("--init_from", "out/model_3", "--output_dir", "o", "--vocab_size",
                                                str(len(SPECIALS) + len(CHARS) + 8),
                                                drop=("--output_dir", "--vocab_size")),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT, launch_logs, logged_losses, ok, run_cli
+from helpers import ROOT, launch_logs, logged_losses, ok, run_cli, state
 
 pytestmark = pytest.mark.slow
 EXCLUSIVE = {"two_processes"}  # launches two ranks: run alone (tests/conftest.py)
@@ -379,3 +379,44 @@ def test_load_ckpt_then_train_resumes_exactly(ex, tmp_path):
     assert second.train(print_steps=1).steps == 8
     assert state_files(tmp_path / "parts" / "model_last") == state_files(tmp_path / "whole" / "model_last")
     assert logged_losses(tmp_path / "parts")["8"] == logged_losses(tmp_path / "whole")["8"]
+
+
+def test_a_single_task_trainer_refines_from_the_multi_task_checkpoint(ex, tmp_path, capfd):
+    """MT-DNN's second stage in the PALM face: after the multi-task example, a single-task Trainer that
+    load_ckpt()s its checkpoint starts a new run from its weights -- the backbone and its own task's head,
+    bitwise -- and trains (the multi-task run's other head is not used)."""
+    import numpy as np
+
+    from ernie_mtl import palm
+    from ernie_mtl.engine.callbacks import Callback
+
+    out = once(ex, "multi-task", "run.py")
+    source = out / "ckpt.step156"
+    model, atis = ex / "pretrain" / "tiny-ernie", ex / "multi-task" / "data" / "atis" / "atis_intent"
+    config = json.loads((model / "ernie_config.json").read_text())
+
+    class Begin(Callback):
+        def on_train_begin(self, trainer):
+            self.values = {k: np.array(trainer.scope.find_var(v).get_tensor()) for k, v in trainer.p.name_map.items()}
+
+    begin = Begin()
+    reader = palm.reader.ClassifyReader(str(model / "vocab.txt"), 128, seed=0)
+    reader.load_data(str(atis / "train.tsv"), 16, num_epochs=1)
+    t = palm.Trainer("intent")
+    loss = t.build_forward(palm.backbone.ERNIE.from_config(config), palm.head.Classify(26, config["hidden_size"], 0.1))
+    t.build_backward(palm.optimizer.Adam(loss, 1e-3), weight_decay=0.01)
+    t.fit_reader(reader)
+    t.load_ckpt(str(source))
+    t.set_saver(str(tmp_path / "refine"), save_steps=1000)
+    t.configure(device="cpu")
+    t.add_callback(begin)
+    result = t.train(print_steps=2)
+    assert result.steps == -(-reader.num_examples // 16) > 1  # one epoch
+    log = capfd.readouterr()
+    text = log.err + log.out
+    assert f"warm start from {source.resolve()}" in text and "its head(s) of slot are not used" in text
+    saved = json.loads((source / "train_state.json").read_text())["name_map"]
+    values = state(source / "state" / "rank_0")
+    taken = [k for k in begin.values if k.startswith(("ernie.", "heads.intent."))]
+    assert any(k.startswith("heads.intent.") for k in taken)
+    assert all(np.array_equal(begin.values[k], values[saved[k]]) for k in taken)

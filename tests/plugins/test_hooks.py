@@ -4,6 +4,8 @@ this lives in the production loop).
 - `kill_at_step`: SIGKILLs the process right after the `model_last` checkpoint of step
   $ERNIE_MTL_TEST_KILL_AT_STEP is written (after `model_<step>` when one is kept at that step), like a
   crashed node (exact-resume tests).
+  With $ERNIE_MTL_TEST_HOOK_STAGE set, `kill_at_step` and `signal_at_step` act only in that stage of a run
+  with refine stages: `multitask`, or `refine` (any refine stage).
 - `dump_state`: every rank saves its final program state to $ERNIE_MTL_TEST_DUMP_DIR/rank_<r>
   (without sharding checkpoints hold rank 0's state only; this shows the other ranks' copies); with
   ERNIE_MTL_TEST_DUMP_WHEN=begin the state training starts from instead (after resume or warm start).
@@ -43,9 +45,18 @@ import time
 from ernie_mtl.engine.callbacks import Callback, register_callback
 
 
+def _in_stage(trainer) -> bool:
+    """Whether the hooks act in this trainer's stage ($ERNIE_MTL_TEST_HOOK_STAGE: part of its output path)."""
+    stage = os.environ.get("ERNIE_MTL_TEST_HOOK_STAGE")
+    refining = os.path.basename(os.path.dirname(str(trainer.cfg.train.output_dir))) == "refine"
+    return not stage or (stage == "refine") == refining
+
+
 @register_callback("kill_at_step")
 class KillAtStep(Callback):
     def on_save(self, trainer, path):
+        if not _in_stage(trainer):
+            return
         step = int(os.environ.get("ERNIE_MTL_TEST_KILL_AT_STEP", "0") or 0)
         # the step's last save
         last = f"model_{step}" if step and step % trainer.cfg.train.save_steps == 0 else "model_last"
@@ -115,7 +126,7 @@ class SignalAtStep(Callback):
     def on_step_end(self, trainer, step, tasks):
         at = int(os.environ.get("ERNIE_MTL_TEST_SIGNAL_AT_STEP", "0") or 0)
         ranks = os.environ.get("ERNIE_MTL_TEST_SIGNAL_RANKS", "")
-        if step == at and (not ranks or str(trainer.info.rank) in ranks.split(",")):
+        if step == at and _in_stage(trainer) and (not ranks or str(trainer.info.rank) in ranks.split(",")):
             signum = getattr(signal, "SIG" + os.environ.get("ERNIE_MTL_TEST_SIGNAL", "TERM"))
             if os.environ.get("ERNIE_MTL_TEST_SIGNAL_WORKERS") == "1":
                 workers = [w.process for w in getattr(trainer.feeder, "workers", [])]
