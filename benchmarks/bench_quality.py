@@ -482,8 +482,8 @@ def read_run(args, folder: Path, name: str, targets: List[str]) -> dict:
     finished = re.findall(r"training finished at step (\d+): micro-batches per task (\{[^}]*\})", log)
     updates = json.loads(finished[0][1].replace("'", '"')) if finished else {}
     refined: Dict[str, int] = {}
-    for _, counts in finished[1:]:
-        refined.update(json.loads(counts.replace("'", '"')))
+    for _, counts in finished[1:]:  # a refine stage trains its target only (the others show 0)
+        refined.update({k: v for k, v in json.loads(counts.replace("'", '"')).items() if v})
     out = {"seconds": done["seconds"], "train_seconds": done.get("train_seconds", done["seconds"]),
            "steps": int(finished[0][0]) if finished else None, "run": name, "stage1": {}}
     for target in targets:

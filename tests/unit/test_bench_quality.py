@@ -131,11 +131,11 @@ def test_paired_verdicts():
     assert st["verdict"] == "within 2 SE" and st["wins"] == 2 and abs(st["mean"]) < 1e-12
 
 
-def _record(run, value, task, updates=100, ok=True):
+def _record(run, value, task, updates=100, refine_updates=None):
     metric = {"acc": value, "f1": value, "precision": value, "recall": value} if task == "sentiment" else \
         {"f1": value, "precision": value, "recall": value, "accuracy": value}
-    return {"reported": metric, "updates": updates, "steps": 100, "seconds": 60.0, "train_seconds": 30.0, "run": run,
-            "check": {"ok": ok, "problems": [] if ok else ["x"], "by_hand": metric}, "dev": metric}
+    return {"reported": metric, "updates": updates, "refine_updates": refine_updates, "steps": 100, "seconds": 60.0,
+            "train_seconds": 30.0, "run": run, "check": {"ok": True, "problems": [], "by_hand": metric}, "dev": metric}
 
 
 def _results(args, values):
@@ -145,8 +145,8 @@ def _results(args, values):
         for task in bq.TASKS:
             for s, v in enumerate(per_seed, 1):
                 run = f"{arm}-{task if arm in bq.SINGLE_ARMS else 'all'}-seed{s}"
-                cell.setdefault(arm, {}).setdefault(task, {})[str(s)] = _record(run, v, task,
-                                                                                 bq.quota(args, arm, task))
+                cell.setdefault(arm, {}).setdefault(task, {})[str(s)] = _record(
+                    run, v, task, bq.quota(args, arm, task), args.refine_steps if arm in bq.REFINED else None)
     settings = {"arm_list": list(values), "init_list": ["pretrained"], "size_list": [300]}
     return {"settings": settings, "cells": {"300/pretrained": cell}, "pretraining": {},
             "baselines": {"sentiment": {"majority_label": 0, "acc": 0.52, "f1": 0.0},
@@ -175,6 +175,8 @@ def test_tables_and_verdicts_are_built_from_the_runs(tmp_path):
     del results["cells"]["300/pretrained"]["refine"]["sentiment"]["3"]
     assert not [c for c in bq.compare(results, seeds) if c["b"] == "refine" and c["task"] == "sentiment"]
     assert bq.plan_checks(args, results, seeds) == []
+    assert "| 300 | pretrained | refine | 1 | 0.6900 | 0.6900 (0.690, 0.690) | 0.6900 (0.690, 0.690) | 0.6900 | " \
+           "100+100 / 100+100 |" in text
 
 
 def test_plan_checks_name_a_failed_check_and_wrong_updates(tmp_path):
@@ -182,6 +184,57 @@ def test_plan_checks_name_a_failed_check_and_wrong_updates(tmp_path):
     results = _results(args, {"single": [0.7], "single-long": [0.7]})
     results["cells"]["300/pretrained"]["single-long"]["wordseg"]["1"]["updates"] = 100
     results["cells"]["300/pretrained"]["single"]["sentiment"]["1"]["check"].update(ok=False, problems=["x"])
+    results["cells"]["300/pretrained"]["single"]["wordseg"]["1"]["refine_updates"] = 7
     assert bq.plan_checks(args, results, [1]) == [
         "check 300/pretrained single sentiment seed 1: ['x']",
+        "300/pretrained single wordseg seed 1: 7 target updates in its refine stage, planned None",
         "300/pretrained single-long wordseg seed 1: 100 target updates in the training stage, planned 200"]
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def test_a_two_stage_run_is_read_as_the_engine_writes_it(tmp_path):
+    """read_run on a run folder laid out as the engine's two-stage run writes it: the training stage's updates
+    from the first `training finished` line, each refine stage's from its own (the other tasks show 0 there),
+    the multi-task stage's figures from its export's --do_eval, the refined model's dev figures against the
+    refine stage's own evaluation, and the exported predictions recounted."""
+    import json
+
+    args = _args(tmp_path)
+    tasks = tmp_path / "data" / "tasks"
+    _write(tasks / "sentiment" / "test.tsv", "label\ttext_a\n1\t好\n0\t差\n")
+    _write(tasks / "wordseg" / "test.tsv", "text_a\tlabel\n我\x02们\tB\x02E\n")
+    folder = tmp_path / "runs" / "300" / "refine-pretrained-all-seed1"
+    out = folder / "out"
+    _write(folder / "bench_spec.json", json.dumps({"hash": "x", "seconds": 90.0, "train_seconds": 60.0}))
+    _write(folder / "train.log", "stage 1: multi-task\n"
+           "training finished at step 396: micro-batches per task {'sentiment': 100, 'wordseg': 100, 'pos': 101}\n"
+           "stage 2: refine sentiment\n"
+           "training finished at step 100: micro-batches per task {'sentiment': 100, 'wordseg': 0, 'pos': 0}\n"
+           "stage 3: refine wordseg\n"
+           "training finished at step 100: micro-batches per task {'sentiment': 0, 'wordseg': 100, 'pos': 0}\n")
+    sentiment = {"acc": 0.5, "precision": 0.0, "recall": 0.0, "f1": 0.0}
+    wordseg = {"precision": 1.0, "recall": 1.0, "f1": 1.0, "accuracy": 1.0}
+    for task, metrics in (("sentiment", sentiment), ("wordseg", wordseg)):
+        _write(out / task / "test_eval.json", json.dumps({"metrics": metrics}))
+        _write(out / task / "dev_eval.json", json.dumps({"metrics": metrics}))
+        _write(out / task / "test_eval_multitask.json", json.dumps({"metrics": {**metrics, "f1": 0.25}}))
+    _write(out / "sentiment" / "predictions.json", json.dumps([{"label": 0}, {"label": 0}]))
+    _write(out / "wordseg" / "predictions.json", json.dumps([{"tokens": ["我", "们"], "labels": ["B", "E"]}]))
+    # the multi-task stage evaluated other weights; the refine stage's own evaluation is what the export holds
+    _write(out / "train_metrics.jsonl", json.dumps({f"eval/{t}/{k}": 0.1 for t in bq.TASKS for k in wordseg}) + "\n")
+    _write(out / "refine" / "sentiment" / "train_metrics.jsonl",
+           json.dumps({f"eval/sentiment/{k}": v for k, v in sentiment.items()}) + "\n")
+    _write(out / "refine" / "wordseg" / "train_metrics.jsonl",
+           json.dumps({"eval/wordseg/f1": 1.0, "eval/wordseg/precision": 1.0, "eval/wordseg/recall": 1.0,
+                       "eval/wordseg/accuracy": 0.9}) + "\n")
+    got = bq.read_run(args, folder, "refine-pretrained-all-seed1", list(bq.TASKS))
+    assert (got["steps"], got["seconds"], got["train_seconds"]) == (396, 90.0, 60.0)
+    assert [(got[t]["updates"], got[t]["refine_updates"]) for t in bq.TASKS] == [(100, 100), (100, 100)]
+    assert got["stage1"] == {"sentiment": {**sentiment, "f1": 0.25}, "wordseg": {**wordseg, "f1": 0.25}}
+    assert got["sentiment"]["check"]["ok"] and got["sentiment"]["reported"] == sentiment
+    assert not got["wordseg"]["check"]["ok"]  # its dev accuracy 1.0 against the refine stage's own 0.9
+    assert got["wordseg"]["check"]["problems"] == ["dev accuracy: exported model 1.000000, training program 0.9"]
