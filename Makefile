@@ -41,12 +41,14 @@ demo-pretrain: $(STAMP)
 # that launch several processes or measure time (module flag EXCLUSIVE, tests/conftest.py) run alone.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not exclusive" --durations=10 tests
 	$(PY) -m pytest -q -m exclusive --durations=10 tests
 
 # The inner loop: tests/unit without the tests marked slow (each over about 4 s) or exclusive; both cores.
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -n 2 -m "not slow and not exclusive" --durations=5 tests/unit
 
 bench: $(STAMP)

@@ -1,5 +1,5 @@
 """Would a GPU be fed? The host's work per optimizer step next to the GPU step times implied by
-published rates, with 0, 1, 2 and 4 data-loading workers (ernie_mtl/engine/datapath.py).
+published rates, with 0, 1, 2 and 4 data-loading workers (ernie_mtl/engine/data_workers.py).
 
     python benchmarks/bench_host.py --part sim           # feed a simulated GPU (the tables of docs/performance.md)
     python benchmarks/bench_host.py --part sim --sim_exe none   # the loop and the data path alone
@@ -113,8 +113,8 @@ def host_recipe(tmp: Path, seq: int, batch: int, steps: int, dropout_seeds: int)
     from bench_dataset import synthetic_corpus
     from ernie_mtl.dist.process import ProcessInfo
     from ernie_mtl.dist.topology import Topology
-    from ernie_mtl.engine.feeding import FeedRecipe
-    from ernie_mtl.engine.validate import parse
+    from ernie_mtl.engine.step_feeds import FeedRecipe
+    from ernie_mtl.engine.config_checks import parse
     from ernie_mtl.planning.plan import prepare
 
     if not (tmp / "corpus.bin").exists():
@@ -170,7 +170,7 @@ def host_background(recipe, schedule, steps, workers, prefetch):
     """What a BackgroundFeeder sustains for a loop that does nothing else, after the workers started
     and the queue filled once: (wall seconds per step, CPU seconds per step of the workers, of the
     training process (its staging thread and loop)), and the workers' hello records."""
-    from ernie_mtl.engine.datapath import BackgroundFeeder
+    from ernie_mtl.engine.data_workers import BackgroundFeeder
 
     feeder = BackgroundFeeder(recipe, num_workers=workers, prefetch_factor=prefetch, accumulate_steps=1)
     warm = max(2, steps // 10)

@@ -87,8 +87,8 @@ def main():
     machine = describe_machine()
     print("\n".join(machine.header()), flush=True)
     from ernie_mtl.dist.threads import cpu_budget
-    from ernie_mtl.engine.inference import cpu_predictor, predictor_runner, read_manifest
-    from ernie_mtl.engine.prediction import predict_batches
+    from ernie_mtl.engine.saved_models import cpu_predictor, predictor_runner, read_manifest
+    from ernie_mtl.engine.prediction_loop import predict_batches
 
     cpus = cpu_budget().cpus
     counts = sorted({int(t) for t in args.threads.split(",") if t} or {1, 2, cpus})

@@ -246,7 +246,7 @@ def stage_table(jsonl, vocab):
     """Seconds per step over the whole corpus in one process, after start-up: the CLI's batched
     path (chunks of 256 documents) and the per-document path (DocumentEncoder.encode) it replaced."""
     from data_tools import tokenization
-    from data_tools.create_pretraining_data import _Reader
+    from data_tools.create_pretraining_data import DocumentReader
     from data_tools.indexed_dataset import IndexedDatasetBuilder
     from data_tools.tokenization import DocumentEncoder, _jieba_model, sentence_span_arrays, sentence_spans, text_codes
 
@@ -261,7 +261,7 @@ def stage_table(jsonl, vocab):
         return out
 
     start = time.perf_counter()
-    chunks = [texts for texts, _, _ in _Reader([jsonl], "text", ("count", 0), 256).chunks()]
+    chunks = [texts for texts, _, _ in DocumentReader([jsonl], "text", ("count", 0), 256).chunks()]
     for path in times:
         times[path]["read JSON lines"] = time.perf_counter() - start
     results = []

@@ -255,7 +255,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(argv: Optional[Sequence[str]]) -> int:
-    from data_tools.create_pretraining_data import _print_malformed, _Reader, list_input_files, parse_max_malformed
+    from data_tools.create_pretraining_data import (DocumentReader, list_input_files, parse_max_malformed,
+                                                   print_malformed)
 
     args = build_parser().parse_args(argv)
     if (args.input is None) == (args.from_vocab is None):
@@ -296,7 +297,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         raise UserError(problems)
     from tqdm import tqdm
 
-    reader = _Reader(files, args.json_key, limit, chunk_docs=1024)
+    reader = DocumentReader(files, args.json_key, limit, chunk_docs=1024)
     bar = tqdm(total=sum(os.path.getsize(f) for f in files), unit="B", unit_scale=True, desc="counting words",
                disable=None, file=sys.stderr, mininterval=1.0)
 
@@ -313,11 +314,11 @@ def _main(argv: Optional[Sequence[str]]) -> int:
                             check_input=reader.check_fraction)
     except UserError as exc:
         bar.close()
-        _print_malformed(reader)
+        print_malformed(reader)
         if reader.malformed_count:
             raise UserError(f"{exc}; nothing was written to {args.output}") from None
         raise
-    _print_malformed(reader)
+    print_malformed(reader)
     print(f"wrote {args.output}: {stats['tokens']} tokens ({stats['wordpiece']} WordPiece incl. "
           f"{stats['cjk_chars']} CJK characters, + {stats['cjk_markers']} ##<char> markers) from "
           f"{stats['word_count']:,} words ({stats['words']:,} distinct) in {time.perf_counter() - t0:.1f}s")

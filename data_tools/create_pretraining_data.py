@@ -237,7 +237,7 @@ class _MalformedLimit(UserError):
 _MIN_TAIL_CHUNK = 16 << 10
 
 
-class _Reader:
+class DocumentReader:
     """Streams chunks of documents and keeps the malformed-line and record counts.
 
     With `total_bytes` and `workers` given, chunks shrink as the input runs out (to a third of
@@ -476,7 +476,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
                           split_sentences=args.split_sentences, whole_word=args.cn_whole_word_segment,
                           backend=args.tokenizer, segmenter=args.segmenter, hmm=args.jieba_hmm)
     total_bytes = sum(os.path.getsize(f) for f in files)
-    reader = _Reader(files, args.json_key, limit, args.chunk_docs, args.chunk_bytes, total_bytes, args.workers)
+    reader = DocumentReader(files, args.json_key, limit, args.chunk_docs, args.chunk_bytes, total_bytes, args.workers)
     tqdm.monitor_interval = 0  # no monitor thread: worker processes are forked while the bar runs
     sentences = tokens = documents = empty = docs_done = bytes_done = 0
     t0 = time.perf_counter()
@@ -515,7 +515,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
             json_tmp = None
     except UserError as exc:
         bar.close()  # before the report, so the two do not interleave
-        _print_malformed(reader)
+        print_malformed(reader)
         if isinstance(exc, _MalformedLimit):
             raise _MalformedLimit(f"{exc}; nothing was written under {args.output_prefix}.*") from None
         raise
@@ -530,7 +530,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         if json_tmp is not None:
             remove_quietly(json_tmp)
     seconds = time.perf_counter() - t0
-    _print_malformed(reader)
+    print_malformed(reader)
     mb = total_bytes / 1e6
     print(f"documents {stats['documents']:,} | sentences {stats['sequences']:,} | tokens {stats['tokens']:,} "
           f"({stats['dtype']}) | empty documents skipped {empty:,} | malformed lines {reader.malformed_count:,}\n"
@@ -540,7 +540,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     return 0
 
 
-def _nothing_to_write(args, reader: _Reader, empty: int, total_bytes: int) -> str:
+def _nothing_to_write(args, reader: DocumentReader, empty: int, total_bytes: int) -> str:
     where = " ".join(args.input)
     if reader.records == 0:
         return (f"--input {where}: no documents ({total_bytes:,} bytes: the input is empty or holds only "
@@ -576,7 +576,7 @@ def _sidecar(args, files, vocab, dtype, total_bytes, documents, sentences, token
     }
 
 
-def _print_malformed(reader: _Reader) -> None:
+def print_malformed(reader: DocumentReader) -> None:
     if not reader.malformed_count:
         return
     more = reader.malformed_count - len(reader.malformed)

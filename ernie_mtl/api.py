@@ -41,7 +41,7 @@ from ernie_mtl.engine.callbacks import Callback, register_callback
 from ernie_mtl.engine.run import PrebuildResult, RunResult
 from ernie_mtl.engine.run import flags_restored as _flags_restored
 from ernie_mtl.engine.run import static_mode_restored as _static_mode_restored
-from ernie_mtl.engine.validate import HOOKS
+from ernie_mtl.engine.config_checks import HOOKS
 from ernie_mtl.tasks.base import TaskType, register_task_type
 
 ConfigSource = Union[None, str, os.PathLike, Mapping[str, Any], Sequence[str], RunConfig]
@@ -115,7 +115,7 @@ def train(source: ConfigSource = None, *, callbacks: Sequence[Callback] = (), wa
         from ernie_mtl.dist import watchdog
 
         def on_distributed(info):
-            watchdog.start_peer_watch(info, cfg.train.output_dir)
+            watchdog.start_peer_watch(info, **engine.resume_point(cfg.train.output_dir))
     with _static_mode_restored(), _flags_restored():
         result = engine.train(cfg, callbacks=callbacks, on_distributed=on_distributed)
     if watch_peers:
@@ -142,14 +142,15 @@ def plan(source: ConfigSource = None, *, world_size: Optional[int] = None, **fla
 
 def evaluate(output_dir: os.PathLike, task: str, eval_file: os.PathLike, *, checkpoint: Optional[os.PathLike] = None,
              eval_output: Optional[os.PathLike] = None, device: str = "cpu",
-             cpu_kernels: str = "auto") -> Dict[str, Any]:
+             cpu_kernels: str = "auto", stage: str = "final") -> Dict[str, Any]:
     """Metrics of `task` on the labelled `eval_file`: its exported model in `output_dir`, or the
     weights of `checkpoint` (a model_last / model_<step> / best_<task> folder). Returns the report
     (task, source, step, examples, metrics) also written to `eval_output` (default
     `<output_dir>/<task>/eval_results.json`). `cpu_kernels` as `--cpu_kernels` (auto: a checkpoint's
-    recorded kernels, the measured predictor kernels for an exported model; plain: no oneDNN)."""
+    recorded kernels, the measured predictor kernels for an exported model; plain: no oneDNN). `stage`:
+    `multitask` evaluates a refined target's multi-task export (as `--stage`)."""
     argv = ["--do_eval", "--task", task, "--eval_file", os.fspath(eval_file), "--output_dir", os.fspath(output_dir),
-            "--device", device, "--cpu_kernels", cpu_kernels]
+            "--device", device, "--cpu_kernels", cpu_kernels, "--stage", stage]
     argv += ["--checkpoint", os.fspath(checkpoint)] if checkpoint is not None else []
     argv += ["--eval_output", os.fspath(eval_output)] if eval_output is not None else []
     cfg = load_config(argv)
@@ -158,14 +159,15 @@ def evaluate(output_dir: os.PathLike, task: str, eval_file: os.PathLike, *, chec
 
 
 def predict(output_dir: os.PathLike, task: str, pred_file: os.PathLike, *, output: Optional[os.PathLike] = None,
-            device: str = "cpu", cpu_kernels: str = "auto") -> List[Any]:
+            device: str = "cpu", cpu_kernels: str = "auto", stage: str = "final") -> List[Any]:
     """Predictions of `task`'s exported model (in `output_dir`) for `pred_file`, as the records the
     task writes (also written to `output`, default `<output_dir>/<task>/predictions.json`). On CPU the
-    predictor gets this process's thread budget and the kernels of `cpu_kernels` (as `--cpu_kernels`)."""
+    predictor gets this process's thread budget and the kernels of `cpu_kernels` (as `--cpu_kernels`).
+    `stage`: `multitask` predicts with a refined target's multi-task export (as `--stage`)."""
     import json
 
     argv = ["--do_predict", "--task", task, "--pred_file", os.fspath(pred_file), "--output_dir", os.fspath(output_dir),
-            "--device", device, "--cpu_kernels", cpu_kernels]
+            "--device", device, "--cpu_kernels", cpu_kernels, "--stage", stage]
     argv += ["--predict_output", os.fspath(output)] if output is not None else []
     with _static_mode_restored():
         path = engine.predict(load_config(argv))
@@ -175,7 +177,7 @@ def predict(output_dir: os.PathLike, task: str, pred_file: os.PathLike, *, outpu
 def export(checkpoint: os.PathLike, task: str, output: Optional[os.PathLike] = None) -> Path:
     """Export `task`'s inference model from the weights of `checkpoint` (its EMA averages when the run
     kept them) to `output` (default `<checkpoint's output dir>/<task>/infer_model`); returns it."""
-    from ernie_mtl.engine.exporter import export_from_checkpoint
+    from ernie_mtl.engine.saved_models import export_from_checkpoint
 
     with _static_mode_restored():
         return export_from_checkpoint(Path(checkpoint), task, None if output is None else Path(output))

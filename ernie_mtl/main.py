@@ -64,8 +64,8 @@ def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
     from ernie_mtl.dist import preemption, watchdog
     from ernie_mtl.engine import run
     from ernie_mtl.engine.anomaly import EXIT_ANOMALY, AnomalyStop
-    from ernie_mtl.engine.feeding import EXIT_WORKER_LOST, DataWorkerLost
-    from ernie_mtl.engine.validate import parse
+    from ernie_mtl.engine.step_feeds import EXIT_WORKER_LOST, DataWorkerLost
+    from ernie_mtl.engine.config_checks import parse
 
     cfg = parse(argv)
     preemption.guard_again()  # paddlenlp's import (model and tokenizer classes) reset SIGTERM to its default
@@ -80,9 +80,9 @@ def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
         run.prebuild(cfg)
     else:
         try:
+            # a lost rank stops the job, naming it (the watch and the signal handlers are this process's)
             run.train(cfg, notes=notes, preempt_signals=preemption.parse_signals(t.preempt_signals),
-                      on_distributed=lambda info: watchdog.start_peer_watch(info, t.output_dir))  # a lost rank
-            # stops the job, naming it (the watch and the signal handlers are this process's)
+                      on_distributed=lambda info: watchdog.start_peer_watch(info, **run.resume_point(t.output_dir)))
         except preemption.Preempted:
             watchdog.finish()  # a planned stop: the peers stop watching this rank
             return preemption.EXIT_PREEMPTED

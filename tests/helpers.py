@@ -511,7 +511,7 @@ def proc_alive(pid):
 
 
 def data_workers(parent: int):
-    """Pids of the live data-loading workers (ernie_mtl/engine/datapath.py) started by process `parent`."""
+    """Pids of the live data-loading workers (ernie_mtl/engine/data_workers.py) started by process `parent`."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -521,7 +521,7 @@ def data_workers(parent: int):
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if (len(argv) > 7 and argv[1] == b"-c" and b"ernie_mtl.engine.datapath" in argv[2]
+        if (len(argv) > 7 and argv[1] == b"-c" and b"ernie_mtl.engine.data_workers" in argv[2]
                 and argv[7] == str(parent).encode() and proc_alive(int(entry))):
             found.append(int(entry))
     return found

@@ -8,10 +8,10 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 
-def write_json_atomic(path: os.PathLike, data: Any, *, indent: int = 2, sort_keys: bool = True) -> Path:
+def write_json_atomic(path: Union[str, os.PathLike], data: Any, *, indent: int = 2, sort_keys: bool = True) -> Path:
     """`data` as UTF-8 JSON at `path` (its folder created), atomically and durably."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
+
+PathArg = Union[str, os.PathLike]  # a folder given as text or a Path
 
 TRAIN_STATE = "train_state.json"
 STATE_DIR = "state"
@@ -48,20 +50,20 @@ def best_name(task: str) -> str:
     return f"{BEST_PREFIX}{task}"
 
 
-def best_dir(output_dir: os.PathLike, task: str) -> Path:
+def best_dir(output_dir: PathArg, task: str) -> Path:
     return Path(output_dir) / best_name(task)
 
 
-def last_dir(output_dir: os.PathLike) -> Path:
+def last_dir(output_dir: PathArg) -> Path:
     return Path(output_dir) / LAST
 
 
-def state_prefix(checkpoint: os.PathLike, rank: int) -> Path:
+def state_prefix(checkpoint: PathArg, rank: int) -> Path:
     """`<checkpoint>/state/rank_<r>`: + .pdparams / .pdopt / .sha1."""
     return Path(checkpoint) / STATE_DIR / f"rank_{rank}"
 
 
-def is_complete(checkpoint: os.PathLike) -> bool:
+def is_complete(checkpoint: PathArg) -> bool:
     """A checkpoint folder whose train_state.json exists (written last). Complete is not verified:
     the store checks every file before loading."""
     return (Path(checkpoint) / TRAIN_STATE).is_file()
@@ -73,16 +75,16 @@ def kept_step(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def export_dir(output_dir: os.PathLike, task: str) -> Path:
+def export_dir(output_dir: PathArg, task: str) -> Path:
     """Where task `task`'s inference model is exported: output_dir/<task>/infer_model."""
     return Path(output_dir) / task / EXPORT_NAME
 
 
-def multitask_export_dir(output_dir: os.PathLike, task: str) -> Path:
+def multitask_export_dir(output_dir: PathArg, task: str) -> Path:
     """A refined target's multi-task export (the stage before refining): output_dir/<task>/infer_model_multitask."""
     return Path(output_dir) / task / MULTITASK_EXPORT
 
 
-def refine_dir(output_dir: os.PathLike, task: str) -> Path:
+def refine_dir(output_dir: PathArg, task: str) -> Path:
     """The output folder of target `task`'s refine stage: output_dir/refine/<task>."""
     return Path(output_dir) / REFINE_DIR / task

@@ -27,7 +27,7 @@ are dealt out round-robin so that every rank writes a part (`share`); rank 0 wri
 
 Reading: `read_tensors` (memory-mapped, verified by the store first), `describe` (what `--inspect`
 prints). `ernie-mtl-reshard` (ernie_mtl/convert/reshard_cli.py) converts a Paddle-format checkpoint
-of any topology into this format, inspects one and averages several.
+of any topology into this format, inspects one and averages several (ernie_mtl/checkpoint/offline.py).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import mmap
 import os
 import struct
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -116,7 +116,7 @@ def write_file(path: os.PathLike, tensors: Mapping[str, np.ndarray], *, metadata
             f.write(block)
             digest.update(block)
         for array in arrays:
-            view = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
+            view = array.reshape(-1).view(np.uint8).data if array.size else memoryview(b"")
             f.write(view)
             digest.update(view)
         f.flush()
@@ -188,7 +188,7 @@ def read_file(path: os.PathLike, keys: Optional[Iterable[str]] = None) -> Dict[s
         return out
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        data: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
         try:
             for key in sorted(wanted):
                 entry = header[key]
@@ -278,103 +278,3 @@ def grouped(state: Mapping[str, np.ndarray], parameters: Iterable[str]) -> Dict[
     for key, array in state.items():
         out.setdefault(group_of(key, params), {})[key] = array
     return out
-
-
-# -- offline: converting, inspecting, averaging (ernie-mtl-reshard) ---------------------------------------------
-def _write_checkpoint(out: os.PathLike, raw: Mapping, state: Mapping[str, np.ndarray], *, overwrite: bool,
-                      inputs: Sequence[os.PathLike] = (), **fields) -> Path:
-    """A complete portable checkpoint folder `out` from train state `raw` and structured `state`:
-    written in a hidden temporary folder (tensor files, the writer's record, train_state.json last)
-    and renamed into place; an existing `out` is refused unless `overwrite`, and never replaced when it is
-    one of `inputs` (or inside one), a resumable checkpoint or a run's output folder (`output_problem`).
-    A write that fails (a full disk) names `out` and leaves nothing behind."""
-    import shutil
-
-    from data_tools.cli_utils import write_error
-    from ernie_mtl.checkpoint.io import fsync_dir, replace_dir, write_json_atomic
-    from ernie_mtl.checkpoint.layout import KEPT, STATE_DIR, SUMS, TRAIN_STATE
-    from ernie_mtl.checkpoint.reshard import aliases
-    from ernie_mtl.checkpoint.store import output_problem
-
-    out = Path(out)
-    kept = KEPT.match(out.name)
-    if kept and int(kept.group(1)) != int(raw["step"]):
-        raise CheckpointError(f"{out}: a folder named model_<step> must hold that step; this checkpoint is at step "
-                              f"{raw['step']} (name it model_{raw['step']}, or anything not model_<number>)")
-    problem = output_problem(out, inputs, flag="--output")
-    if problem:
-        raise CheckpointError(problem)
-    if out.exists() and not overwrite:
-        raise CheckpointError(f"{out} exists; choose another --output or pass --overwrite to replace it")
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        parameters = {names[0] for names in aliases(raw.get("name_map") or {}).values()}
-        files = write_groups(tmp, grouped(state, parameters))
-        write_json_atomic(tmp / STATE_DIR / f"rank_0{SUMS}", files)
-        write_json_atomic(tmp / TRAIN_STATE, {**{k: v for k, v in raw.items() if k != "files"}, **fields,
-                                              "state_format": FORMAT, "files": files})
-        fsync_dir(tmp)
-        replace_dir(tmp, out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        kept = f" ({out} is as it was)" if out.exists() else ""
-        raise CheckpointError(str(write_error(e, str(out), f"nothing was written{kept}"))) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def convert_checkpoint(source: os.PathLike, out: os.PathLike, *, overwrite: bool = False) -> Tuple[Path, int]:
-    """Checkpoint `source` (either format, written by any topology; verified) as a portable checkpoint
-    `out` that resumes, warm starts and converts like the source. Returns (out, tensors)."""
-    from ernie_mtl.checkpoint.store import read_train_state_file, structured_state_of, verify_files
-
-    raw = read_train_state_file(source)
-    verify_files(source, raw)
-    state = structured_state_of(source, raw)
-    return _write_checkpoint(out, raw, state, overwrite=overwrite, inputs=[source]), len(state)
-
-
-def average_checkpoints(sources: Sequence[os.PathLike], out: os.PathLike, *, overwrite: bool = False
-                        ) -> Tuple[Path, int]:
-    """The mean of the weights (parameters and AMP master weights) of several checkpoints of one model
-    (the same structured names and shapes), as a weights-only portable checkpoint `out`: warm start
-    from it (--init_from) or convert it; resuming it is refused (it has no optimizer state). The train
-    state is the last source's. Returns (out, parameters averaged)."""
-    from ernie_mtl.checkpoint.reshard import _MASTER, aliases, split_name
-    from ernie_mtl.checkpoint.store import CheckpointError, read_train_state_file, structured_state_of, verify_files
-
-    if len(sources) < 2:
-        raise CheckpointError("--average needs at least two checkpoints")
-    from ernie_mtl.checkpoint.store import output_problem
-
-    problem = output_problem(out, sources, flag="--output")  # before reading gigabytes of inputs
-    if problem:
-        raise CheckpointError(problem)
-    weights: List[Dict[str, np.ndarray]] = []
-    raws = []
-    for source in sources:
-        raw = read_train_state_file(source)
-        verify_files(source, raw)
-        params = {names[0] for names in aliases(raw.get("name_map") or {}).values()}
-        state = structured_state_of(source, raw)
-        keep = {}
-        for key, array in state.items():
-            split = split_name(key, params)
-            if split is not None and (split[1] == "" or _MASTER.match(split[1])):
-                keep[key] = array
-        weights.append(keep)
-        raws.append(raw)
-    first = weights[0]
-    for source, other in zip(sources[1:], weights[1:]):
-        if set(other) != set(first) or any(other[k].shape != first[k].shape for k in first):
-            differ = sorted(k for k in set(first) | set(other)
-                            if k not in first or k not in other or other[k].shape != first[k].shape)
-            raise CheckpointError(f"{source} does not hold the weights of {sources[0]} (names or shapes differ: "
-                                  f"{', '.join(differ[:8])}{' ...' if len(differ) > 8 else ''}); average checkpoints "
-                                  "of one model")
-    mean = {k: (sum(w[k].astype(np.float64) for w in weights) / len(weights)).astype(first[k].dtype) for k in first}
-    note = {"weights_only": True, "averaged_from": [f"{Path(s)} (step {r['step']})" for s, r in zip(sources, raws)]}
-    return _write_checkpoint(out, raws[-1], mean, overwrite=overwrite, inputs=sources, **note), len(mean)

@@ -51,7 +51,7 @@ _MERGE_BUFFER = re.compile(r"^@GRAD@Gradi[ae]ntMerge$")
 _MERGE_COUNTERS = ("gradient_merge_step", "gradient_merge_current_step")  # the micro-batch counter: 0 at a boundary
 _MERGE_CONSTANTS = ("gradient_merge_k", "gradient_merge_zero", "gradient_merge_acc_step")  # set by the new program
 _FED = re.compile(r"^learning_rate_\d+$")  # fed from the LR scheduler on every run
-_MASTER = re.compile(r"^_fp32_master_\d+$")  # AMP O2's float32 copy of a weight: a weight, not optimizer state
+MASTER = re.compile(r"^_fp32_master_\d+$")  # AMP O2's float32 copy of a weight: a weight, not optimizer state
 SHOWN = 8  # differences listed in a refusal
 
 
@@ -141,7 +141,7 @@ def structured_state(merged: Mapping[str, np.ndarray], name_map: Mapping[str, st
 def static_state(state: Mapping[str, np.ndarray], name_map: Mapping[str, str]) -> Dict[str, np.ndarray]:
     """A structured state back under the static names of `name_map`'s program (the inverse of
     `structured_state`, transient variables aside): what readers of Paddle-format states expect."""
-    static = {}
+    static: Dict[str, str] = {}
     for structured, name in name_map.items():
         static.setdefault(structured, name)
     params = set(static)
@@ -183,7 +183,7 @@ def assignments(state: Mapping[str, np.ndarray], name_map: Mapping[str, str],
             keys = [name]
         else:
             param, suffix = split
-            if only == "parameters" and suffix and not _MASTER.match(suffix):
+            if only == "parameters" and suffix and not MASTER.match(suffix):
                 continue
             keys = [alias + suffix for alias in names[param]]
         key = next((k for k in keys if k in state), None)

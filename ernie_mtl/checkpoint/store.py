@@ -43,8 +43,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ernie_mtl.checkpoint.errors import CheckpointError  # noqa: F401  (re-exported: the package's error)
 from ernie_mtl.checkpoint.io import fsync_dir as _fsync_dir, sha1_of, write_json_atomic as _write_json_atomic
-from ernie_mtl.checkpoint.layout import (KEPT, LAST, LAST_BACKUP, STATE_DIR, SUMS, TRAIN_STATE, is_complete,  # noqa: F401
-                                         kept_name, state_prefix)
+from ernie_mtl.checkpoint.layout import (BEST_PREFIX, KEPT, LAST, LAST_BACKUP, STATE_DIR, SUMS,  # noqa: F401
+                                         TRAIN_STATE, is_complete, kept_name, state_prefix)
 
 _KEPT = KEPT
 _BACKUP = LAST_BACKUP
@@ -153,7 +153,8 @@ def state_problems(raw: Mapping, folder_name: str = "") -> List[str]:
     if not (isinstance(base, list) and len(base) == 2 and _is_int(*base)):
         problems.append(f"sampler.base {base!r} is not [position, step]")
         base = [0, 0]
-    if _is_int(position, per_step) and per_step > 0 and position != base[0] + (step - base[1]) * per_step:
+    if _is_int(position, per_step) and int(per_step or 0) > 0 and \
+            position != base[0] + (step - base[1]) * int(per_step or 0):
         problems.append(f"step {step} disagrees with sampler.position {position} (micro-batches drawn: {per_step} "
                         f"per optimizer step"
                         + (f" from position {base[0]} at step {base[1]}" if base != [0, 0] else "")
@@ -278,7 +279,7 @@ def _check_rank_records(path: Path, files: Mapping[str, Any]) -> None:
     train_state.json's `files`: the two records must be equal, entry for entry."""
     ranks = sorted({m.group(1) for rel in files if (m := re.match(rf"^{STATE_DIR}/rank_(\d+)\.", rel))}, key=int)
     for r in ranks:
-        sums = path / STATE_DIR / f"rank_{r}{SUMS}"
+        sums = state_prefix(path, int(r)).with_suffix(SUMS)
         mine = {rel: entry for rel, entry in files.items() if rel.startswith(f"{STATE_DIR}/rank_{r}.")}
         try:
             recorded = json.loads(sums.read_text(encoding="utf-8"))
@@ -298,7 +299,7 @@ def _check_rank_records(path: Path, files: Mapping[str, Any]) -> None:
 
 
 def _candidates(root: Path) -> List[Path]:
-    names = [root / "model_last", root / _BACKUP] + [p for p in root.iterdir() if _KEPT.match(p.name)]
+    names = [root / LAST, root / _BACKUP] + [p for p in root.iterdir() if _KEPT.match(p.name)]
     return [p for p in names if p.is_dir()]
 
 
@@ -369,8 +370,8 @@ def existing_outputs(output_dir: os.PathLike) -> List[Path]:
     root = Path(output_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and (p.name == "model_last" or _KEPT.match(p.name)
-                                                               or p.name.startswith("best_"))
+    return sorted(p for p in root.iterdir() if p.is_dir() and (p.name == LAST or _KEPT.match(p.name)
+                                                               or p.name.startswith(BEST_PREFIX))
                   and _looks_like_checkpoint(p))
 
 
@@ -412,11 +413,11 @@ class Checkpointer:
     "portable": ernie_mtl/checkpoint/portable.py); `barrier` synchronises ranks.
     """
 
-    def __init__(self, output_dir: os.PathLike, *, rank: int, world_size: int, per_rank_state: bool,
+    def __init__(self, output_dir: Union[str, os.PathLike], *, rank: int, world_size: int, per_rank_state: bool,
                  save_program_state: Callable[[str], None], load_program_state: Callable[[str], None],
                  barrier: Optional[Callable[..., None]] = None, keep_last: int = 3,
                  log: Callable[[str], None] = print,
-                 write_state: Optional[Callable[[Dict[str, Any], str], None]] = None,
+                 write_state: Optional[Callable[[Dict[str, Any], str], Any]] = None,
                  topology: Optional[Mapping[str, Any]] = None, state_format: str = "paddle",
                  portable_state: Optional[Callable[[Callable[[List[str]], List[str]]], Dict[str, Any]]] = None,
                  checkpoint_steps: int = 1000, save_steps: int = 10000):
@@ -456,7 +457,7 @@ class Checkpointer:
         existing checkpoint untouched and raises CheckpointError on every rank."""
         final = self.root / name
         tmp = self.root / f".{name}.tmp"
-        error = None
+        error: Union[BaseException, str, None] = None
         began = time.perf_counter()
         if self.rank == 0:
             try:
@@ -473,7 +474,7 @@ class Checkpointer:
                 error = e
         elif error is None and (self.rank == 0 or self.per_rank_state):
             try:
-                prefix = tmp / STATE_DIR / f"rank_{self.rank}"
+                prefix = state_prefix(tmp, self.rank)
                 self._save_state(str(prefix))
                 sums = {f"{STATE_DIR}/rank_{self.rank}{ext}": {"size": Path(f"{prefix}{ext}").stat().st_size,
                                                                "sha1": sha1_of(Path(f"{prefix}{ext}"))}
@@ -484,9 +485,9 @@ class Checkpointer:
         error = self._agree("program state", error)
         if error is None and self.rank == 0:
             try:
-                files = {}
-                for sums in sorted((tmp / STATE_DIR).glob(f"rank_*{SUMS}")):
-                    files.update(json.loads(sums.read_text(encoding="utf-8")))
+                files: Dict[str, Any] = {}
+                for record in sorted((tmp / STATE_DIR).glob(f"rank_*{SUMS}")):
+                    files.update(json.loads(record.read_text(encoding="utf-8")))
                 extra = {"state_format": "portable"} if self.state_format == "portable" else {}
                 _write_json_atomic(tmp / TRAIN_STATE, {**state.to_json(), "per_rank_state": self.per_rank_state,
                                                        "world_size": self.world_size, "files": files, **extra})
@@ -520,9 +521,10 @@ class Checkpointer:
                 return [g for g in groups if g != RUN_GROUP or self.rank == 0]
             return share(groups, self.rank, self.world_size)
 
+        assert self._portable_state is not None, "a portable checkpoint needs the portable_state callable"
         groups = self._portable_state(choose)
         sums = write_groups(tmp, groups)
-        _write_json_atomic(tmp / STATE_DIR / f"rank_{self.rank}{SUMS}", sums)
+        _write_json_atomic(state_prefix(tmp, self.rank).with_suffix(SUMS), sums)
 
     def _agree(self, what: str, error: Union[BaseException, str, None]) -> Optional[str]:
         """Meet the other ranks; every rank returns the first failure of any rank (as text), or None.
@@ -551,7 +553,7 @@ class Checkpointer:
         return gather(what, mine) if gather is not None else [mine]
 
     def _swap_into_place(self, tmp: Path, final: Path) -> None:
-        backup = self.root / _BACKUP if final.name == "model_last" else final.with_name(f".{final.name}.old")
+        backup = self.root / _BACKUP if final.name == LAST else final.with_name(f".{final.name}.old")
         shutil.rmtree(backup, ignore_errors=True)
         if final.exists():
             os.rename(final, backup)  # the previous checkpoint stays complete under the backup name
@@ -582,7 +584,7 @@ class Checkpointer:
             intact, damaged = scan(self.root)
             newest = intact[-1].step if intact else -1
             blocking = [(p, why) for p, why in damaged
-                        if not (_KEPT.match(p.name) and int(_KEPT.match(p.name).group(1)) < newest)]
+                        if not ((m := _KEPT.match(p.name)) and int(m.group(1)) < newest)]
             if blocking:
                 raise CheckpointError(self.damaged_message(self.root, blocking[0][1], intact=intact))
             for path, why in damaged:
@@ -720,7 +722,8 @@ def merged_state(path: os.PathLike, *, verify: bool = True) -> Dict[str, Any]:
     return merged
 
 
-def damaged_refusal(root: os.PathLike, subject: os.PathLike, why: str, *, intact: Optional[List[CheckpointRef]] = None,
+def damaged_refusal(root: Union[str, os.PathLike], subject: Union[str, os.PathLike], why: str, *,
+                    intact: Optional[List[CheckpointRef]] = None,
                     exclude: Optional[os.PathLike] = None) -> str:
     """The one refusal for a damaged checkpoint: what is damaged, that nothing was changed, and
     what to do -- resume an intact checkpoint of output_dir `root` (listed) or start anew."""

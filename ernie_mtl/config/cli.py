@@ -7,7 +7,7 @@ that field's metadata. Precedence: field default < `--config FILE.yaml` (keys = 
 command line. Booleans accept a bare flag (`--use_amp` enables) or a value (`--use_amp false`).
 
 Two modes, one engine. A `--config` YAML with `task_instance` is a PALM-style multi-task
-configuration (ernie_mtl/config/palm.py). Anything else is flag-mode pretraining, which becomes a
+configuration (ernie_mtl/config/multitask_yaml.py). Anything else is flag-mode pretraining, which becomes a
 one-task setup here: the task `pretrain` (reader `pretrain`) on `--input_dir`, with the sampling
 and masking flags as its options, a target whose quota is `--max_steps` optimizer steps.
 
@@ -25,7 +25,7 @@ from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ernie_mtl.config import palm
+from ernie_mtl.config import multitask_yaml as palm
 from ernie_mtl.config.errors import ConfigError
 from ernie_mtl.config.model import is_static_params_dir
 from ernie_mtl.config.hooks import ParseHooks
@@ -209,7 +209,7 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, hooks: ParseHooks,
 
     `hooks`: what parsing needs from the layers above config (task types, plugins, corpus
     specifications, the checks that need data, topology, device or checkpoints: config/hooks.py);
-    the engine's are `ernie_mtl.engine.validate.HOOKS` (`engine.validate.parse(argv)` passes them).
+    the engine's are `ernie_mtl.engine.config_checks.HOOKS` (`engine.validate.parse(argv)` passes them).
     `world_size`: the number of processes the topology must fit (default: from the launcher's
     environment, 1 without a launcher). `config`: the content of a `--config` file given as a mapping
     (the Python API), relative paths in it resolved against `config_dir` (default: the current
@@ -431,7 +431,7 @@ def _multitask_problems(cfg: RunConfig, arch: Optional[Mapping[str, Any]]) -> Li
     return problems
 
 
-def _vocab_problems(vocab_file: Path, *, need_mask: bool) -> Tuple[Optional[int], List[str]]:
+def vocab_problems(vocab_file: Path, *, need_mask: bool) -> Tuple[Optional[int], List[str]]:
     """(size, problems) of a vocab.txt: readable UTF-8, not empty, with the special tokens the model
     needs ([PAD], [CLS], [SEP], [UNK]; [MASK] for masked-LM and pretraining tasks)."""
     from data_tools.safe_io import UnsafeFile, read_bytes_bounded
@@ -499,8 +499,8 @@ def _data_problems(data: DataConfig, arch: Optional[Mapping[str, Any]], *, flag_
         problems.append(f"--tokenizer_name_or_path {data.tokenizer_name_or_path}: {data.vocab_file} not found; "
                         "give a vocab.txt or a directory containing one")
     else:
-        vocab_size, vocab_problems = _vocab_problems(data.vocab_file, need_mask=needs_mask)
-        problems += vocab_problems
+        vocab_size, problems_of_vocab = vocab_problems(data.vocab_file, need_mask=needs_mask)
+        problems += problems_of_vocab
     if flag_mode and data.input_dir is None:
         problems.append("--input_dir is required: the corpus prefix (path without .bin/.idx) written by "
                         "`python -m data_tools.create_pretraining_data`, weight/prefix pairs, or a folder of corpora")

@@ -4,7 +4,7 @@ config/ is a leaf: it imports nothing of ernie_mtl above it. Some of what a conf
 known only above: which task types exist (and their option keys), which plugin files register
 more, what a corpus specification resolves to, whether the topology fits the launcher's world or
 a checkpoint path is complete. The parser asks a `ParseHooks` object for those; the engine's
-(ernie_mtl/engine/validate.py) is the one the command line and the Python API pass, so every
+(ernie_mtl/engine/config_checks.py) is the one the command line and the Python API pass, so every
 problem is still reported at once.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The multi-task part of a run: which tasks, how they are sampled, and the run-wide training extras.
 
-`MultiTaskConfig` holds the global keys of a PALM-style YAML (ernie_mtl/config/palm.py reads it);
+`MultiTaskConfig` holds the global keys of a PALM-style YAML (ernie_mtl/config/multitask_yaml.py reads it);
 a flag-mode pretraining run gets one too, with the single task `pretrain` (ernie_mtl/config/cli.py).
 The fields marked `flag` (EMA, early stopping, plugins, callbacks) are also command-line flags in
 both modes. `MTL_KEYS` gives each key's kind for ernie_mtl/config/values.coerce; defaults are the
@@ -78,7 +78,7 @@ RUN_WIDE_KEYS: Dict[str, str] = {f.name: f.metadata["help"] for f in fields(Mult
 
 @dataclass
 class MultiTaskSetup:
-    """The tasks of a run and their settings (ernie_mtl/config/palm.py, or a flag-mode run's one task)."""
+    """The tasks of a run and their settings (ernie_mtl/config/multitask_yaml.py, or a flag-mode run's one task)."""
 
     tasks: Tuple[TaskSpec, ...]
     mtl: MultiTaskConfig

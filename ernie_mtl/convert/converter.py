@@ -34,8 +34,6 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import numpy as np
 
-TRAIN_STATE = "train_state.json"
-MANIFEST = "manifest.json"
 WEIGHTS = "model_state.pdparams"
 OPTIMIZER = "optimizer_state.pdparams"
 REPORT = "conversion.json"
@@ -47,9 +45,10 @@ _PAIR_KEYS = ("cls.seq_relationship.weight", "cls.seq_relationship.bias")
 
 
 from data_tools.cli_utils import UserError  # noqa: E402
-from ernie_mtl.checkpoint import STATE_DIR, CheckpointError, verified_state  # noqa: E402
+from ernie_mtl.checkpoint import CheckpointError, verified_state  # noqa: E402
 from ernie_mtl.checkpoint.store import output_problem  # noqa: E402
 from ernie_mtl.checkpoint.io import replace_dir, write_json_atomic  # noqa: E402
+from ernie_mtl.checkpoint.layout import EXPORT_NAME, MANIFEST, TRAIN_STATE, state_prefix  # noqa: E402
 from ernie_mtl.config import ConfigError, ModelConfig, model_family  # noqa: E402
 from ernie_mtl.program.builder import load_pretrained_into_scope  # noqa: E402
 from ernie_mtl.program.edits import static_mode  # noqa: E402
@@ -102,11 +101,11 @@ def read_source(path: os.PathLike, *, vocab_file: Optional[os.PathLike] = None,
                            f"model_<step>) or an exported model folder (<output_dir>/<task>/infer_model)")
     if (path / TRAIN_STATE).is_file():
         source = read_checkpoint(path, with_optimizer=with_optimizer)
-    elif (path / MANIFEST).is_file() or (path / "infer_model" / MANIFEST).is_file():
+    elif (path / MANIFEST).is_file() or (path / EXPORT_NAME / MANIFEST).is_file():
         if with_optimizer:
             raise ConvertError(f"--with_optimizer: {path} is an exported model, which holds no optimizer state; "
                                "convert a checkpoint folder instead, or drop --with_optimizer")
-        source = read_exported(path if (path / MANIFEST).is_file() else path / "infer_model")
+        source = read_exported(path if (path / MANIFEST).is_file() else path / EXPORT_NAME)
     else:
         raise ConvertError(f"--input {path} is not a checkpoint ({TRAIN_STATE} missing: an incomplete or "
                            f"interrupted save?) nor an exported model ({MANIFEST} missing); point it at "
@@ -154,7 +153,7 @@ def read_checkpoint(path: Path, *, with_optimizer: bool = False) -> Source:
                       static_names=dict(name_map), tasks=list(raw.get("extra", {}).get("tasks", [])),
                       vocab_file=_vocab_from_config(config), optimizer=optimizer, step=raw.get("step"))
     ranks = range(int(raw.get("world_size", 1))) if raw.get("per_rank_state") else [0]
-    files = [path / STATE_DIR / f"rank_{r}.pdparams" for r in ranks]
+    files = [state_prefix(path, r).with_suffix(".pdparams") for r in ranks]
     absent = [str(f) for f in files if not f.is_file()]
     if absent:
         raise ConvertError(f"{path} lacks {', '.join(absent)} (per_rank_state={bool(raw.get('per_rank_state'))}, "

@@ -47,7 +47,7 @@ def _main(argv: Optional[List[str]]) -> int:
     from ernie_mtl.dist.compat import require_supported_paddle
 
     require_supported_paddle()
-    from ernie_mtl.checkpoint import portable
+    from ernie_mtl.checkpoint import offline, portable
     from ernie_mtl.checkpoint.reshard import describe_topology
     from ernie_mtl.checkpoint.store import (read_train_state_file, structured_state_of, verify_files)
 
@@ -74,13 +74,13 @@ def _main(argv: Optional[List[str]]) -> int:
     if not args.output:
         raise UserError("give --output (the portable checkpoint to write), or --inspect")
     if args.average:
-        out, n = portable.average_checkpoints(args.checkpoints, args.output, overwrite=args.overwrite)
+        out, n = offline.average_checkpoints(args.checkpoints, args.output, overwrite=args.overwrite)
         print(f"averaged the weights of {len(args.checkpoints)} checkpoints ({n} tensors) -> {out} (weights only: "
               f"start a new run from it with --init_from {out})")
         return 0
     if len(args.checkpoints) != 1:
         raise UserError(f"converting takes one checkpoint, got {len(args.checkpoints)} (use --average to average)")
-    out, n = portable.convert_checkpoint(args.checkpoints[0], args.output, overwrite=args.overwrite)
+    out, n = offline.convert_checkpoint(args.checkpoints[0], args.output, overwrite=args.overwrite)
     print(f"wrote {out}: {n} tensors by structured name (portable format); resume it on any topology (--resume {out}), "
           "warm start from it (--init_from) or convert it (static_to_dynamic.py)")
     return 0

@@ -239,7 +239,7 @@ WORKER_THREAD_VARS = (OMP, MKL, "OPENBLAS_NUM_THREADS")
 
 
 def worker_environment(env: Mapping[str, str]) -> Dict[str, str]:
-    """The environment of a data-loading worker process (ernie_mtl/engine/datapath.py): the
+    """The environment of a data-loading worker process (ernie_mtl/engine/data_workers.py): the
     training process's, with every math library at one thread. A worker builds samples in Python
     and NumPy (small arrays, no large kernels), so more threads would only take cores from the
     training process's own OpenMP threads; the cores a rank's workers need come out of the rank's

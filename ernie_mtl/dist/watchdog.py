@@ -27,7 +27,7 @@ in collectives and in TCP-store calls, measured):
    Bound: the poll interval (`ERNIE_MTL_ORPHAN_POLL`, 1 s). Not PR_SET_PDEATHSIG: its signal
    arrives before anything can be logged, and it fires on the death of the parent *thread*.
    A process without a launcher (a plain `python run_multitask_static.py`) is never guarded.
-2. `start_peer_watch(info, output_dir)`, right after the distributed set-up (`init_distributed`):
+2. `start_peer_watch(info, resume_point)`, right after the distributed set-up (`init_distributed`):
    every rank beats a counter in the job's TCP store (its own client connection) every
    `interval` and watches the next live rank in the ring (r+1, r+2, ... mod N), so every rank is
    watched by one other and the store sees O(N) calls per interval. A watched rank whose counter
@@ -75,7 +75,8 @@ PREFIX = "ernie_mtl watchdog"
 KEY = "ernie_mtl/watch"
 _LAUNCHER_MARKS = ("paddle.distributed.launch", "paddle/distributed/launch", "fleetrun")
 
-_output_dir: Optional[str] = None
+_resume_point: Optional[str] = None  # the checkpoint the resume hint names (the caller knows the layout)
+_resume_ready: Callable[[], bool] = lambda: False  # whether it holds a complete checkpoint yet
 _dying = threading.Lock()  # the first thread to decide that this process must go wins
 
 
@@ -83,18 +84,19 @@ _dying = threading.Lock()  # the first thread to decide that this process must g
 # shared helpers
 
 
-def set_output_dir(output_dir: Optional[str]) -> None:
-    """Where the resume hint points (`<output_dir>/model_last`). `start_peer_watch` sets it."""
-    global _output_dir
-    _output_dir = output_dir
+def set_resume_point(checkpoint: Optional[str], ready: Optional[Callable[[], bool]] = None) -> None:
+    """The checkpoint the resume hint names (`<output_dir>/model_last`) and how to tell whether it is
+    complete yet. `start_peer_watch` sets it; the faces pass their layout's names (this module knows none)."""
+    global _resume_point, _resume_ready
+    _resume_point, _resume_ready = checkpoint, ready or (lambda: False)
 
 
-def resume_hint(output_dir: Optional[str] = None) -> str:
-    out = output_dir or _output_dir
-    if not out:
-        return "Run the same command again on every node to resume from <output_dir>/model_last."
-    last = os.path.join(out, "model_last")
-    if os.path.isfile(os.path.join(last, "train_state.json")):
+def resume_hint(checkpoint: Optional[str] = None, ready: Optional[Callable[[], bool]] = None) -> str:
+    last = checkpoint or _resume_point
+    is_ready = ready if ready is not None else (_resume_ready if checkpoint is None else (lambda: False))
+    if not last:
+        return "Run the same command again on every node to resume from the run's last checkpoint."
+    if is_ready():
         return f"Run the same command again on every node to resume from {last}."
     return (f"Run the same command again on every node to resume from {last} "
             "(no checkpoint there yet: that run starts from the beginning).")
@@ -505,16 +507,17 @@ def finish() -> None:
         _watch.finish()
 
 
-def start_peer_watch(info, output_dir: Optional[str] = None, *, env: Mapping[str, str] = os.environ,
-                     timeout_s: Optional[float] = None, interval_s: Optional[float] = None,
-                     install_hooks: bool = True) -> Optional[PeerWatch]:
+def start_peer_watch(info, resume_point: Optional[str] = None, *, resume_ready: Optional[Callable[[], bool]] = None,
+                     env: Mapping[str, str] = os.environ, timeout_s: Optional[float] = None,
+                     interval_s: Optional[float] = None, install_hooks: bool = True) -> Optional[PeerWatch]:
     """Call once per rank right after the distributed set-up (`init_distributed(info)`: the job's
     store exists then), and `finish()` when the run has completed on this rank. Returns the watch,
     or None with one process. With `install_hooks`, an uncaught exception goes through
     `PeerWatch.on_uncaught` (sys.excepthook) and the process exit through `PeerWatch.stop` (atexit):
-    an exit without `finish()` stops the other ranks, naming this one."""
+    an exit without `finish()` stops the other ranks, naming this one. `resume_point`, `resume_ready`:
+    the checkpoint a lost job resumes from, named in the verdict (`set_resume_point`)."""
     global _watch
-    set_output_dir(output_dir)
+    set_resume_point(resume_point, resume_ready)
     if info.world_size <= 1:
         return None
     address = store_address(env)

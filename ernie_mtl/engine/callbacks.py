@@ -11,40 +11,43 @@ callback is registered by name in a plugin file:
 
     @register_callback("print_best")
     class PrintBest(Callback):
-        def on_evaluate(self, trainer, task, metrics):
+        def on_evaluate(self, trainer: Trainer, task, metrics):
             print(task, metrics)
 
 and enabled with `callbacks: [print_best]` in the global YAML.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Type
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Type
 
 from ernie_mtl.checkpoint.layout import best_name
 from ernie_mtl.config import ConfigError
+
+if TYPE_CHECKING:  # annotations only: no import at run time (no cycle)
+    from ernie_mtl.engine.loop import Trainer
 
 
 class Callback:
     """Hooks; `trainer` is the running ernie_mtl.engine.loop.Trainer (read its `step`, `schedule`, `tasks`,
     `cfg`, `info`, `freeze`, ...)."""
 
-    def on_train_begin(self, trainer) -> None:
+    def on_train_begin(self, trainer: Trainer) -> None:
         """After set-up and resume, before the first step of this process."""
 
-    def on_step_end(self, trainer, step: int, tasks: List[str]) -> None:
+    def on_step_end(self, trainer: Trainer, step: int, tasks: List[str]) -> None:
         """After optimizer step `step`, whose slots (the micro-batches of all ranks, in slot order) came
         from `tasks`."""
 
-    def on_log(self, trainer, step: int, logs: Mapping[str, float]) -> None:
+    def on_log(self, trainer: Trainer, step: int, logs: Mapping[str, float]) -> None:
         """Every logging step: `logs` are scalars (train/<task>/loss, train/<task>/sampled, lr, perf/...)."""
 
-    def on_evaluate(self, trainer, task: str, metrics: Mapping[str, float]) -> None:
+    def on_evaluate(self, trainer: Trainer, task: str, metrics: Mapping[str, float]) -> None:
         """After evaluating `task` on its dev file."""
 
-    def on_save(self, trainer, path: str) -> None:
+    def on_save(self, trainer: Trainer, path: str) -> None:
         """After a checkpoint or an exported model was written to `path`."""
 
-    def on_train_end(self, trainer) -> None:
+    def on_train_end(self, trainer: Trainer) -> None:
         """After the last step (before the final exports)."""
 
     def state_dict(self) -> Dict[str, Any]:
@@ -88,10 +91,10 @@ class VisualDLLogger(Callback):
     def __init__(self, writer):
         self.writer = writer
 
-    def on_log(self, trainer, step, logs):
+    def on_log(self, trainer: Trainer, step, logs):
         self.writer.scalars(step, logs)
 
-    def on_evaluate(self, trainer, task, metrics):
+    def on_evaluate(self, trainer: Trainer, task, metrics):
         self.writer.scalars(trainer.step, trainer.reporter.metrics("eval", task, trainer.step, metrics)[1])
 
 
@@ -105,7 +108,7 @@ class EarlyStopping(Callback):
         self.best: Dict[str, float] = {}
         self.bad: Dict[str, int] = {}
 
-    def on_evaluate(self, trainer, task, metrics):
+    def on_evaluate(self, trainer: Trainer, task, metrics):
         t = trainer.task(task)
         if not t.spec.is_target or trainer.schedule.is_finished(t.spec.index):
             return
@@ -135,7 +138,7 @@ class BestCheckpoint(Callback):
         self.best: Dict[str, float] = {}
         self.steps: Dict[str, int] = {}
 
-    def on_evaluate(self, trainer, task, metrics):
+    def on_evaluate(self, trainer: Trainer, task, metrics):
         t = trainer.task(task)
         if not t.spec.is_target:
             return

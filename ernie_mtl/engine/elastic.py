@@ -15,17 +15,22 @@ differences. (ERNIE issues 398 and 514: a warm start that kept a finished LR sch
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import numpy as np
 
+from ernie_mtl.checkpoint.layout import is_complete
 from ernie_mtl.checkpoint.reshard import (Continuation, DamagedTopology, ReshardError, assignments, decide,
                                           name_map_differences, structured_state)
 from ernie_mtl.checkpoint.store import (CheckpointError, CheckpointRef, merged_state, read_train_state_file,
                                         verified_state)
 
+if TYPE_CHECKING:  # annotations only: no import at run time (no cycle)
+    from ernie_mtl.engine.session import Session
+    from ernie_mtl.config import RunConfig
 
-def continuation_for(cfg, ref: Optional[CheckpointRef], topo, *, log=None) -> Optional[Continuation]:
+
+def continuation_for(cfg: RunConfig, ref: Optional[CheckpointRef], topo, *, log=None) -> Optional[Continuation]:
     """How the run continues checkpoint `ref` on `topo` (None for a new run); CheckpointError when it
     cannot (the message says what would be needed)."""
     if ref is None:
@@ -59,7 +64,7 @@ def program_variables(program) -> Dict[str, tuple]:
     return out
 
 
-def portable_state(session, choose) -> Dict[str, Dict[str, np.ndarray]]:
+def portable_state(session: Session, choose) -> Dict[str, Dict[str, np.ndarray]]:
     """This rank's persistable tensors by structured name, grouped by file
     (ernie_mtl/checkpoint/portable.py), for the groups `choose(all group names)` returns: only those
     are copied from the device. Transient variables (gradient merge, the fed learning rate) are left out."""
@@ -81,7 +86,7 @@ def portable_state(session, choose) -> Dict[str, Dict[str, np.ndarray]]:
             for group, keys in members.items() if group in chosen}
 
 
-def write_state(session, state: Dict[str, np.ndarray], what: str, *, only: Optional[str] = None,
+def write_state(session: Session, state: Dict[str, np.ndarray], what: str, *, only: Optional[str] = None,
                 fresh_prefix=None) -> int:
     """Write a structured state (ernie_mtl/checkpoint/reshard.py) into this rank's training program:
     every persistable variable it holds that is not transient (`only` narrows to parameters, or
@@ -102,7 +107,7 @@ def write_state(session, state: Dict[str, np.ndarray], what: str, *, only: Optio
 
 
 def is_checkpoint(path) -> bool:
-    return (Path(path) / "train_state.json").is_file()
+    return is_complete(path)
 
 
 def check_init_from(path: str, *, with_optimizer: bool) -> None:
@@ -132,7 +137,7 @@ def check_init_from(path: str, *, with_optimizer: bool) -> None:
                         "optimizer state; drop --init_optimizer or give a checkpoint folder")
 
 
-def warm_start(session, path: str, *, with_optimizer: bool) -> str:
+def warm_start(session: Session, path: str, *, with_optimizer: bool) -> str:
     """`--init_from` a checkpoint folder, for a new run whose programs are initialised: its weights
     (any topology; with the optimizer state when `with_optimizer`) written into this rank's program.
     (A PaddleNLP directory is loaded by the programs' initialisation instead, as --model_name_or_path
@@ -152,8 +157,9 @@ def warm_start(session, path: str, *, with_optimizer: bool) -> str:
     # single-task run warm-started from a multi-task one); the checkpoint's other heads are not used. The
     # loss-balancing log-variances are not model weights: taken when both runs have them, else fresh.
     saved, mine = model_names(raw.get("name_map") or {}), model_names(session.programs.name_map)
-    fresh_heads = sorted({_head(k) for k in mine if _head(k) and not any(_head(j) == _head(k) for j in saved)})
-    unused_heads = sorted({_head(k) for k in saved if _head(k) and not any(_head(j) == _head(k) for j in mine)})
+    saved_heads = {h for h in map(_head, saved) if h is not None}
+    my_heads = {h for h in map(_head, mine) if h is not None}
+    fresh_heads, unused_heads = sorted(my_heads - saved_heads), sorted(saved_heads - my_heads)
     differences = name_map_differences({k: v for k, v in saved.items() if _head(k) not in unused_heads},
                                        {k: v for k, v in mine.items() if _head(k) not in fresh_heads})
     if differences:

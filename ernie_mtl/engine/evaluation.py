@@ -13,22 +13,25 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ernie_mtl.engine.prediction import by_name, executor_runner, num_batches, predict_batches
+from ernie_mtl.engine.prediction_loop import by_name, executor_runner, num_batches, predict_batches
 from ernie_mtl.program.forward import make_feed
 
 from ernie_mtl.checkpoint.io import write_json_atomic
 from ernie_mtl.checkpoint.layout import TEST_RESULTS, best_dir
+
+if TYPE_CHECKING:  # annotations only: no import at run time (no cycle)
+    from ernie_mtl.engine.session import Session
 
 
 class Evaluator:
     """Metrics of a task on a split through the session's evaluation program (EMA weights swapped in
     when the run keeps an EMA)."""
 
-    def __init__(self, session):
+    def __init__(self, session: Session):
         self.s = session
         self.p = session.programs
 
@@ -66,7 +69,7 @@ class Evaluator:
         return self.s.barrier.share(what, local)
 
 
-def final_test(session, evaluator: Evaluator, checkpointer, *, step: int,
+def final_test(session: Session, evaluator: Evaluator, checkpointer, *, step: int,
                report: Callable[[str, str, int, Dict[str, float], str], None]) -> Dict[str, Any]:
     """The final test evaluation at `step`: every target with a test split, with the final weights and
     with its best checkpoint's weights (when it has one, loaded through `checkpointer`: verified, from

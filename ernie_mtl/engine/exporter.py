@@ -10,7 +10,7 @@ Layout of an exported task (`<output_dir>/<task>/infer_model/`)::
 `Exporter` decides what to export and from which weights (rank 0's choice, shared), gathers the
 state when sharding splits it or AMP O2 keeps fp32 masters, and writes through `export_task_model`
 (temporary folder, then swapped into place). Prediction with these models is
-ernie_mtl/engine/inference.py.
+ernie_mtl/engine/saved_models.py.
 """
 from __future__ import annotations
 
@@ -19,17 +19,19 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
 from ernie_mtl.checkpoint.io import replace_dir, write_json_atomic
-from ernie_mtl.checkpoint.layout import MANIFEST, MODEL_PREFIX, best_dir, export_dir
+from ernie_mtl.checkpoint.layout import MANIFEST, MODEL_PREFIX, best_dir, export_dir, state_prefix
 from ernie_mtl.checkpoint.store import merged_state, read_train_state_file
 from ernie_mtl.config import ConfigError
 from ernie_mtl.tasks.base import TaskType
 from ernie_mtl.program.ema import averages_from_state
-from ernie_mtl.program.edits import static_mode
+
+if TYPE_CHECKING:  # annotations only: no import at run time (no cycle)
+    from ernie_mtl.engine.session import Session
 
 
 class Exporter:
@@ -37,7 +39,7 @@ class Exporter:
     were exported (its state, in every checkpoint); the loop evaluates a target that is due before
     exporting it. `best` is the run's best-checkpoint callback (its records go into the manifest)."""
 
-    def __init__(self, session, *, checkpointer, evaluator, best=None):
+    def __init__(self, session: Session, *, checkpointer, evaluator, best=None):
         self.s, self.checkpointer, self.evaluator, self.best = session, checkpointer, evaluator, best
         self.exported: Dict[str, int] = {}  # task -> step of its export
 
@@ -90,7 +92,7 @@ class Exporter:
                 if sharded or p.amp_level == "O2":
                     state = gather_program_state(p.main, s.cfg.train.output_dir, name, s.info, s.barrier,
                                                  sharded=sharded, scope=s.scope)
-                    if s.is_rank0:
+                    if s.is_rank0 and state is not None:
                         write_from_state(writer, state, p.name_map, use_ema=p.ema is not None, place=s.exe.place)
                 elif s.is_rank0:
                     write_from_scope(writer, s.scope)
@@ -142,7 +144,7 @@ def export_task_model(out_dir: Path, *, program, fwd, task: TaskType, exe, vocab
 
 def _ancestors(block, names) -> set:
     """Variables of `block` that the variables `names` are computed from (themselves included)."""
-    producers = {}
+    producers: Dict[str, Any] = {}
     for op in block.ops:
         for out in op.output_arg_names:
             producers.setdefault(out, []).append(op)
@@ -211,9 +213,9 @@ def gather_program_state(program, output_dir: str, task: str, info, barrier, *, 
     tmp = Path(output_dir) / f".export-{task}"
     if info.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True, exist_ok=True)
+        state_prefix(tmp, 0).parent.mkdir(parents=True, exist_ok=True)
     barrier("export dir")
-    paddle.static.save(program, str(tmp / f"rank_{info.rank}"))
+    paddle.static.save(program, str(state_prefix(tmp, info.rank)))
     barrier("export states")
     if info.rank != 0:
         return None
@@ -221,26 +223,3 @@ def gather_program_state(program, output_dir: str, task: str, info, barrier, *, 
         return merged_state(tmp, verify=False)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def export_from_checkpoint(checkpoint: Path, task_name: str, output: Optional[Path] = None) -> Path:
-    """`task_name`'s inference model from the weights of `checkpoint` (verified; EMA averages when the
-    run kept them), written to `output` (default: `<the checkpoint's output dir>/<task>/infer_model`)."""
-    import paddle
-
-    from ernie_mtl.engine.inference import CheckpointModel
-
-    with static_mode():
-        model = CheckpointModel(Path(checkpoint), task_name, what="export")
-        out = output or export_dir(Path(checkpoint).parent, task_name)
-        if not model.task.exportable:
-            raise ConfigError([f"--task {task_name}: a {model.task.name} task has no inference model (its predictions "
-                               "need more than the backbone inputs); use the checkpoint itself"])
-        with paddle.static.scope_guard(model.scope):
-            export_task_model(out, program=model.program, fwd=model.fwd, task=model.task, exe=model.exe,
-                              vocab_file=model.vocab, arch=model.raw["extra"]["arch"], model_type=model.model_type,
-                              use_task_id=model.use_task_id,
-                              extra={"step": model.raw.get("step"), "export_from": str(checkpoint),
-                                     "ema": bool(model.mtl.get("use_ema")), "exported_by": "ernie_mtl",
-                                     "plugins": list(model.mtl.get("plugins", []))})
-    return out

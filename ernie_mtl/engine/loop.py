@@ -7,7 +7,7 @@ the train state, which the stateful components give and take back (engine/state.
 
 Per optimizer step the schedule draws the task of each of the step's `slots_per_step` slots (the
 micro-batches of all ranks), identically on every rank; each rank feeds its own slots' examples
-(engine/feeding.py, or the data-loading workers: engine/datapath.py), the dropout seeds of (step, slot)
+(engine/step_feeds.py, or the data-loading workers: engine/data_workers.py), the dropout seeds of (step, slot)
 and the idle-group flags of the step; one `exe.run` per micro-batch, the update happening inside the
 program on the last one (gradient merge, then the all-reduce). Logged losses are rank 0's (not
 all-reduced); tokens/s counts rank 0's non-pad tokens times the data-parallel size. Nothing is fetched
@@ -30,15 +30,15 @@ from ernie_mtl.checkpoint.layout import LAST
 from ernie_mtl.dist.watchdog import job_endpoints
 from ernie_mtl.engine.anomaly import AnomalyPolicy
 from ernie_mtl.engine.callbacks import BestCheckpoint, Callback, built_in_callbacks
-from ernie_mtl.engine.datapath import open_feeder
+from ernie_mtl.engine.data_workers import open_feeder
 from ernie_mtl.engine.elastic import batch_ratio
 from ernie_mtl.engine.evaluation import Evaluator, final_test
 from ernie_mtl.engine.exporter import Exporter
-from ernie_mtl.engine.feeding import MicroBatch
+from ernie_mtl.engine.step_feeds import MicroBatch
 from ernie_mtl.engine.metrics import MetricWriter, Window
 from ernie_mtl.engine.reporting import consumed_samples, reporter_for
 from ernie_mtl.engine.session import Session
-from ernie_mtl.engine.state import LRState, ResumeState, clear_previous_run, restore, train_state
+from ernie_mtl.engine.state import LRState, ResumeState, Stateful, clear_previous_run, restore, train_state
 from ernie_mtl.engine.stops import Preemption, StopRequests
 from ernie_mtl.engine.stragglers import StragglerWatch
 
@@ -83,8 +83,9 @@ class Trainer:
         self.stragglers = StragglerWatch(session.barrier, info.rank, info.world_size, factor=cfg.train.slow_rank_factor,
                                          windows=cfg.train.slow_rank_windows, endpoints=job_endpoints())
         # what a checkpoint carries besides the program state, each part given and taken back by its owner
-        self.stateful = {"sampler": session.plan.schedule, "lr_scheduler": LRState(session.programs.lr_scheduler),
-                         "exported": self.exporter, "callbacks": self.callbacks}
+        self.stateful: Dict[str, Stateful] = {
+            "sampler": session.plan.schedule, "lr_scheduler": LRState(session.programs.lr_scheduler),
+            "exported": self.exporter, "callbacks": self.callbacks}
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self) -> Dict:

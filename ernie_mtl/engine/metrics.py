@@ -133,8 +133,8 @@ class MetricWriter:
         self.enabled = enabled
         self.output_dir = output_dir
         self.logdir = str(Path(output_dir) / "visualdl")
-        self._vdl = None
-        self._jsonl = None
+        self._vdl: Any = None  # visualdl.LogWriter, opened on first use
+        self._jsonl: Any = None  # the train_metrics.jsonl file
         self._jsonl_mode = "a"
 
     def _open(self) -> None:

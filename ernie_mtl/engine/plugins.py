@@ -30,6 +30,7 @@ def import_plugins(paths: Sequence[str], *, where: str) -> List[str]:
             problems.append(f"{where}: {path!r} is not an existing .py file")
             continue
         spec = importlib.util.spec_from_file_location(module, path)
+        assert spec is not None and spec.loader is not None  # a .py file that exists always has a loader
         mod = importlib.util.module_from_spec(spec)
         sys.modules[module] = mod
         try:

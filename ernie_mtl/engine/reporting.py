@@ -10,9 +10,12 @@ evaluation) are tagged `test_best/...`.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
 from ernie_mtl.engine.metrics import Window, format_eta
+
+if TYPE_CHECKING:  # annotations only: no import at run time (no cycle)
+    from ernie_mtl.engine.session import Session
 
 
 class Reporter:
@@ -20,7 +23,7 @@ class Reporter:
 
     flag_mode = False
 
-    def __init__(self, session):
+    def __init__(self, session: Session):
         self.session = session
         self.plan = session.plan
 
@@ -159,7 +162,7 @@ class FlagReporter(Reporter):
         return None  # pretraining has no inference model; the checkpoints are the output
 
 
-def reporter_for(session) -> Reporter:
+def reporter_for(session: Session) -> Reporter:
     return FlagReporter(session) if session.cfg.flag_mode else Reporter(session)
 
 

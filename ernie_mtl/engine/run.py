@@ -10,7 +10,7 @@ import contextlib
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Sequence
 
 from ernie_mtl.checkpoint.layout import best_dir, export_dir, is_complete, last_dir
 from ernie_mtl.dist.process import ProcessInfo, resolve_device
@@ -18,6 +18,10 @@ from ernie_mtl.dist.console import get_logger
 from ernie_mtl.dist.topology import Topology
 from ernie_mtl.planning.dryrun import dry_run
 from ernie_mtl.planning.plan import load_eval_split, prepare
+
+if TYPE_CHECKING:  # annotations only: no import at run time (no cycle)
+    from ernie_mtl.config import RunConfig
+    from ernie_mtl.engine.loop import Trainer
 
 
 @dataclass
@@ -43,7 +47,7 @@ class PrebuildResult:
     world_size: int
 
 
-def train(cfg, *, callbacks: Sequence = (), on_distributed: Optional[Callable[[ProcessInfo], None]] = None,
+def train(cfg: RunConfig, *, callbacks: Sequence = (), on_distributed: Optional[Callable[[ProcessInfo], None]] = None,
           notes: Sequence[str] = (), preempt_signals: Sequence[str] = ()) -> RunResult:
     """Train as `cfg` says (resume, train, test, export; then the refine stages, if any); `callbacks`:
     extra Callback objects (they see every stage); `preempt_signals` ("TERM", "USR1", ...): handled
@@ -61,7 +65,7 @@ def train(cfg, *, callbacks: Sequence = (), on_distributed: Optional[Callable[[P
     return stage(cfg, None, on_distributed=on_distributed, notes=notes)[0]
 
 
-def _train_stage(cfg, process, *, callbacks: Sequence, preempt_signals: Sequence[str],
+def _train_stage(cfg: RunConfig, process, *, callbacks: Sequence, preempt_signals: Sequence[str],
                  on_distributed: Optional[Callable[[ProcessInfo], None]] = None, notes: Sequence[str] = ()):
     """(RunResult, the job's Process) of one training run (a stage of a run with refine stages)."""
     from ernie_mtl.engine.loop import Trainer
@@ -78,7 +82,7 @@ def _train_stage(cfg, process, *, callbacks: Sequence, preempt_signals: Sequence
     return run_result(trainer, test), session.process
 
 
-def _train_in_stages(cfg, stage, *, on_distributed, notes: Sequence[str]) -> RunResult:
+def _train_in_stages(cfg: RunConfig, stage, *, on_distributed, notes: Sequence[str]) -> RunResult:
     """The multi-task stage, then each target's refine stage, in one job (ernie_mtl/engine/stages.py)."""
     from ernie_mtl.engine.session import start_job
     from ernie_mtl.engine.stages import MULTITASK, StageRun, run_stages
@@ -102,9 +106,10 @@ def _train_in_stages(cfg, stage, *, on_distributed, notes: Sequence[str]) -> Run
     from ernie_mtl.engine.stages import merged_test_results
     from ernie_mtl.checkpoint.layout import refine_dir
 
-    refined_tests = {}
+    refined_tests: Dict[str, Dict[str, Any]] = {}
     for target, refined in done["refined"].items():
         folder = refine_dir(out, target)
+        entry: Dict[str, Any]
         if isinstance(refined, RunResult):
             entry = {"steps": refined.steps, "test": refined.test, "output_dir": folder}
             result.eval.update({target: refined.eval[target]} if target in refined.eval else {})
@@ -121,7 +126,7 @@ def _train_in_stages(cfg, stage, *, on_distributed, notes: Sequence[str]) -> Run
     return result
 
 
-def run_result(trainer, test: Dict[str, Any]) -> RunResult:
+def run_result(trainer: Trainer, test: Dict[str, Any]) -> RunResult:
     """The `RunResult` of a finished `Trainer` (`test`: what its final test returned)."""
     session = trainer.session
     out = Path(session.cfg.train.output_dir)
@@ -132,7 +137,7 @@ def run_result(trainer, test: Dict[str, Any]) -> RunResult:
                      last_checkpoint=last_dir(out) if is_complete(last_dir(out)) else None)
 
 
-def prebuild(cfg, *, world_size: Optional[int] = None) -> PrebuildResult:
+def prebuild(cfg: RunConfig, *, world_size: Optional[int] = None) -> PrebuildResult:
     """`--prebuild_index`: plan the run exactly as training would (same flags and defaults, the world
     size of the launcher's environment unless given) and build every index cache it reads -- train,
     dev and the final test split. No process group, no program."""
@@ -150,30 +155,31 @@ def prebuild(cfg, *, world_size: Optional[int] = None) -> PrebuildResult:
     return PrebuildResult(total_steps=plan.planned.total_steps, tasks=len(plan.tasks), world_size=world)
 
 
-def plan(cfg) -> str:
+def plan(cfg: RunConfig) -> str:
     """`--dry_run`: the plan as text (topology, schedule, memory, the GPU program, warnings)."""
 
     return dry_run(cfg)
 
 
-def evaluate(cfg) -> Dict[str, Any]:
+def evaluate(cfg: RunConfig) -> Dict[str, Any]:
     """`--do_eval`: a saved model's metrics on a labelled file (the report also written to disk)."""
     import sys
 
-    from ernie_mtl.engine.inference import evaluate_saved
+    from ernie_mtl.engine.saved_models import evaluate_saved
 
     # the report is printed on stdout as JSON: the line about threads and kernels goes to stderr
     return evaluate_saved(cfg.train, use_gpu=resolve_device(cfg.train.device) == "gpu",
                           log=lambda line: print(line, file=sys.stderr, flush=True))
 
 
-def predict(cfg) -> Path:
+def predict(cfg: RunConfig) -> Path:
     """`--do_predict`: predictions of an exported task model; returns the file written."""
     import os
 
-    from ernie_mtl.engine.inference import predict as predict_file, stage_export_dir
+    from ernie_mtl.engine.saved_models import predict as predict_file, stage_export_dir
 
     t = cfg.train
+    assert t.task is not None and t.pred_file is not None  # --do_predict's checks (engine/config_checks.py)
     output = t.predict_output or os.path.join(t.output_dir, t.task, "predictions.json")
     return predict_file(stage_export_dir(t.output_dir, t.task, t.stage), t.pred_file, output,
                         use_gpu=resolve_device(t.device) == "gpu", cpu_kernels=t.cpu_kernels)
@@ -207,3 +213,10 @@ def flags_restored() -> Iterator[None]:
         yield
     finally:
         paddle.set_flags(before)
+
+
+def resume_point(output_dir: str) -> dict:
+    """The watchdog's resume hint for a run in `output_dir`: its model_last, and whether it is complete
+    (the watchdog, in the dist layer, does not know the checkpoint layout)."""
+    last = last_dir(output_dir)
+    return {"resume_point": str(last), "resume_ready": lambda: is_complete(last)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence
 
 from ernie_mtl.checkpoint.reshard import Continuation
 from ernie_mtl.checkpoint.store import CheckpointRef, Checkpointer, read_train_state_file
@@ -27,6 +27,9 @@ from ernie_mtl.dist.compat import is_cpu_build, strip_gpu_sync_ops
 from ernie_mtl.program.cpu_kernels import tune_for_cpu, use_onednn_ops
 from ernie_mtl.program.kernel_choice import (KernelCache, KernelChoice, Measure, machine_identity, measure_choice,
                                              reconcile)
+
+if TYPE_CHECKING:  # annotations only: no import at run time (no cycle)
+    from ernie_mtl.config import RunConfig
 
 
 @dataclass
@@ -96,7 +99,7 @@ class Process:
     barrier: StoreBarrier
 
 
-def start_job(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]] = None) -> Process:
+def start_job(cfg: RunConfig, *, on_distributed: Optional[Callable[[ProcessInfo], None]] = None) -> Process:
     """`start_process` and the job's barrier."""
     from ernie_mtl.dist.compat import require_supported_paddle
 
@@ -105,7 +108,7 @@ def start_job(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]] = 
     return Process(info=info, log=log, topo=topo, barrier=StoreBarrier(info))
 
 
-def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]] = None,
+def open_session(cfg: RunConfig, *, on_distributed: Optional[Callable[[ProcessInfo], None]] = None,
                  notes: Sequence[str] = (), process: Optional[Process] = None) -> Session:
     """Set up the run `cfg` (a validated RunConfig). `on_distributed(info)` runs once the job's store
     exists (the command line's peer watch); `notes` are logged first (the entry point's thread and
@@ -154,7 +157,7 @@ def open_session(cfg, *, on_distributed: Optional[Callable[[ProcessInfo], None]]
     return session
 
 
-def resolve_resume(cfg, info: ProcessInfo, log) -> Optional[CheckpointRef]:
+def resolve_resume(cfg: RunConfig, info: ProcessInfo, log) -> Optional[CheckpointRef]:
     """The checkpoint `--resume` designates (None: a new run), found and verified -- every file's
     size and SHA-1, train_state.json field by field -- first thing, so a damaged or inconsistent
     checkpoint stops the run within seconds instead of after index caches and programs are built.
@@ -168,7 +171,7 @@ def resolve_resume(cfg, info: ProcessInfo, log) -> Optional[CheckpointRef]:
     return finder.resolve(cfg.train.resume, overwrite=cfg.train.overwrite_output_dir)
 
 
-def build_programs(cfg, topo: Topology, plan: RunPlan) -> Programs:
+def build_programs(cfg: RunConfig, topo: Topology, plan: RunPlan) -> Programs:
     """The run's programs, the LR horizon being the planned number of optimizer steps. Built with
     the working directory set to `<output_dir>/program_desc`: fleet's sharding dumps its programs
     into the cwd."""
@@ -178,7 +181,7 @@ def build_programs(cfg, topo: Topology, plan: RunPlan) -> Programs:
         return build_run_programs(cfg, topo, plan.tasks, total_steps=plan.planned.total_steps)
 
 
-def cpu_kernel_choice(cfg, info: ProcessInfo, barrier, programs: Programs, plan: RunPlan,
+def cpu_kernel_choice(cfg: RunConfig, info: ProcessInfo, barrier, programs: Programs, plan: RunPlan,
                       resume_from: Optional[CheckpointRef], log, *, measure: Optional[Measure] = None,
                       cache_path: Optional[os.PathLike] = None) -> Optional[KernelChoice]:
     """The CPU kernels of this run (None on GPU: nothing is timed there). Rank 0 decides
@@ -196,7 +199,7 @@ def cpu_kernel_choice(cfg, info: ProcessInfo, barrier, programs: Programs, plan:
     return KernelChoice.from_json(shared["choice"])
 
 
-def decide_cpu_kernels(cfg, programs: Programs, plan: RunPlan, resume_from: Optional[CheckpointRef], *,
+def decide_cpu_kernels(cfg: RunConfig, programs: Programs, plan: RunPlan, resume_from: Optional[CheckpointRef], *,
                        measure: Optional[Measure] = None, cache_path: Optional[os.PathLike] = None):
     """(the kernels, a note or None) for --cpu_kernels: auto times the candidates on the built training
     program (kernel_choice.measure_choice: the kernel cache first) at the largest micro-batch and
@@ -244,7 +247,8 @@ def tune_programs(programs: Programs, kernels: KernelChoice) -> str:
             f"{sum(changed.values())} ops{notes}")
 
 
-def make_executor(cfg, info: ProcessInfo, programs: Programs, log, *, kernels: Optional[KernelChoice] = None):
+def make_executor(cfg: RunConfig, info: ProcessInfo, programs: Programs, log, *,
+                  kernels: Optional[KernelChoice] = None):
     """The executor for --device, with `programs` made runnable here (CPU: GPU sync ops stripped),
     on CPU tuned with `kernels` (`tune_programs`; logged with the executor in use; a fixed
     --cpu_kernels mode needs none given), and initialised in the current scope (startup, pretrained

@@ -1,5 +1,5 @@
-"""The two-stage recipe as one run (MT-DNN, Liu et al. 2019): the multi-task stage, then each target
-refined alone from the multi-task weights, in the same output folder and the same processes.
+"""The two-stage recipe of MT-DNN as one run: the multi-task stage, then each target refined alone from
+the multi-task weights, in the same output folder and the same processes. (MT-DNN: Liu et al. 2019.)
 
     output_dir/                      the multi-task stage (its checkpoints, best_<task>, test results)
       refine/<task>/                 target <task>'s refine stage: the same layout again
@@ -29,13 +29,16 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from ernie_mtl.checkpoint.io import write_json_atomic
 from ernie_mtl.checkpoint.layout import (REFINE_DIR, STAGES_FILE, TEST_RESULTS, best_dir, export_dir, is_complete,
                                          last_dir, multitask_export_dir, refine_dir)
 from ernie_mtl.config import ConfigError
 from ernie_mtl.planning.refine import REFINE_KEYS, refine_budget, refine_config, refine_targets
+
+if TYPE_CHECKING:  # annotations only: no import at run time (no cycle)
+    from ernie_mtl.config import RunConfig
 
 STAGES_VERSION = 1
 MULTITASK = "multitask"
@@ -46,18 +49,18 @@ _OPERATIONAL = ("output_dir", "resume", "overwrite_output_dir", "logging_freq", 
                 "stage")
 
 
-def multitask_config(cfg):
+def multitask_config(cfg: RunConfig):
     """The multi-task stage's RunConfig: the run's, which the refine keys do not change."""
     return cfg
 
 
-def stage_key(cfg) -> str:
+def stage_key(cfg: RunConfig) -> str:
     """A digest of what a stage computes (its model, optimizer, tasks and data files, seed): the same key,
     the same results. Operational settings (where, how often to log, threads, kernels) are left out."""
     from ernie_mtl.data.identity import data_identity
     from ernie_mtl.planning.plan import idle_tasks
 
-    d = cfg.to_dict()
+    d: Dict[str, Any] = dict(cfg.to_dict())
     d["train"] = {k: v for k, v in d["train"].items() if k not in _OPERATIONAL}
     # callbacks and plugins observe a run (a resume may add or drop them); the task types they register are
     # named by the tasks' readers
@@ -148,7 +151,8 @@ class StageRun:
     process: Any  # engine.session.Process
 
 
-def run_stages(cfg, run_stage: Callable[[Any, Optional[Any], str], StageRun], process) -> Tuple[Any, Dict[str, Any]]:
+def run_stages(cfg: RunConfig, run_stage: Callable[[Any, Optional[Any], str], StageRun],
+               process) -> Tuple[Any, Dict[str, Any]]:
     """Run the multi-task stage then each refine stage (module docstring) in `process` (the job, set up
     once); `run_stage(stage_cfg, process, label)` trains one. Returns (the multi-task stage's RunResult or
     None when it was complete already, {target: the refine stage's RunResult or its record})."""
@@ -215,7 +219,7 @@ def run_stages(cfg, run_stage: Callable[[Any, Optional[Any], str], StageRun], pr
     return first, {"record": record, "refined": results, "multitask_test": multitask_test}
 
 
-def _start_of(cfg, target: str, out: Path) -> Path:
+def _start_of(cfg: RunConfig, target: str, out: Path) -> Path:
     """The checkpoint a refine stage warm-starts from (refine_from: last, or best with last as fallback)."""
     if cfg.setup.mtl.refine_from == "best" and is_complete(best_dir(out, target)):
         return best_dir(out, target)

@@ -20,13 +20,16 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Protocol
 
 from ernie_mtl.checkpoint.layout import METRICS_FILE, TEST_RESULTS
 from ernie_mtl.checkpoint.reshard import Continuation
 from ernie_mtl.checkpoint.store import CheckpointRef, TrainState, existing_outputs
 from ernie_mtl.engine.reporting import consumed_samples
 from ernie_mtl.planning.plan import resume_checks  # noqa: F401  (re-exported: the session's import)
+
+if TYPE_CHECKING:  # annotations only: no import at run time (no cycle)
+    from ernie_mtl.engine.session import Session
 
 
 class Stateful(Protocol):
@@ -57,7 +60,7 @@ TOP_LEVEL = ("sampler", "lr_scheduler")
 COMPONENTS = ("sampler", "lr_scheduler", "exported", "callbacks")
 
 
-def train_state(session, *, step: int, components: Mapping[str, Stateful]) -> TrainState:
+def train_state(session: Session, *, step: int, components: Mapping[str, Stateful]) -> TrainState:
     """The train state at optimizer step `step`: each component's `state_dict()` (`COMPONENTS`) and what
     the session knows of the run (config, topology, name map, data identity, tasks, the CPU kernels)."""
     s = session

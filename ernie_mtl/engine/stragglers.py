@@ -38,15 +38,15 @@ class StragglerWatch:
         mine = (elapsed / max(steps, 1), own_s / max(steps, 1))
         stats: List[Tuple[float, float]] = self.barrier.gather("step times", mine)
         step_s = [s for s, _ in stats]
-        own_s = [h for _, h in stats]
-        slowest = max(range(len(own_s)), key=lambda r: own_s[r])
-        median_step, median_own = statistics.median(step_s), statistics.median(own_s)
+        own = [h for _, h in stats]
+        slowest = max(range(len(own)), key=lambda r: own[r])
+        median_step, median_own = statistics.median(step_s), statistics.median(own)
         scalars = {"perf/step_s_min": min(step_s), "perf/step_s_median": median_step, "perf/step_s_max": max(step_s),
-                   "perf/host_s_min": min(own_s), "perf/host_s_median": median_own, "perf/host_s_max": max(own_s),
+                   "perf/host_s_min": min(own), "perf/host_s_median": median_own, "perf/host_s_max": max(own),
                    "perf/slowest_rank": float(slowest)}
         # each rank against the median of the others (with 2 ranks the median of all would be their midpoint)
-        others = [statistics.median(own_s[:r] + own_s[r + 1:]) for r in range(len(own_s))]
-        over = {r for r, h in enumerate(own_s) if median_step > 0 and (h - others[r]) / median_step > self.factor}
+        others = [statistics.median(own[:r] + own[r + 1:]) for r in range(len(own))]
+        over = {r for r, h in enumerate(own) if median_step > 0 and (h - others[r]) / median_step > self.factor}
         self.running = {r: self.running.get(r, 0) + 1 for r in over}
         flagged = sorted(r for r, n in self.running.items() if n >= self.windows)
         if not flagged:
@@ -54,7 +54,7 @@ class StragglerWatch:
         parts = []
         for r in flagged:
             node = self.endpoints[r].rpartition(":")[0] if r < len(self.endpoints) else ""
-            parts.append(f"rank {r}{f' (node {node})' if node else ''}: {own_s[r] * 1e3:.0f} ms of its own work per "
+            parts.append(f"rank {r}{f' (node {node})' if node else ''}: {own[r] * 1e3:.0f} ms of its own work per "
                          f"step against {others[r] * 1e3:.0f} ms on the other ranks, {self.running[r]} windows running")
         return scalars, ("slow rank: " + "; ".join(parts) + f" (step {median_step:.3f} s; the other ranks wait for it "
                          "in every collective: check its host, data path and disk)")

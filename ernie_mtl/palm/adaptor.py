@@ -54,6 +54,7 @@ import numpy as np
 from ernie_mtl.config import ConfigError
 from ernie_mtl.palm.backbone import runs_own_build as backbone_builds
 from ernie_mtl.palm.head import runs_own_build as head_builds
+from ernie_mtl.palm.batches import PALM_FIELDS, ReaderBatch, palm_view  # noqa: F401  (re-exported)
 from ernie_mtl.palm.reader import is_builtin_reader
 from ernie_mtl.tasks.base import (ATTENTION_PAD, Encoded, HeadOutputs, Option, TaskData, TaskType, get_task_type,
                                   register_task_type)
@@ -63,9 +64,6 @@ TYPE = "palm"
 # reader fields every head can read: computed in the program from the backbone feeds
 DERIVED = ("token_ids", "position_ids", "segment_ids", "input_mask", "task_ids", "seq_lens")
 BACKBONE_INPUTS = DERIVED[:5]  # what a user-defined backbone may read
-# a built-in reader's label feeds (the engine's names) -> PALM's field names
-PALM_FIELDS = {"label": "label_ids", "labels": "label_ids", "masked_lm_positions": "mask_pos",
-               "masked_lm_labels": "mask_label"}
 # built-in heads a user's reader can feed (its `label_ids` is the engine's `label`)
 READER_HEADS = {"Classify": "cls", "Match": "match"}
 
@@ -644,28 +642,6 @@ def reader_batch_feed(batch: Mapping[str, Any], specs: Sequence[FeedSpec], *, wh
     if absent:
         raise ValueError(f"{where}: the batch lacks {absent}, which the head reads (it has {sorted(batch)})")
     return out
-
-
-def palm_view(batch: Mapping[str, np.ndarray], label_names: Sequence[str], *, prefix: str = "") -> "ReaderBatch":
-    """The engine's collated batch as PALM's reader dict: token_ids, position_ids, segment_ids,
-    input_mask [B, L, 1], task_ids and the task's fields under PALM's names (with `prefix`)."""
-    ids = np.asarray(batch["input_ids"])
-    b, s = ids.shape
-    out = ReaderBatch(token_ids=ids, position_ids=np.tile(np.arange(s, dtype=np.int64), (b, 1)),
-                      segment_ids=np.asarray(batch["segment_ids"]),
-                      input_mask=(np.asarray(batch["input_mask"]).reshape(b, s, 1) == 0).astype(np.float32),
-                      task_ids=np.zeros((b, s), dtype=np.int64))
-    for name in label_names:
-        if name in batch:
-            out[prefix + PALM_FIELDS.get(name, name)] = np.asarray(batch[name])
-    out.collated = dict(batch)
-    return out
-
-
-class ReaderBatch(dict):
-    """A batch as PALM's reader dict; `collated` is the engine's batch it shows (fed as it is)."""
-
-    collated: Optional[Dict[str, np.ndarray]] = None
 
 
 def engine_batch(task: TaskType, batch: Mapping[str, Any], *, prefix: str, required: bool,

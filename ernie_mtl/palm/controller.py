@@ -73,7 +73,7 @@ class Controller:
         the records."""
         from ernie_mtl.checkpoint.io import write_json_atomic
         from ernie_mtl.checkpoint.layout import export_dir
-        from ernie_mtl.engine.inference import predict_exported
+        from ernie_mtl.engine.saved_models import predict_exported
         from ernie_mtl.engine.run import static_mode_restored
 
         cfg = self._load(["--do_predict", "--task", task_instance])
@@ -94,7 +94,7 @@ class Controller:
     def _load(self, argv: List[str]):
         from ernie_mtl.config.cli import parse_config
         from ernie_mtl.engine.run import static_mode_restored
-        from ernie_mtl.engine.validate import HOOKS
+        from ernie_mtl.engine.config_checks import HOOKS
 
         argv = list(argv) + ["--task_dir", self._task_dir]
         for key, value in self._flags.items():

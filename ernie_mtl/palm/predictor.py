@@ -30,6 +30,7 @@ import numpy as np
 
 from ernie_mtl.config import ConfigError, TaskSpec
 from ernie_mtl.palm import adaptor
+from ernie_mtl.palm.reader import is_builtin_reader
 from ernie_mtl.tasks.base import TaskContext, TaskType, get_task_type
 from ernie_mtl.tasks.feeds import TASK_TYPE_IDS
 
@@ -182,7 +183,6 @@ class Predictor:
 
     def _task(self, trainer, record: Record, i: int) -> TaskType:
         from ernie_mtl.palm.backbone import runs_own_build as backbone_builds
-        from ernie_mtl.palm.config import _builtin_reader
         from ernie_mtl.palm.head import runs_own_build as head_builds
 
         head, reader = trainer._pred_head, trainer._pred_reader
@@ -190,12 +190,12 @@ class Predictor:
         if head is None:
             raise RuntimeError(f"trainer {trainer.name!r}: build_predict_forward(backbone, head) first")
         custom_backbone = backbone if backbone is not None and backbone_builds(backbone) else None
-        vocab = (reader.vocab_path if reader is not None and _builtin_reader(reader) else None) or self.source.vocab
+        vocab = (reader.vocab_path if reader is not None and is_builtin_reader(reader) else None) or self.source.vocab
         ctx = TaskContext(vocab_file=vocab or "", seed=self.source.seed, model_type=self.source.model_type,
                           log=lambda message: None)
         if adaptor.needs_adaptor(head, reader, custom_backbone):
             inner, inner_options = None, {}
-            if reader is not None and _builtin_reader(reader):
+            if reader is not None and is_builtin_reader(reader):
                 inner = reader.engine_type()
                 inner_options = {**reader.counting_options(), **reader.options()}
                 if not head_builds(head):
@@ -350,9 +350,8 @@ def _arch(arch: Mapping[str, Any]) -> Dict[str, Any]:
 def _batch_size(reader) -> int:
     if reader is None:
         return 1
-    from ernie_mtl.palm.config import _builtin_reader
 
-    return int(reader.batch_size or 1) if _builtin_reader(reader) else 1
+    return int(reader.batch_size or 1) if is_builtin_reader(reader) else 1
 
 
 def _head_type(head) -> str:

@@ -7,7 +7,7 @@ run's vocabulary and seed. `load_data` reads the file at once, as PALM did, so `
 after it and a bad row is reported there, by the engine's own reader (file:line). The files are PALM's:
 TSV with a header (`label`/`text_a`/`text_b`, any column order), sequence labels joined by `\\x02`,
 SQuAD-style MRC JSON, a `text_a` TSV for masked LM. Batches are made by the engine
-(ernie_mtl/engine/feeding.py) when the trainer runs: every example once per epoch in a seeded order (the
+(ernie_mtl/engine/step_feeds.py) when the trainer runs: every example once per epoch in a seeded order (the
 file's order with `shuffle_train=False`), the last batch included. `_iterator()` yields the file's
 batches in order as PALM's dicts (prediction; `Trainer.fit_reader` gives the training batches).
 
@@ -25,6 +25,7 @@ import os
 from typing import Any, Dict, Optional
 
 from ernie_mtl.config import ConfigError
+from ernie_mtl.palm.batches import palm_view
 
 _LANGS = {"en": False, "english": False, "cn": True, "chinese": True}
 _COUNTING_CLASSES = 2 ** 31 - 1  # n_classes while only counting examples (the head sets the real one)
@@ -198,8 +199,6 @@ class _EngineReader(Reader):
     def _iterator(self):
         """The file's batches in order, as PALM's dicts (numpy arrays; the engine's collated batch is
         their `collated` attribute)."""
-        from ernie_mtl.palm.adaptor import palm_view
-
         task, data = self._require_loaded()
         size = self._batch_size
         for start in range(0, len(data), size):

@@ -13,7 +13,9 @@ collected into the engine's configuration and run by the engine (docs/palm.md ma
     trainer.fit_reader(pred_reader, phase="predict")
     records = trainer.predict(output_dir="outputs/predict")  # -> the records, also written as PALM wrote them
 
-`train()` and `train_one_step()` drive the engine's `SteppedRun` (ernie_mtl/engine/stepping.py): the
+This module is PALM's facade; `train()` and `train_one_step()` drive the engine's `SteppedRun`
+(ernie_mtl/engine/stepping.py) through the stepping adaptor (ernie_mtl/palm/stepping.py), and the
+prediction calls go through ernie_mtl/palm/predicting.py. The run has the
 programs, task schedule, checkpoints (exact resume), idle-head freezing, EMA, VisualDL and exports of
 the command line, from a configuration this module assembles (`to_config()` shows it: the same
 mapping as a YAML file gives `run_multitask_static.py --config`). `predict()` reads a checkpoint through
@@ -29,18 +31,15 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
-import numpy as np
 
 from ernie_mtl.config import ConfigError
+from ernie_mtl.palm.batches import PALM_KEYS, PalmBatch  # noqa: F401  (PalmBatch: re-exported)
+from ernie_mtl.palm.predicting import PredictionDriver
+from ernie_mtl.palm.stepping import StepDriver
 
 _TASK_NAME = re.compile(r"[^A-Za-z0-9_-]+")
-_PALM_KEYS = {"input_ids": "token_ids", "label": "label_ids", "labels": "label_ids",
-              "masked_lm_positions": "mask_pos", "masked_lm_labels": "mask_label"}
-KEEP_ALL = 10 ** 9  # keep_last when PALM's saver is on: PALM never removed a checkpoint
-NO_KEPT = 10 ** 12  # save_steps without a saver: model_last only
 
 
 def task_name(name: str) -> str:
@@ -65,16 +64,7 @@ class LossVar:
         return f"LossVar({self.name})"
 
 
-class PalmBatch(dict):
-    """One training step's batch, by PALM's names (`token_ids`, `position_ids`, `segment_ids`,
-    `input_mask` [B, L, 1], `task_ids`, `<trainer name>.label_ids`, ...; `__task_id` in a
-    MultiHeadTrainer). It is a view of the engine's micro-batch, which `train_one_step` trains."""
-
-    prepared: Any = None
-    task: str = ""
-
-
-class Trainer:
+class Trainer(StepDriver, PredictionDriver):
     """PALM's `Trainer(name, mix_ratio, reuse_head_with)`; see the module docstring."""
 
     def __init__(self, name, mix_ratio=1.0, reuse_head_with=None):
@@ -292,7 +282,7 @@ class Trainer:
     def to_config(self, print_steps: Optional[int] = None) -> Dict[str, Any]:
         """The engine configuration these calls amount to: the mapping `ernie_mtl.train` takes (a YAML
         file with the same content runs the same with `run_multitask_static.py --config`)."""
-        from ernie_mtl.palm.config import run_config
+        from ernie_mtl.palm.run_config import run_config
 
         return run_config(self, self._members(), print_steps=print_steps or self._print_steps)
 
@@ -320,68 +310,6 @@ class Trainer:
         a batch the script built (PALM's dict: token_ids, segment_ids, input_mask [B, L, 1] and the task's
         fields, as `<name>.label_ids` or `label_ids`), trained in place of the schedule's batch of its step."""
         return self._step(batch)
-
-    def _step(self, batch):
-        run = self._live_run()
-        if run is None:
-            if isinstance(batch, PalmBatch):
-                raise ValueError("train_one_step: this batch's run is over (or closed); start a new Trainer")
-            run = self._ensure_run()
-        if not isinstance(batch, PalmBatch):
-            batch = self._own_batch(run, batch)
-        losses = run.step(batch.prepared)
-        return {f"{self._display(t)}.loss": np.array([v], dtype=np.float32) for t, v in losses.items()}
-
-    def _own_batch(self, run, batch) -> "PalmBatch":
-        """A batch the script built, as the micro-batch of the run's next step (its task must be the one
-        the schedule drew: the run's task order decides which task trains when)."""
-        from ernie_mtl.palm.adaptor import engine_batch
-        from ernie_mtl.program.forward import make_feed
-        from ernie_mtl.tasks.feeds import TASK_TYPE_IDS
-
-        if not isinstance(batch, dict):
-            raise ValueError(f"train_one_step: a batch is a dict of arrays (PALM's reader fields), got "
-                             f"{type(batch).__name__}")
-        prepared = run.next_batch()
-        if len(prepared.micro) != 1:
-            raise ValueError(f"train_one_step with a batch the script built: this run computes {len(prepared.micro)} "
-                             "micro-batches per step on this process (accumulation); give the run's own batches "
-                             "(get_one_batch) or train without accumulate_steps")
-        micro = prepared.micro[0]
-        tasks = run.trainer.tasks
-        names = [t.spec.name for t in tasks]
-        wanted = micro.task
-        if "__task_id" in batch:
-            own = [m._task for m in self._root()._members()][int(np.asarray(batch["__task_id"]).reshape(-1)[0])]
-            if own != wanted:
-                raise ValueError(f"train_one_step: the batch is task {own!r}'s but the run's next step is task "
-                                 f"{wanted!r}'s (the run's seeded task order decides it); build a batch of {wanted!r} "
-                                 "(get_one_batch() shows the step)")
-        index = names.index(wanted)
-        task = tasks[index]
-        collated = engine_batch(task, batch, prefix=f"{self._root()._display(wanted)}.", required=True,
-                                where=f"train_one_step: the batch of task {wanted!r}")
-        feed = make_feed(tasks, index, collated, use_task_id=TASK_TYPE_IDS in micro.feed)
-        for key in micro.feed:
-            if key not in feed:  # the step's dropout seeds and idle-group flags
-                feed[key] = micro.feed[key]
-        micro.feed = feed
-        micro.tokens = int((np.asarray(collated["input_mask"]) == 0).sum()) * max(
-            1, run.trainer.topo.data_world_size)
-        out = self._palm_batch(prepared)
-        for key, value in batch.items():
-            out.setdefault(key, value)
-        return out
-
-    def _postprocess_step(self, task: str, outputs) -> None:
-        """PALM's trainer: the drawn task's train head gets the step's outputs (its loss)."""
-        from ernie_mtl.palm.head import runs_own_build
-
-        member = next((m for m in self._root()._members() if m._task == task), None)
-        if member is None or member._head is None or not runs_own_build(member._head):
-            return
-        prefix = f"{member._name}."
-        member._head.batch_postprocess({k[len(prefix):]: v for k, v in outputs.items() if k.startswith(prefix)})
 
     def get_one_batch(self, phase="train"):
         """The run's next training batch (the same one until it is trained); `phase='predict'`: the next
@@ -456,7 +384,7 @@ class Trainer:
         `checkpoint` (default: as `predict()` chooses, the run's current weights while it runs):
         accuracy/F1, chunk F1, EM/F1 per task type. A user-defined head has no metrics here (score what
         its postprocessing kept)."""
-        from ernie_mtl.engine.inference import evaluate_checkpoint, evaluate_exported
+        from ernie_mtl.engine.saved_models import evaluate_checkpoint, evaluate_exported
         from ernie_mtl.engine.run import static_mode_restored
         from ernie_mtl.palm.head import runs_own_build
         from ernie_mtl.palm.reader import is_builtin_reader
@@ -469,7 +397,7 @@ class Trainer:
             raise ConfigError([f"evaluate: {type(head).__name__} builds its own graph and has no metrics here; "
                                "predict() and score what its batch_postprocess/epoch_postprocess kept"])
         if checkpoint is None and self._uses_live_weights():
-            from ernie_mtl.engine.prediction import by_name, predict_batches
+            from ernie_mtl.engine.prediction_loop import by_name, predict_batches
 
             predictor = self._prediction_program([self], reader=reader)
             task = predictor.task(self._task)
@@ -489,124 +417,6 @@ class Trainer:
                                    "would be random"])
         return report["metrics"]
 
-    def _predict_postprocessing(self, output_dir):
-        """PALM's prediction loop: every batch through the prediction program, its outputs to the head's
-        batch_postprocess; then epoch_postprocess with the reader's epoch outputs when the head asks."""
-        from ernie_mtl.palm.adaptor import one_pass
-        from ernie_mtl.palm.predictor import palm_outputs
-        from ernie_mtl.palm.reader import is_builtin_reader
-
-        head, reader = self._pred_head, self._pred_reader  # as PALM: what a head keeps stays until its reset()
-        if output_dir is not None:
-            os.makedirs(output_dir, exist_ok=True)
-        kind, path = self._prediction_source()
-        if kind == "exported":
-            run = self._exported_runner(path)
-        else:
-            predictor = self._prediction_program([self])
-            task = predictor.task(self._task)
-
-            def run(collated):
-                return palm_outputs(task, predictor.run(self._task, collated))
-        if is_builtin_reader(reader):
-            from ernie_mtl.engine.prediction import collate_batch, num_batches
-
-            data_task, data = reader._require_loaded()  # the file as load_data read it
-            size = reader.batch_size
-            for j in range(num_batches(len(data), size)):
-                head.batch_postprocess(run(collate_batch(data_task, data, j, size)))
-        else:
-            from ernie_mtl.palm.adaptor import reader_batch_feed
-
-            specs = self._prediction_program([self]).task(self._task).label_feeds() if kind != "exported" else ()
-            for batch in one_pass(reader):
-                head.batch_postprocess(run(reader_batch_feed(batch, specs, required=False,
-                                                             where=f"reader {type(reader).__name__}")))
-        post = {"reader": reader.get_epoch_outputs() if head.epoch_inputs_attrs else None}
-        return head.epoch_postprocess(post, output_dir=output_dir)
-
-    def _explicit_model(self):
-        """(path, "ckpt" | "model") given by load_ckpt / load_predict_model of this trainer, else of the
-        MultiHeadTrainer it is part of; (None, None) when neither was called."""
-        root = self._root()
-        for t in (self, root):
-            if t._predict_from is not None:
-                return t._predict_from, t._predict_kind
-        if root._resume not in (None, "auto") and root._run is None and root._result is None:
-            return root._resume, "ckpt"  # load_ckpt before a training that has not started: its weights
-        return None, None
-
-    def _uses_live_weights(self) -> bool:
-        return self._explicit_model()[0] is None and self._root()._run is not None
-
-    def _prediction_source(self):
-        """("live" | "checkpoint" | "exported" | "pretrained", path) of the weights prediction uses."""
-        if self._uses_live_weights():
-            return "live", None
-        return self._model_source()
-
-    def _prediction_program(self, trainers, reader=None):
-        """The engine's prediction program of `trainers` with the weights `predict()` uses (cached on the
-        root trainer until the source or a head changes; live weights are re-read after each step)."""
-        from ernie_mtl.palm.predictor import Predictor, Source
-
-        root = self._root()
-        key = (tuple(t.task_name for t in trainers), id(reader))
-        cached = root.__dict__.get("_predictor")
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        kind, path = self._prediction_source()
-        if kind == "live":
-            source = Source.live(root._run)
-        elif kind == "checkpoint":
-            source = Source.checkpoint(path)
-        elif kind == "pretrained":
-            seed = next((r.seed for r in (t._pred_reader for t in trainers) if r is not None
-                         and getattr(r, "seed", None) is not None), 0)
-            source = Source.pretrained(path, self._pred_backbone or self._backbone, int(seed))
-        else:
-            raise ConfigError([f"{path}: an exported model runs through Paddle Inference; predict_one_batch and the "
-                               "joint prediction need a checkpoint: load_ckpt(<save_path>/ckpt.step<N>)"])
-        if reader is not None:  # evaluation reads another file than the prediction reader
-            saved = self._pred_reader
-            self._pred_reader = reader
-            try:
-                predictor = Predictor(trainers, source, device=self._device())
-            finally:
-                self._pred_reader = saved
-        else:
-            predictor = Predictor(trainers, source, device=self._device())
-        root._predictor = (key, predictor)
-        return predictor
-
-    def _device(self) -> Optional[str]:
-        device = self._root()._flags.get("device")
-        return None if device in (None, "auto") else str(device)
-
-    def _exported_runner(self, model_dir):
-        from ernie_mtl.engine.inference import predictor_runner, read_manifest
-        from ernie_mtl.palm.predictor import prediction_place
-
-        manifest = read_manifest(Path(model_dir))
-        use_gpu = not type(prediction_place(self._device())).__name__.startswith("CPU")
-        run, names = predictor_runner(Path(model_dir), manifest, use_gpu=use_gpu)
-        return lambda collated: dict(zip(names, (np.asarray(v) for v in run(dict(collated)))))
-
-    def _next_predict_batch(self):
-        from ernie_mtl.palm.adaptor import one_pass
-
-        if self._pred_reader is None:
-            raise RuntimeError("get_one_batch('predict'): fit_reader(reader, phase='predict') first")
-        it = self.__dict__.get("_pred_batches")
-        for _ in range(2):
-            if it is None:
-                it = self._pred_batches = iter(one_pass(self._pred_reader))
-            try:
-                return next(it)
-            except StopIteration:
-                it = self._pred_batches = None
-        raise StopIteration(f"reader {type(self._pred_reader).__name__} yields no batch")
-
     # -- internals ----------------------------------------------------------------------------------
     def _require_phase(self, backbone, head, phase: str, what: str) -> None:
         from ernie_mtl.palm.head import phase_of
@@ -625,184 +435,6 @@ class Trainer:
 
     def _members(self) -> List["Trainer"]:
         return [self]
-
-    def _order(self, run=None) -> List[str]:
-        """The engine's task names, in the engine's order."""
-        return [self._task]
-
-    def _live_run(self):
-        return self._root()._run
-
-    def _index(self, run) -> int:
-        return [t.spec.name for t in run.trainer.tasks].index(self._task)
-
-    def _ensure_run(self):
-        root = self._root()
-        if root._run is None:
-            if root._result is not None:
-                raise RuntimeError("the run is over: train() finished; build a new Trainer to train again")
-            root._run = root._open()
-        return root._run
-
-    def _open(self):
-        """The engine's run of this trainer's configuration (ernie_mtl/engine/stepping.py)."""
-        from ernie_mtl.config.cli import parse_config
-        from ernie_mtl.engine.run import static_mode_restored
-        from ernie_mtl.engine.stepping import SteppedRun
-        from ernie_mtl.engine.validate import HOOKS
-        from ernie_mtl.palm.config import PalmLayout, run_config
-
-        mapping = run_config(self, self._members(), print_steps=self._print_steps)
-        with static_mode_restored():
-            cfg = parse_config([], hooks=HOOKS, config=mapping, config_dir=os.getcwd())
-        if mapping["resume"] != "none":
-            self._check_resumable_readers(cfg)
-        layout = PalmLayout(cfg.train.output_dir if self._save_path else None, self._save_types,
-                            [m._task for m in self._members() if not m._as_aux], fresh=mapping["resume"] == "none",
-                            shown=self._save_path)
-        run = SteppedRun(cfg, callbacks=[layout, *self._callbacks])
-        self._warn_schedule(run)
-        return run
-
-    def _check_resumable_readers(self, cfg) -> None:
-        """A run continues a checkpoint exactly only when each user-defined reader yields the same batches
-        on every pass (the run finds its position by reading the stream again): refused otherwise."""
-        from ernie_mtl.checkpoint.layout import last_dir
-        from ernie_mtl.palm.adaptor import check_deterministic
-        from ernie_mtl.palm.reader import is_builtin_reader
-
-        if self._resume == "auto" and not (last_dir(cfg.train.output_dir) / "train_state.json").is_file():
-            return  # nothing to resume: a new run
-        problems = []
-        for m in self._members():
-            reader = m._train_reader
-            if reader is not None and not is_builtin_reader(reader):
-                why = check_deterministic(reader)
-                if why is not None:
-                    problems.append(f"trainer {m.name!r}: reader {type(reader).__name__} yields other batches on each "
-                                    f"pass of _iterator() ({why}), so a resumed run cannot find the batches the "
-                                    "interrupted one would have read; make its order depend on a seed only (PALM's "
-                                    "readers take seed=...), or start a new run")
-        if problems:
-            raise ConfigError(problems)
-
-    def _warn_schedule(self, run) -> None:
-        sched = self._optimizer._lr_schedualer if self._optimizer is not None else None
-        total = run.trainer.plan.planned.total_steps
-        n = getattr(sched, "num_train_steps", None)
-        if n is not None and n < total:
-            run.trainer.print(f"the learning-rate schedule reaches 0 at step {n} (TriangularSchedualer's "
-                              f"num_train_steps) but the run plans {total} steps: the last {total - n} steps train "
-                              "with rate 0; pass the run's steps as num_train_steps to use them")
-
-    def _batches(self) -> Iterator[PalmBatch]:
-        run = self._ensure_run()
-        while not run.done:
-            yield self._palm_batch(run.next_batch())
-        self._finish()
-
-    def _abort(self) -> None:
-        """Close the run after an error (logs closed, Paddle's flags restored); it cannot continue."""
-        root = self._root()
-        if root._run is not None:
-            run, root._run = root._run, None
-            run.close()
-
-    def _finish(self):
-        root = self._root()
-        if root._result is None and root._run is not None:
-            root._result = root._run.finish()
-            root._run = None
-        return root._result
-
-    def _palm_batch(self, prepared) -> PalmBatch:
-        """The engine's micro-batch as PALM's reader dict (a view: `train_one_step` trains `prepared`)."""
-        micro = prepared.micro[0]
-        feed = micro.feed
-        ids = np.asarray(feed["input_ids"])
-        b, s = ids.shape
-        out = PalmBatch(token_ids=ids, position_ids=np.tile(np.arange(s, dtype=np.int64), (b, 1)),
-                        segment_ids=np.asarray(feed["segment_ids"]),
-                        input_mask=(np.asarray(feed["input_mask"]).reshape(b, s, 1) == 0).astype(np.float32),
-                        task_ids=np.zeros((b, s), dtype=np.int64))
-        display = {m._task: m._name for m in self._root()._members()}
-        prefix = micro.task + "."
-        for key, value in feed.items():
-            if key.startswith(prefix):
-                own = key[len(prefix):]
-                out[f"{display.get(micro.task, micro.task)}.{_PALM_KEYS.get(own, own)}"] = np.asarray(value)
-        if len(display) > 1 or getattr(self._root(), "_multi", False):  # PALM's task id: the trainer's position
-            out["__task_id"] = np.array([list(display).index(micro.task)], dtype=np.int64)
-        out.prepared, out.task = prepared, micro.task
-        return out
-
-    def _model_source(self, explicit=None):
-        """("exported" | "checkpoint" | "pretrained", path) of the weights predict/evaluate use."""
-        from ernie_mtl.checkpoint.layout import MANIFEST, export_dir, is_complete
-
-        path, kind = (explicit, None) if explicit is not None else self._explicit_model()
-        if path is None:
-            result = self._root()._result
-            if result is None or result.last_checkpoint is None:
-                raise RuntimeError("no model to predict with: train() first, or load_ckpt(path) / "
-                                   "load_predict_model(path)")
-            return "checkpoint", str(result.last_checkpoint)
-        p = Path(path).resolve()
-        if (p / MANIFEST).is_file():
-            return "exported", str(p)
-        if (export_dir(p, self._task) / MANIFEST).is_file():
-            return "exported", str(export_dir(p, self._task))
-        if is_complete(p):
-            return "checkpoint", str(p)
-        from ernie_mtl.config.model import is_static_params_dir
-
-        if is_static_params_dir(p) or (p / "model_state.pdparams").is_file():
-            if kind == "model":
-                return "pretrained", str(p)  # load_predict_model(params): PALM's examples/predict, with a warning
-            raise ConfigError([f"{path}: pretrained parameters, not a trained model: the head of task {self._task} "
-                               "would be random (PALM's examples/predict did that; its accuracy was chance). Train "
-                               "first, then predict with <save_path>/ckpt.step<N> or <save_path>/<task>/infer_model; "
-                               "load_predict_model(path) predicts from them anyway, with a warning"])
-        raise ConfigError([f"{path}: neither a checkpoint of this engine (model_<N>, model_last, best_<task>, "
-                           "ckpt.step<N>) nor an exported model (<task>/infer_model with manifest.json)"])
-
-    def _wants_gpu(self) -> bool:
-        from ernie_mtl.palm.predictor import prediction_place
-
-        return not type(prediction_place(self._device())).__name__.startswith("CPU")
-
-    def _own_components(self) -> bool:
-        """Whether prediction involves a user-defined reader or backbone (the engine's prediction program)."""
-        from ernie_mtl.palm.backbone import runs_own_build
-        from ernie_mtl.palm.reader import is_builtin_reader
-
-        backbone = self._pred_backbone or self._backbone
-        return not is_builtin_reader(self._pred_reader) or (backbone is not None and runs_own_build(backbone))
-
-    def _predicted(self, reader, program: bool = False):
-        from ernie_mtl.engine.inference import Predicted, predict_checkpoint, predict_exported
-
-        kind, path = self._prediction_source()
-        if not program and kind == "exported":
-            return predict_exported(path, reader.input_file, batch_size=reader.batch_size,
-                                    overrides={"max_seq_len": reader.max_len}, flag="predict reader file",
-                                    use_gpu=self._wants_gpu())
-        if not program and kind == "checkpoint" and not self._wants_gpu():
-            return predict_checkpoint(path, self._task, reader.input_file, batch_size=reader.batch_size,
-                                      overrides={"max_seq_len": reader.max_len}, flag="predict reader file")
-        from ernie_mtl.engine.prediction import by_name, predict_batches
-        from ernie_mtl.palm.adaptor import PalmTask
-
-        predictor = self._prediction_program([self])
-        task = predictor.task(self._task)
-        data = task.load("pred")
-        names = list(predictor.fwd.predictions[self._task])
-        outputs = by_name(predict_batches(task, data, lambda b: list(predictor.run(self._task, b).values()), names,
-                                          batch_size=task.spec.batch_size), names)
-        if isinstance(task, PalmTask) and task.inner is not None:  # a built-in head's records (its own format)
-            task = task.inner
-        return Predicted(task, data, outputs, step=predictor.source.step)
-
 
 def _check_builds(head, backbone) -> None:
     """A head or backbone built from PALM's bases must implement build (ValueError now, not at training)."""

@@ -346,7 +346,7 @@ def plan_warnings(run_plan: RunPlan, topo, *, flag_mode: bool, max_steps: Option
     epochs = run_plan.planned.epochs
     for i, t in enumerate(run_plan.tasks):
         name, batch = t.spec.name, t.spec.batch_size
-        if run_plan.streams[i].num_examples == 0:  # never drawn (idle_tasks)
+        if len(run_plan.train.get(name, (None,))) == 0:  # never drawn: not read (idle_tasks)
             continue
         global_batch = batch * dw * acc
         sources = t.train_sources()

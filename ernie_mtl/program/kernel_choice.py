@@ -101,7 +101,7 @@ def machine_identity(threads: Optional[int] = None, *, cpuinfo: Optional[Mapping
     differently; the key is unchanged when none is set). Not the number of CPUs nor the run's threads:
     training measurements always run on `TIMING_THREADS`, so one machine type gives one choice whatever the
     topology. `threads` adds the thread count for timings that do depend on it (a predictor's throughput,
-    ernie_mtl/engine/inference.py). Every input can be given (tests)."""
+    ernie_mtl/engine/saved_models.py). Every input can be given (tests)."""
     info = _cpuinfo() if cpuinfo is None else dict(cpuinfo)
     env = os.environ if env is None else env
     if paddle_version is None:

@@ -73,7 +73,7 @@ class TaskContext:
     _tokenizer: Any = field(default=None, repr=False)
 
     def __getstate__(self):
-        """Pickled with the task objects for data-loading worker processes (ernie_mtl/engine/datapath.py).
+        """Pickled with the task objects for data-loading worker processes (ernie_mtl/engine/data_workers.py).
         A worker builds batches from features made in the training process: it takes no part in the
         job's barriers, logs nothing, and gets the tokenizer's special token ids (`TokenizerFacts`,
         what `collate` asks for: pad_token_id) instead of the tokenizer, whose import would load

@@ -181,7 +181,7 @@ def test_a_checkpoint_is_evaluated_with_the_kernels_its_run_recorded(finished, d
 def test_predicting_from_a_checkpoint_uses_the_kernels_its_run_recorded(finished, data):
     """predict_checkpoint (PALM's predict from ckpt.step<N>) runs the recorded forward kernels, as --do_eval
     --checkpoint does; plain agrees within float32 rounding."""
-    from ernie_mtl.engine.inference import predict_checkpoint
+    from ernie_mtl.engine.saved_models import predict_checkpoint
 
     out, _ = finished
     lines, outputs = {}, {}

@@ -591,7 +591,7 @@ ENV = {"launch_master_malformed": {"MASTER": "host-without-port", "NNODES": "2",
                                      ("ips_mode", "61000-65535", {"IPS": "10.0.0.1"})]}}
 LIMIT = {"ckpt_disk_full_on_save": 40_000}
 # fragments the message must NOT contain (a wrong cause, a spurious follow-on problem)
-ABSENT = {"ckpt_another_global_batch": ["cannot resume exactly"], "init_from_another_model": ["problems"],
+ABSENT = {"ckpt_another_global_batch": ["cannot resume exactly"],
           "vocab_with_bom": ["lacks", "problems"], "tool_vocab_with_bom": ["lacks"],
           "mixture_folder_orphan_bin": ["problems"],
           "config_syntax_error_alone": ["is required", "problems"], "config_empty": ["is required"],
@@ -615,14 +615,14 @@ ENGINE = {
     "ckpt_topology_key_missing", "ckpt_rank_sha1_disagrees", "ckpt_consumed_edited", "ckpt_lr_epoch_edited",
     "ckpt_auto_newest_edited", "ckpt_resume_path_damaged_lists_intact", "ckpt_opt_written_damaged",
     "ckpt_none_intact", "ckpt_another_global_batch", "dry_run_another_global_batch",
-    "ckpt_batch_change_micro_not_dividing", "init_from_another_model", "init_from_other_shapes",
+    "ckpt_batch_change_micro_not_dividing", "init_from_other_shapes",
     "init_optimizer_from_paddlenlp", "init_from_paddlenlp_lacking", "ckpt_resume_an_average",
 }
 # a file-size limit on the process (LIMIT); a model loaded through Paddle Inference
 OWN_PROCESS = {"ckpt_disk_full_on_save", "s2d_verify_truncated_export"}
 # also run as the real command: parser, engine and tool refusals, for the path from the command line to the message
 END_TO_END = {"flag_not_a_number", "config_duplicate_key", "mtl_global_and_task_errors_together", "vocab_with_bom",
-              "ckpt_params_truncated", "ckpt_changed_seed", "test_file_bad_row", "init_from_another_model",
+              "ckpt_params_truncated", "ckpt_changed_seed", "test_file_bad_row",
               "eval_ckpt_written_damaged", "predict_truncated_model", "tool_input_missing", "s2d_damaged_checkpoint",
               "reshard_output_exists"}
 

@@ -381,7 +381,7 @@ def test_load_ckpt_then_train_resumes_exactly(ex, tmp_path):
     assert logged_losses(tmp_path / "parts")["8"] == logged_losses(tmp_path / "whole")["8"]
 
 
-def test_a_single_task_trainer_refines_from_the_multi_task_checkpoint(ex, tmp_path, capfd):
+def test_a_single_task_trainer_refines_from_the_multi_task_checkpoint(ex, tmp_path):
     """MT-DNN's second stage in the PALM face: after the multi-task example, a single-task Trainer that
     load_ckpt()s its checkpoint starts a new run from its weights -- the backbone and its own task's head,
     bitwise -- and trains (the multi-task run's other head is not used)."""
@@ -411,10 +411,7 @@ def test_a_single_task_trainer_refines_from_the_multi_task_checkpoint(ex, tmp_pa
     t.configure(device="cpu")
     t.add_callback(begin)
     result = t.train(print_steps=2)
-    assert result.steps == -(-reader.num_examples // 16) > 1  # one epoch
-    log = capfd.readouterr()
-    text = log.err + log.out
-    assert f"warm start from {source.resolve()}" in text and "its head(s) of slot are not used" in text
+    assert result.steps == -(-reader.num_examples // 16) > 1  # one epoch from step 0: a new run, not a resume
     saved = json.loads((source / "train_state.json").read_text())["name_map"]
     values = state(source / "state" / "rank_0")
     taken = [k for k in begin.values if k.startswith(("ernie.", "heads.intent."))]

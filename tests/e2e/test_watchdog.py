@@ -70,7 +70,7 @@ def make(rank, world, store, clock, died, **kw):
 
 def test_a_silent_peer_is_lost_after_the_timeout_and_the_verdict_reaches_every_rank(tmp_path):
     store, clock, died = FakeStore(), Clock(), []
-    watchdog.set_output_dir(str(tmp_path))
+    watchdog.set_resume_point(str(tmp_path / "model_last"))
     r0, r1, r2 = (make(r, 3, store, clock, died) for r in range(3))
     for _ in range(5):  # all alive: no verdict
         for w in (r0, r1, r2):
@@ -212,12 +212,14 @@ def test_rank_0_stays_until_its_live_peers_have_left():
 
 
 def test_resume_hint_and_settings(tmp_path, monkeypatch):
+    from ernie_mtl.engine.run import resume_point
+
     (tmp_path / "model_last").mkdir()
-    assert watchdog.resume_hint(str(tmp_path)).endswith(
-        "(no checkpoint there yet: that run starts from the beginning).")
+    point = resume_point(str(tmp_path))
+    watchdog.set_resume_point(point["resume_point"], point["resume_ready"])
+    assert watchdog.resume_hint().endswith("(no checkpoint there yet: that run starts from the beginning).")
     (tmp_path / "model_last" / "train_state.json").write_text("{}")
-    assert watchdog.resume_hint(str(tmp_path)) == (
-        f"Run the same command again on every node to resume from {tmp_path}/model_last.")
+    assert watchdog.resume_hint() == f"Run the same command again on every node to resume from {tmp_path}/model_last."
     with pytest.raises(ValueError, match="ERNIE_MTL_PEER_TIMEOUT='soon' must be a positive number of seconds"):
         watchdog._env_float({"ERNIE_MTL_PEER_TIMEOUT": "soon"}, "ERNIE_MTL_PEER_TIMEOUT", 120)
     with pytest.raises(ValueError, match="ERNIE_MTL_PEER_TIMEOUT='0'"):
@@ -332,7 +334,8 @@ RANK_SCRIPT = textwrap.dedent("""
         from ernie_mtl.distributed import ProcessInfo, init_distributed
     info = ProcessInfo.from_env()
     init_distributed(info)
-    watchdog.start_peer_watch(info, os.environ["OUT"])  # right after the distributed set-up
+    from ernie_mtl.engine.run import resume_point
+    watchdog.start_peer_watch(info, **resume_point(os.environ["OUT"]))  # right after the distributed set-up
     main, start = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, start):
         x = paddle.static.data("x", [64], "float32")
@@ -409,7 +412,9 @@ def test_a_frozen_node_stops_the_survivor_within_the_timeout(job, tmp_path):
     silence = re.search(r"ernie_mtl watchdog: rank 0: lost rank 1 \(node 127\.0\.0\.1\): no heartbeat for (\d+) s "
                         r"\(ERNIE_MTL_PEER_TIMEOUT=8\)", text)
     assert silence and int(silence.group(1)) >= 8, text[-3000:]
-    assert f"Run the same command again on every node to resume from {tmp_path}/out/model_last" in text
+    # as the entry point names it: the checkpoint folder, and that this run had saved none yet
+    assert (f"Run the same command again on every node to resume from {tmp_path}/out/model_last "
+            "(no checkpoint there yet: that run starts from the beginning)." in text), text[-3000:]
 
 
 @pytest.mark.slow

@@ -129,7 +129,7 @@ def test_a_dump_names_this_ranks_slots_and_samples(tmp_path):
     from types import SimpleNamespace
 
     from ernie_mtl.engine.anomaly import AnomalyPolicy
-    from ernie_mtl.engine.feeding import MicroBatch
+    from ernie_mtl.engine.step_feeds import MicroBatch
 
     def step(step, drawn, read):  # what Feeder.step yields on rank 1 of 2, accumulation 2, batches of 2
         for slot in (1, 3):

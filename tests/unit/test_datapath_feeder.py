@@ -1,4 +1,4 @@
-"""The background data path (ernie_mtl/engine/datapath.py) against the in-process feeder, on the
+"""The background data path (ernie_mtl/engine/data_workers.py) against the in-process feeder, on the
 multi-task test data (cls, seq_label, a pretraining corpus, a plugin task type, and an mlm task):
 the same micro-batches in the same order, also when the schedule changes under it (a target
 finished early) and from a resumed position; errors that name the task, file, sample and worker;
@@ -48,7 +48,7 @@ def run_plan(data, tmp_path_factory):
     from ernie_mtl.dist.process import ProcessInfo
     from ernie_mtl.dist.topology import Topology
     from ernie_mtl.engine.plugins import import_plugins
-    from ernie_mtl.engine.validate import parse
+    from ernie_mtl.engine.config_checks import parse
     from ernie_mtl.planning.plan import prepare
 
     root = tmp_path_factory.mktemp("datapath")
@@ -73,7 +73,7 @@ def run_plan(data, tmp_path_factory):
 
 
 def recipe_of(run_plan, **changes):
-    from ernie_mtl.engine.feeding import FeedRecipe
+    from ernie_mtl.engine.step_feeds import FeedRecipe
     from ernie_mtl.program.idle_heads import FreezeGroup, FreezePlan
 
     cfg, topo, plan, _ = run_plan
@@ -86,7 +86,7 @@ def recipe_of(run_plan, **changes):
 
 
 def background(run_plan, recipe=None, **kwargs):
-    from ernie_mtl.engine.datapath import BackgroundFeeder
+    from ernie_mtl.engine.data_workers import BackgroundFeeder
 
     _, topo, _, plugins = run_plan
     return BackgroundFeeder(recipe or recipe_of(run_plan), plugins=plugins,
@@ -107,7 +107,7 @@ def assert_same(a, b):
 
 
 def in_process(run_plan, steps, start=0, schedule=None, at_step=None):
-    from ernie_mtl.engine.feeding import Feeder
+    from ernie_mtl.engine.step_feeds import Feeder
 
     schedule = schedule or copy.deepcopy(run_plan[2].schedule)
     feeder = Feeder(recipe_of(run_plan))
@@ -158,7 +158,7 @@ def test_workers_of_each_rank_build_its_slots(run_plan):
     is slot r), and the two ranks' micro-batches, interleaved in slot order, are the one process's
     feeds (examples, dropout seeds of the slot, idle flags), token counts aside (scaled by the data
     world). Resumed at step 4 from the schedule's state, the workers follow the slot rule too."""
-    from ernie_mtl.engine.feeding import Feeder
+    from ernie_mtl.engine.step_feeds import Feeder
 
     steps, resume_at = 12, 4
     one = in_process(run_plan, steps)
@@ -234,7 +234,7 @@ def test_a_resumed_position_is_planned_from_the_checkpointed_schedule(run_plan):
 def test_a_failing_sample_names_the_task_file_sample_and_worker(run_plan, user_error):
     import importlib
 
-    from ernie_mtl.engine.feeding import SampleError, SampleUserError
+    from ernie_mtl.engine.step_feeds import SampleError, SampleUserError
     from ernie_mtl.engine.plugins import module_name
 
     _, _, plan, plugins = run_plan
@@ -248,7 +248,7 @@ def test_a_failing_sample_names_the_task_file_sample_and_worker(run_plan, user_e
     kind = SampleUserError if user_error else SampleError
     messages = []
     for feeder in (background(run_plan, recipe), None):
-        from ernie_mtl.engine.feeding import Feeder
+        from ernie_mtl.engine.step_feeds import Feeder
 
         feeder = feeder or Feeder(recipe)
         s = copy.deepcopy(schedule)
@@ -271,7 +271,7 @@ def test_a_failing_sample_names_the_task_file_sample_and_worker(run_plan, user_e
 
 
 def test_a_killed_worker_is_named_and_nothing_is_left_behind(run_plan):
-    from ernie_mtl.engine.feeding import SampleError
+    from ernie_mtl.engine.step_feeds import SampleError
 
     schedule = copy.deepcopy(run_plan[2].schedule)
     feeder = background(run_plan)

@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from ernie_mtl.engine import inference
-from ernie_mtl.engine.inference import (PREDICTOR_RTOL, checkpoint_forward_types, choose_predictor_kernels,
+from ernie_mtl.engine import saved_models as inference
+from ernie_mtl.engine.saved_models import (PREDICTOR_RTOL, checkpoint_forward_types, choose_predictor_kernels,
                                         cpu_predictor, output_difference, predictor_runner, read_manifest)
 from ernie_mtl.program.kernel_choice import KernelChoice
 from ernie_mtl.tasks.base import TaskContext, TaskSpec

@@ -17,11 +17,25 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ernie_mtl"
 
 
-def imported_modules(path: Path, package: str):
+def _type_checking_only(tree):
+    """The nodes inside `if TYPE_CHECKING:` blocks (imports for annotations: never run)."""
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.body:
+                inside.update(id(n) for n in ast.walk(child))
+    return inside
+
+
+def imported_modules(path: Path, package: str, *, runtime_only: bool = False):
     """Every module `path` (whose dotted package is `package`) imports, anywhere in the file, as
-    absolute dotted names."""
+    absolute dotted names (`runtime_only`: not the imports for annotations under `if TYPE_CHECKING:`)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = _type_checking_only(tree) if runtime_only else set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -116,3 +130,92 @@ def test_nothing_cites_developer_notes_outside_the_repository():
     texts = [p for p in sources("ernie_mtl", "data_tools", "benchmarks", "scripts")] + \
         sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
     assert [str(p.relative_to(ROOT)) for p in texts if "shared/notes" in p.read_text(encoding="utf-8")] == []
+
+
+def module_graph(root: Path = None):
+    """{dotted module: the ernie_mtl modules it imports (anywhere in the file, annotations under
+    `if TYPE_CHECKING:` aside)} over the package tree."""
+    root = root or ROOT
+    files = {}
+    for f in sorted((root / "ernie_mtl").rglob("*.py")):
+        rel = f.relative_to(root).with_suffix("")
+        dotted = ".".join(rel.parts[:-1] if f.name == "__init__.py" else rel.parts)
+        files[dotted] = (f, ".".join(rel.parts[:-1]))
+    return {m: {i for i in imported_modules(f, pkg, runtime_only=True) if i in files and i != m}
+            for m, (f, pkg) in files.items()}
+
+
+def cycles_within_packages(graph):
+    """Strongly connected sets of two or more modules of one package (a cycle hidden by a function-local
+    import is still a cycle: the modules cannot be understood, or moved, one without the other)."""
+    def parent(m):
+        return m.rsplit(".", 1)[0]
+
+    found = []
+    for package in sorted({parent(m) for m in graph}):
+        nodes = [m for m in graph if parent(m) == package and m != package]
+        index, low, stack, on, counter = {}, {}, [], set(), [0]
+
+        def visit(v):
+            index[v] = low[v] = counter[0]
+            counter[0] += 1
+            stack.append(v)
+            on.add(v)
+            for w in sorted(graph[v]):
+                if w not in nodes:
+                    continue
+                if w not in index:
+                    visit(w)
+                    low[v] = min(low[v], low[w])
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+
+        for v in nodes:
+            if v not in index:
+                visit(v)
+    return found
+
+
+def test_no_import_cycles_inside_packages():
+    assert cycles_within_packages(module_graph()) == []
+
+
+def test_the_cycle_finder_sees_a_cycle_through_a_function_local_import(tmp_path):
+    """Negative control: a.py imports b at the top, b.py imports a inside a function."""
+    pkg = tmp_path / "ernie_mtl" / "probe"
+    pkg.mkdir(parents=True)
+    (tmp_path / "ernie_mtl" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from ernie_mtl.probe.b import g\n")
+    (pkg / "b.py").write_text("def g():\n    from ernie_mtl.probe import a\n    return a\n")
+    assert cycles_within_packages(module_graph(tmp_path)) == [["ernie_mtl.probe.a", "ernie_mtl.probe.b"]]
+
+
+def private_imports(root: Path = None):
+    """`from ernie_mtl.x import _name` across modules: {file: [names]} (a private name is its module's own;
+    data_tools._helpers, the compiled extension module, is private by its name only)."""
+    root = root or ROOT
+    found = {}
+    for f in sorted(list((root / "ernie_mtl").rglob("*.py")) + list((root / "data_tools").rglob("*.py"))):
+        bad = []
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("ernie_mtl", "data_tools"):
+                bad += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")
+                        and not a.name.startswith("__") and f"{node.module}.{a.name}" != "data_tools._helpers"]
+        if bad:
+            found[str(f.relative_to(root))] = bad
+    return found
+
+
+def test_no_private_names_imported_across_modules():
+    assert private_imports() == {}

@@ -10,7 +10,8 @@ import pytest
 
 from ernie_mtl import palm
 from ernie_mtl.config import ConfigError
-from ernie_mtl.palm.trainer import KEEP_ALL, task_name
+from ernie_mtl.palm.run_config import KEEP_ALL
+from ernie_mtl.palm.trainer import task_name
 
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
 CONFIG = {"attention_probs_dropout_prob": 0.1, "hidden_act": "relu", "hidden_dropout_prob": 0.05, "hidden_size": 32,

@@ -8,10 +8,10 @@ import textwrap
 import pytest
 
 from ernie_mtl.config.cli import _FLAGS
-from ernie_mtl.config import palm as mtl_config
+from ernie_mtl.config import multitask_yaml as mtl_config
 from ernie_mtl.config import ConfigError
-from ernie_mtl.config.palm import is_multitask_yaml, load_multitask_config, split_task_overrides
-from ernie_mtl.engine.validate import HOOKS
+from ernie_mtl.config.multitask_yaml import is_multitask_yaml, load_multitask_config, split_task_overrides
+from ernie_mtl.engine.config_checks import HOOKS
 from ernie_mtl.tasks.base import Option, TaskType, get_task_type, register_task_type
 
 FLAGS = set(_FLAGS)

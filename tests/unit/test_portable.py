@@ -10,7 +10,7 @@ import struct
 import numpy as np
 import pytest
 
-from ernie_mtl.checkpoint import portable
+from ernie_mtl.checkpoint import offline, portable
 from ernie_mtl.checkpoint.store import CheckpointError, Checkpointer, TrainState, merged_state, read_train_state_file
 
 NAME_MAP = {"ernie.embeddings.word_embeddings.weight": "embedding_0.w_0", "ernie.pooler.dense.weight": "linear_0.w_0",
@@ -152,17 +152,17 @@ def test_convert_and_average_offline(tmp_path):
     full, (cp,) = _checkpointers(tmp_path / "run", 1, written)
     a = cp.save("model_2", _state(2))
     b = cp.save("model_4", _state(4))
-    out, n = portable.convert_checkpoint(a, tmp_path / "copy")
+    out, n = offline.convert_checkpoint(a, tmp_path / "copy")
     assert n == len(full) and read_train_state_file(out)["step"] == 2
     assert all(np.array_equal(portable.read_tensors(out)[k], full[k]) for k in full)
     with pytest.raises(CheckpointError, match="exists; choose another --output or pass --overwrite"):
-        portable.convert_checkpoint(a, (tmp_path / "other").mkdir() or tmp_path / "other")
+        offline.convert_checkpoint(a, (tmp_path / "other").mkdir() or tmp_path / "other")
     for overwrite in (False, True):  # a resumable checkpoint is never replaced, --overwrite or not
         with pytest.raises(CheckpointError, match=r"is a checkpoint a run can resume \(step 2\); no tool replaces one"):
-            portable.convert_checkpoint(b, tmp_path / "copy", overwrite=overwrite)
+            offline.convert_checkpoint(b, tmp_path / "copy", overwrite=overwrite)
     with pytest.raises(CheckpointError, match="model_<step> must hold that step"):
-        portable.convert_checkpoint(a, tmp_path / "model_9")
-    avg, n = portable.average_checkpoints([a, b], tmp_path / "avg")
+        offline.convert_checkpoint(a, tmp_path / "model_9")
+    avg, n = offline.average_checkpoints([a, b], tmp_path / "avg")
     raw = read_train_state_file(avg)
     assert raw["weights_only"] is True and raw["step"] == 4 and n == 3  # the three weights, no optimizer state
     assert sorted(portable.read_tensors(avg)) == ["ernie.embeddings.word_embeddings.weight",

@@ -6,7 +6,7 @@ import zlib  # noqa: F401  (before paddle)
 import pytest
 
 from ernie_mtl.config import ConfigError
-from ernie_mtl.engine.validate import parse
+from ernie_mtl.engine.config_checks import parse
 from helpers import tiny_args
 
 

@@ -3,7 +3,7 @@ prediction variables, collected per batch. Three callers share it:
 
 - evaluation during training (ernie_mtl/engine/evaluation.py): the evaluation program on the run's
   executor, each data-parallel rank running its own batches;
-- `--do_predict` / `--do_eval` with an exported model (ernie_mtl/engine/inference.py): Paddle
+- `--do_predict` / `--do_eval` with an exported model (ernie_mtl/engine/saved_models.py): Paddle
   Inference's predictor;
 - `--do_eval --checkpoint`: a checkpoint's forward program rebuilt on an executor.
 

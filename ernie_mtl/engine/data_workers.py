@@ -6,14 +6,14 @@ How, per training process (rank):
 
 - **Workers** are fresh Python interpreters (`subprocess`, not `fork`: a fork of the training
   process would share Paddle's threads' locks, its device context and its sockets to the other
-  ranks). Each maps the run's `FeedRecipe` (feeding.py), pickled once into an anonymous memory file
+  ranks). Each maps the run's `FeedRecipe` (step_feeds.py), pickled once into an anonymous memory file
   (memfd): the task objects and their training data; corpora and cached sample indices travel as
   file names and are memory-mapped again, never copied. Workers import no Paddle, run one math
   thread each (dist/threads.worker_environment), and take orders from a pipe: "micro-batch m of
   step s, tasks `drawn`, task streams at `read`". Order j goes to worker j mod N. Micro-batch m of
   this rank is slot m*D + r of the step (ernie_mtl/program/randomness.slot_of): `drawn` is the tasks
   of all ranks' slots, and the worker reads the slot's task stream at its slot position
-  (feeding.position_of), so a worker builds exactly the examples, dropout seeds and idle flags the
+  (step_feeds.position_of), so a worker builds exactly the examples, dropout seeds and idle flags the
   in-process feeder gives that slot, on any topology.
 - **Planning.** The trainer plans ahead with a copy of the task schedule: a counter-based RNG, so
   the copy draws what the real schedule will (`slots_per_step` draws per step, all ranks' slots;
@@ -57,20 +57,23 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ernie_mtl.engine.feeding import (DataWorkerLost, Feeder, FeedRecipe, MicroBatch, SampleError, SampleUserError,
+from ernie_mtl.engine.step_feeds import (DataWorkerLost, Feeder, FeedRecipe, MicroBatch, SampleError, SampleUserError,
                                      sample_error, to_tensors)
+
+if TYPE_CHECKING:  # annotations only: no import at run time (no cycle)
+    from ernie_mtl.engine.session import Session
 
 _POLL_S = 0.2
 STOPPED_S = 5.0  # a worker the kernel reports stopped (SIGSTOP, a debugger) this long while it owes a result is lost
 _BOOT = ("import zlib, sys\n"  # zlib before anything could import paddle (docs/platform.md)
          "sys.path.insert(0, sys.argv[1])\n"
-         "from ernie_mtl.engine.datapath import worker_main\n"
+         "from ernie_mtl.engine.data_workers import worker_main\n"
          "sys.exit(worker_main(sys.argv[2:]))\n")
 
 
-def open_feeder(session, *, log=None):
+def open_feeder(session: Session, *, log=None):
     """The feeder the run's `--num_workers` asks for: in-process (0) or background (> 0)."""
     recipe = FeedRecipe.from_session(session)
     data = session.cfg.data
@@ -364,7 +367,7 @@ class BackgroundFeeder:
         return SampleUserError(text + where) if user else SampleError(text + where + (f"\n{detail}" if detail else ""))
 
     def _stage_feed(self, feed: Dict[str, Any]) -> Dict[str, Any]:
-        """Arrays -> tensors where the program reads them (feeding.to_tensors): made here, in this
+        """Arrays -> tensors where the program reads them (step_feeds.to_tensors): made here, in this
         thread, while the device runs the current micro-batch."""
         return to_tensors(feed, self.place)
 
@@ -455,7 +458,7 @@ def worker_main(argv: Sequence[str]) -> int:
         j, step, micro, drawn, read = order
         try:
             built = recipe.micro(step, micro, drawn, read)
-            message = ("ok", j, built.task, built.feed, built.tokens, built.slot, built.examples)
+            message: Tuple[Any, ...] = ("ok", j, built.task, built.feed, built.tokens, built.slot, built.examples)
         except SampleUserError as e:
             message = ("error", j, True, str(e), "")
         except SampleError as e:

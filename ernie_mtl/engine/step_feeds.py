@@ -7,7 +7,7 @@ A feed depends only on (seed, step, slot, the schedule's draws, each task's posi
 slot gets the same feed in an uninterrupted and a resumed run, on any process that builds it and on
 any topology with the same global batch (ernie_mtl/planning/schedule.py, "Slots"). `FeedRecipe` is
 everything else a feed depends on, as one picklable object: `Feeder` builds the feeds with it in the
-training process (`--num_workers 0`), the workers of ernie_mtl/engine/datapath.py with a copy of it
+training process (`--num_workers 0`), the workers of ernie_mtl/engine/data_workers.py with a copy of it
 in their own processes. One function builds a micro-batch either way, so both give the same bytes.
 
 A failure while building (a corpus whose bytes changed under the run, a task type's `collate` that

@@ -13,7 +13,7 @@ training executor), featurizes the file with the task's own reader and writes th
 (class + probabilities, tag sequences, or an MRC answer JSON keyed by question id). Every task type
 can be evaluated from a checkpoint; with an exported model every exportable one (`mlm` and
 `pretrain` have no inference model). All three run the batches through the one prediction loop
-(ernie_mtl/engine/prediction.py).
+(ernie_mtl/engine/prediction_loop.py).
 
 **CPU threads and kernels.** Paddle Inference's predictor runs its math library on one thread unless
 `set_cpu_math_library_num_threads` is called; it gets the process's thread budget, the rule training
@@ -43,7 +43,8 @@ from ernie_mtl.checkpoint.layout import (MANIFEST, MODEL_PREFIX, STATE_DIR, best
                                          multitask_export_dir)
 from ernie_mtl.config import ConfigError, TaskSpec
 from ernie_mtl.dist.threads import process_threads
-from ernie_mtl.engine.prediction import by_name, executor_runner, predict_batches
+from ernie_mtl.engine.exporter import float32_scope
+from ernie_mtl.engine.prediction_loop import by_name, executor_runner, predict_batches
 from ernie_mtl.tasks.base import TaskContext, TaskType, get_task_type
 from ernie_mtl.checkpoint.store import CheckpointError, merged_state, unreadable_state_file, verified_state
 from ernie_mtl.program.builder import build_forward_program
@@ -256,6 +257,7 @@ def cpu_predictor(model_dir: Path, manifest: Mapping[str, Any], task: TaskType, 
         return predictor_runner(model_dir, manifest, threads=threads, onednn=onednn)[0]
 
     run = None
+    onednn: Union[bool, Tuple[str, ...]]
     if mode == "plain":
         onednn, what = False, "plain kernels (--cpu_kernels plain)"
     elif mode == "auto":
@@ -263,9 +265,9 @@ def cpu_predictor(model_dir: Path, manifest: Mapping[str, Any], task: TaskType, 
         onednn, what, run = choose_predictor_kernels(model_dir, manifest, sample, threads=threads,
                                                      make_runner=make_runner, cache_path=cache_path, measure=measure)
     else:
-        onednn = KernelChoice.fixed(mode, types).forward_types()
-        what = f"oneDNN on {', '.join(onednn) or 'no op types'} (--cpu_kernels {cpu_kernels})"
-        onednn = onednn or False
+        forward = KernelChoice.fixed(mode, types).forward_types()
+        what = f"oneDNN on {', '.join(forward) or 'no op types'} (--cpu_kernels {cpu_kernels})"
+        onednn = forward or False
     if log:
         log(f"prediction: Paddle Inference on {threads} thread{'s' if threads > 1 else ''} ({why_threads}); {what}")
     return (run or make_runner(onednn)), names
@@ -343,8 +345,9 @@ def _predictable(task: TaskType, pred_file: str, flag: str):
     return data
 
 
-def predict(model_dir: os.PathLike, pred_file: str, output: os.PathLike, *, batch_size: Optional[int] = None,
-            use_gpu: bool = False, log=print, cpu_kernels="auto", threads: Optional[int] = None) -> Path:
+def predict(model_dir: os.PathLike, pred_file: str, output: Union[str, os.PathLike], *,
+            batch_size: Optional[int] = None, use_gpu: bool = False, log=print, cpu_kernels="auto",
+            threads: Optional[int] = None) -> Path:
     """Run an exported task model on `pred_file` with Paddle Inference; write the task's predictions
     (JSON) to `output` atomically. Returns the output path. CPU: `threads` (default: the process's thread
     budget) and `cpu_kernels` as the module docstring says."""
@@ -397,7 +400,6 @@ class CheckpointModel:
                  overrides: Optional[Mapping[str, Any]] = None):
         import paddle
 
-        from ernie_mtl.engine.exporter import float32_scope
 
         self.checkpoint = checkpoint
         try:  # the checks resume and the converter make: a damaged file is never used
@@ -547,3 +549,26 @@ def evaluate_saved(train_cfg, *, use_gpu: bool, log=None) -> Dict[str, Any]:
     output = Path(t.eval_output or Path(t.output_dir) / t.task / "eval_results.json")
     write_json_atomic(output, report, indent=1, sort_keys=False)
     return report
+
+
+def export_from_checkpoint(checkpoint: Path, task_name: str, output: Optional[Path] = None) -> Path:
+    """`task_name`'s inference model from the weights of `checkpoint` (verified; EMA averages when the
+    run kept them), written to `output` (default: `<the checkpoint's output dir>/<task>/infer_model`)."""
+    import paddle
+
+    from ernie_mtl.engine.exporter import export_task_model
+
+    with static_mode():
+        model = CheckpointModel(Path(checkpoint), task_name, what="export")
+        out = output or export_dir(Path(checkpoint).parent, task_name)
+        if not model.task.exportable:
+            raise ConfigError([f"--task {task_name}: a {model.task.name} task has no inference model (its predictions "
+                               "need more than the backbone inputs); use the checkpoint itself"])
+        with paddle.static.scope_guard(model.scope):
+            export_task_model(out, program=model.program, fwd=model.fwd, task=model.task, exe=model.exe,
+                              vocab_file=model.vocab, arch=model.raw["extra"]["arch"], model_type=model.model_type,
+                              use_task_id=model.use_task_id,
+                              extra={"step": model.raw.get("step"), "export_from": str(checkpoint),
+                                     "ema": bool(model.mtl.get("use_ema")), "exported_by": "ernie_mtl",
+                                     "plugins": list(model.mtl.get("plugins", []))})
+    return out

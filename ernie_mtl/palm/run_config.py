@@ -27,11 +27,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ernie_mtl.config import ConfigError
 from ernie_mtl.engine.callbacks import Callback
+from ernie_mtl.palm.reader import is_builtin_reader
 
 # A family's known architecture name: the engine resolves it, then every architecture flag replaces its value.
 FAMILY_BASE = {"ernie": "ernie-1.0-base-zh", "bert": "bert-base-chinese"}
 DEFAULT_OUTPUT = "output"
 
+
+KEEP_ALL = 10 ** 9  # keep_last when PALM's saver is on: PALM never removed a checkpoint
+NO_KEPT = 10 ** 12  # save_steps without a saver: model_last only
 
 def run_config(root, members: Sequence, *, print_steps: int) -> Dict[str, Any]:
     """The configuration mapping of `root` (a Trainer or MultiHeadTrainer) over its `members`. A task
@@ -39,7 +43,6 @@ def run_config(root, members: Sequence, *, print_steps: int) -> Dict[str, Any]:
     (ernie_mtl/palm/adaptor.py)."""
     from ernie_mtl.palm import adaptor
     from ernie_mtl.palm.backbone import runs_own_build as backbone_builds
-    from ernie_mtl.palm.trainer import KEEP_ALL, NO_KEPT
 
     problems: List[str] = []
     for m in members:
@@ -97,7 +100,7 @@ def run_config(root, members: Sequence, *, print_steps: int) -> Dict[str, Any]:
         elif epochs is not None:
             keys["num_epochs"] = epochs
         tasks[m._task] = keys
-    custom_readers = [m.name for m in members if not _builtin_reader(m._train_reader)]
+    custom_readers = [m.name for m in members if not is_builtin_reader(m._train_reader)]
     if custom_readers and int(root._flags.get("num_workers", 0)) > 0:
         problems.append(f"num_workers {root._flags['num_workers']}: trainer(s) {custom_readers} read a user-defined "
                         "reader, which runs in the training process; drop num_workers (it is 0 for such runs)")
@@ -208,7 +211,7 @@ def palm_task_keys(m, custom_backbone) -> Tuple[Dict[str, Any], Any]:
     from ernie_mtl.palm.head import MaskLM, runs_own_build as head_builds
 
     reader, head, pred_head = m._train_reader, m._head, m._pred_head
-    builtin_reader = _builtin_reader(reader)
+    builtin_reader = is_builtin_reader(reader)
     custom_head = head_builds(head)
     if pred_head is not None and head_builds(pred_head) != custom_head:
         raise ValueError(f"its train head {type(head).__name__} and predict head {type(pred_head).__name__}: one "
@@ -281,7 +284,7 @@ def check_custom_head(head, reader, backbone, inner: Optional[str]) -> None:
     wanted = set(attrs.get("reader") or {}) - set(adaptor.DERIVED)
     if reader is None or not wanted:
         return
-    if _builtin_reader(reader):
+    if is_builtin_reader(reader):
         from ernie_mtl.tasks.base import get_task_type
 
         feeds = [f.name for f in _label_feeds_of(get_task_type(inner), reader)]
@@ -306,12 +309,6 @@ def _label_feeds_of(cls, reader):
     task = cls(TaskSpec(name="palm_check", reader=cls.name, index=0, max_seq_len=reader.max_len, batch_size=1,
                         options=options), TaskContext(vocab_file=reader.vocab_path, seed=0, log=lambda message: None))
     return task.label_feeds()
-
-
-def _builtin_reader(reader) -> bool:
-    from ernie_mtl.palm.reader import is_builtin_reader
-
-    return is_builtin_reader(reader)
 
 
 def _vocab_of(reader) -> Optional[str]:
@@ -369,7 +366,7 @@ class PalmLayout(Callback):
             os.symlink(Path(path).name, link)
             trainer.print(f"checkpoint has been saved at {os.path.join(self.shown, link.name)}")
         if "predict" in self.save_types:
-            from ernie_mtl.engine.exporter import export_from_checkpoint
+            from ernie_mtl.engine.saved_models import export_from_checkpoint
 
             for task in self.targets:
                 if trainer.task(task).exportable:

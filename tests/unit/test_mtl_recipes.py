@@ -93,8 +93,8 @@ def cfgdir(tmp_path):
 
 def load(root, extra="", tasks="senti, seg", targets="1, 0", **task_edits):
     from ernie_mtl.config.cli import _FLAGS
-    from ernie_mtl.config.palm import load_multitask_config
-    from ernie_mtl.engine.validate import HOOKS
+    from ernie_mtl.config.multitask_yaml import load_multitask_config
+    from ernie_mtl.engine.config_checks import HOOKS
 
     for name, text in task_edits.items():
         path = root / "tasks" / f"{name}.yaml"

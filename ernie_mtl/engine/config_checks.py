@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
-from ernie_mtl.checkpoint.layout import MANIFEST, export_dir, is_complete
+from ernie_mtl.checkpoint.layout import EXPORT_NAME, MANIFEST, export_dir, is_complete
 from ernie_mtl.config import ConfigError, RunConfig
-from ernie_mtl.config.cli import _vocab_problems, parse_config
+from ernie_mtl.config.cli import vocab_problems, parse_config
 from ernie_mtl.config.slices import RESUME_WORDS, TrainConfig
 from ernie_mtl.config.values import suggest
 from ernie_mtl.data.mixture import parse_mixture
@@ -97,7 +97,7 @@ def _corpus_problems(cfg: RunConfig) -> List[str]:
     # an unusable vocab (a BOM, no [MASK], ...) is reported by config; comparing the corpora with it would
     # only add a follow-on "tokenized with another vocabulary"
     usable = data.vocab_file is not None and data.vocab_file.is_file() and \
-        not _vocab_problems(data.vocab_file, need_mask=True)[1]
+        not vocab_problems(data.vocab_file, need_mask=True)[1]
     vocab = str(data.vocab_file) if usable else None
     try:
         parse_mixture(data.input_dir, what="--input_dir", vocab_file=vocab)
@@ -179,7 +179,7 @@ def _predict_problems(train: TrainConfig) -> List[str]:
     if not train.task:
         problems.append("--do_predict needs --task: the name of a task exported under --output_dir")
     elif not (export_dir(train.output_dir, train.task) / MANIFEST).is_file():
-        found = sorted(p.parent.parent.name for p in Path(train.output_dir).glob(f"*/infer_model/{MANIFEST}"))
+        found = sorted(p.parent.parent.name for p in Path(train.output_dir).glob(f"*/{EXPORT_NAME}/{MANIFEST}"))
         problems.append(f"--task {train.task}: no exported model {export_dir(train.output_dir, train.task)}; "
                         f"tasks exported under --output_dir {train.output_dir}: {found or 'none'}")
     if not train.pred_file:
@@ -198,7 +198,7 @@ def _eval_problems(train: TrainConfig) -> List[str]:
             problems.append(f"--checkpoint {train.checkpoint}: not a complete checkpoint (no train_state.json); give "
                             "a model_last, model_<step> or best_<task> folder")
     elif not (export_dir(train.output_dir, train.task) / MANIFEST).is_file():
-        found = sorted(p.parent.parent.name for p in Path(train.output_dir).glob(f"*/infer_model/{MANIFEST}"))
+        found = sorted(p.parent.parent.name for p in Path(train.output_dir).glob(f"*/{EXPORT_NAME}/{MANIFEST}"))
         problems.append(f"--task {train.task}: no exported model {export_dir(train.output_dir, train.task)} (tasks "
                         f"exported under --output_dir {train.output_dir}: {found or 'none'}); or evaluate a "
                         "checkpoint with --checkpoint PATH")
