@@ -10,7 +10,7 @@ measured over paired seeds (a benchmark that prints tables: never a timed test).
 
 The default table, fixed before any of its results was seen (docs/quality.md, "The default table"):
 both targets cut to 300 training examples, every arm of DEFAULT_ARMS from the 6,000-step pretrained
-weights, 5 paired seeds; about an hour on 2 cores once the pretraining run is cached.
+weights, 5 paired seeds; about 3 hours on 2 cores (50 minutes of it pretraining).
 
 Everything is the real command-line pipeline, run as subprocesses (no engine internals imported):
 
