@@ -11,7 +11,7 @@ from typing import Iterator, List
 import numpy as np
 
 from ernie_mtl.config import ConfigError
-from ernie_mtl.palm.batches import PALM_KEYS, PalmBatch
+from ernie_mtl.palm.batches import PALM_KEYS, PalmBatch, backbone_fields
 
 
 class StepDriver:
@@ -172,12 +172,7 @@ class StepDriver:
         """The engine's micro-batch as PALM's reader dict (a view: `train_one_step` trains `prepared`)."""
         micro = prepared.micro[0]
         feed = micro.feed
-        ids = np.asarray(feed["input_ids"])
-        b, s = ids.shape
-        out = PalmBatch(token_ids=ids, position_ids=np.tile(np.arange(s, dtype=np.int64), (b, 1)),
-                        segment_ids=np.asarray(feed["segment_ids"]),
-                        input_mask=(np.asarray(feed["input_mask"]).reshape(b, s, 1) == 0).astype(np.float32),
-                        task_ids=np.zeros((b, s), dtype=np.int64))
+        out = PalmBatch(backbone_fields(feed))
         display = {m._task: m._name for m in self._root()._members()}
         prefix = micro.task + "."
         for key, value in feed.items():
