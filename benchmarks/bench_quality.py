@@ -85,6 +85,8 @@ ARMS = {
     "normalize": "related + each task's loss divided by a running estimate of its scale (`loss_balance: normalize`)",
     "tapt": "both targets, each with task-adaptive masked LM on its own training text (`tapt: true`)",
     "mtl-refine": "mtl + the two-stage recipe (does refining rescue the demo's set-up?)",
+    "pair": "the two targets only, each the other's auxiliary (mtl without the generic masked LM: is that "
+            "auxiliary what costs a target?)",
 }
 DEFAULT_ARMS = ("single", "single-long", "mtl", "related", "refine", "anneal", "uncertainty", "normalize")
 RECIPES = ("refine", "anneal", "uncertainty", "normalize")  # each modifies `related` by one setting
@@ -96,6 +98,7 @@ STAGE1 = "stage1"  # arm `stage1@<arm>`: a two-stage run's multi-task stage (its
 # evaluation may round differently; any difference in a prediction shows as >= 1/N.
 AGREE_TOL = 1e-9
 DEFAULT_LR = 1e-3
+PRETRAIN_SEED = 1  # the shared pretraining run's seed (every fine-tuning seed starts from it)
 
 
 # --- running the pipeline -----------------------------------------------------------------------------------
@@ -328,7 +331,7 @@ def run_tasks(args, arm: str, task: Optional[str]) -> List[str]:
         return [task]
     if arm in ("mtl", "mtl-refine"):
         return ["corpus", *TASKS]
-    if arm == "tapt":
+    if arm in ("tapt", "pair"):
         return list(TASKS)
     return [*TASKS, "pos"] + (["reviews"] if args.tapt_as_task else [])
 
@@ -626,6 +629,8 @@ def comparison_plan(arms: Sequence[str], inits: Sequence[str], sizes: Sequence) 
                         add("recipe", f"{recipe} vs related", size, init, "related", init, recipe)
             if "mtl-refine" in arms and "mtl" in arms:
                 add("recipe", "mtl-refine vs mtl", size, init, "mtl", init, "mtl-refine")
+            if "pair" in arms and "mtl" in arms:
+                add("control", "mtl vs pair (the generic masked LM added)", size, init, "pair", init, "mtl")
             for arm, base in (("refine", "related"), ("mtl-refine", "mtl")):
                 if arm in arms:
                     add("control", f"{arm} vs its own multi-task stage", size, init, f"{STAGE1}@{arm}", init, arm)
@@ -781,7 +786,10 @@ def parse_args(argv=None):
     p.add_argument("--work_dir", default=str(ROOT / "output" / "bench_quality"),
                    help="data, runs, logs and results.json (finished runs are reused)")
     p.add_argument("--demo_data", default=None, help="an existing prepare_demo_data folder (default: build one)")
-    p.add_argument("--seeds", type=int, default=5, help="seeds 1..N (paired across arms)")
+    p.add_argument("--seeds", type=int, default=5, help="N seeds, paired across arms: --first_seed .. +N-1")
+    p.add_argument("--first_seed", type=int, default=1,
+                   help="first fine-tuning seed (e.g. 6: five fresh seeds beside the default table's 1..5; the "
+                        "shared pretraining stays seed 1's; results-seeds<A>-<B>.json)")
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                    help="comma-separated arms, or `all`; default: the default table's. Arms: "
                         + "; ".join(f"{k}: {v}" for k, v in ARMS.items()))
@@ -839,6 +847,8 @@ def parse_args(argv=None):
     bad = [a for a in args.arm_list if a not in ARMS]
     if bad or not args.arm_list:
         problems.append(f"--arms: unknown {bad}; choose from {list(ARMS)} or `all`")
+    if args.seeds < 1 or args.first_seed < 1:
+        problems.append(f"--seeds {args.seeds} --first_seed {args.first_seed}: both must be at least 1")
     if not args.init_list or set(args.init_list) - {"random", "pretrained"}:
         problems.append(f"--inits {args.inits!r}: choose `random`, `pretrained` or both (comma-separated)")
     try:
@@ -889,8 +899,9 @@ def plan_checks(args, results: dict, seeds: Sequence[int]) -> List[str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    seeds = list(range(1, args.seeds + 1))
-    results_file = args.work / f"results{lr_suffix(args)}.json"
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    seeds_suffix = "" if args.first_seed == 1 else f"-seeds{seeds[0]}-{seeds[-1]}"
+    results_file = args.work / f"results{lr_suffix(args)}{seeds_suffix}.json"
     if args.report_only:
         results = json.loads(results_file.read_text(encoding="utf-8"))
         print(tables(results, results["seeds"]))
@@ -915,7 +926,7 @@ def main(argv=None) -> int:
         pretrained = None
         if "pretrained" in args.init_list:
             if args.pretrain_per_seed or pretrained_shared is None:
-                source = seed if args.pretrain_per_seed else seeds[0]  # the shared run is seed 1's, whatever the order
+                source = seed if args.pretrain_per_seed else PRETRAIN_SEED  # the shared run: seed 1's, whatever the order
                 pretrained_shared, figures = pretrain(args, run, info, source)
                 results["pretraining"][str(source)] = figures
             pretrained = pretrained_shared

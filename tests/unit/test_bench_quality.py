@@ -4,6 +4,7 @@ the plan checks and the tables built from the runs."""
 import zlib  # noqa: F401  (before anything that may load paddle)
 
 import importlib.util
+import json
 import math
 import re
 from pathlib import Path
@@ -103,7 +104,8 @@ def test_tapt_as_task_gives_the_reviews_as_an_mlm_task(tmp_path):
 @pytest.mark.parametrize("flags, message", [
     (["--arms", "single,bogus"], "--arms: unknown ['bogus']"),
     (["--inits", "warm"], "--inits 'warm'"),
-    (["--sizes", "0"], "--sizes '0'"), (["--sizes", "many"], "--sizes 'many'")])
+    (["--sizes", "0"], "--sizes '0'"), (["--sizes", "many"], "--sizes 'many'"),
+    (["--first_seed", "0"], "--first_seed 0: both must be at least 1")])
 def test_bad_flags_are_refused_with_the_flag(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as e:
         _args(tmp_path, *flags)
@@ -122,6 +124,36 @@ def test_the_comparisons_are_fixed_by_the_arms(tmp_path):
     both = bq.comparison_plan(["single", "mtl"], ["random", "pretrained"], [300, "full"])
     assert [(c["size"], c["init_a"], c["init_b"], c["question"]) for c in both if c["kind"] == "pretraining"] == [
         (s, "random", "pretrained", f"pretraining gain, {a}") for s in (300, "full") for a in ("single", "mtl")]
+
+
+def test_the_pair_arm_is_mtl_without_the_generic_masked_lm(tmp_path):
+    args = _args(tmp_path, "--arms", "single,mtl,pair")
+    names, files, glob = _config(args, "pair")
+    mtl_names, mtl_files, mtl_glob = _config(args, "mtl")
+    assert names == ["sentiment", "wordseg"] and mtl_names == ["corpus", "sentiment", "wordseg"]
+    assert {n: files[n] for n in names} == {n: mtl_files[n] for n in names}  # the targets alike
+    assert glob["mix_ratio"] == "1.0, 1.0" and mtl_glob["mix_ratio"] == "0.5, 1.0, 1.0"
+    plan = bq.comparison_plan(args.arm_list, args.init_list, args.sizes)
+    assert ("control", "mtl vs pair (the generic masked LM added)", "pair", "mtl") in [
+        (c["kind"], c["question"], c["a"], c["b"]) for c in plan]
+
+
+def test_fresh_seeds_keep_the_shared_pretraining_and_their_own_results_file(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(bq, "build_data", lambda args, run: {"vocab_size": 1})
+    monkeypatch.setattr(bq.dc, "trivial_baselines", lambda folder: {})
+    monkeypatch.setattr(bq, "pretrain", lambda args, run, info, seed: (calls.append(("pretrain", seed)) or tmp_path,
+                                                                        {}))
+    monkeypatch.setattr(bq, "finetune", lambda args, run, info, size, init, arm, task, seed, pre: (
+        calls.append((arm, task, seed)) or {t: {"reported": {"acc": 0.5, "f1": 0.5}} for t in bq.TASKS} | {
+            "steps": 1, "seconds": 1, "train_seconds": 1, "run": "r", "stage1": {}}))
+    monkeypatch.setattr(bq, "plan_checks", lambda args, results, seeds: [])
+    monkeypatch.setattr(bq, "tables", lambda results, seeds: "")
+    assert bq.main(["--work_dir", str(tmp_path), "--arms", "pair", "--seeds", "2", "--first_seed", "6",
+                    "--quiet"]) == 0
+    assert calls == [("pretrain", 1), ("pair", None, 6), ("pair", None, 7)]  # one shared pretraining: seed 1's
+    assert json.loads((tmp_path / "results-seeds6-7.json").read_text())["seeds"] == [6, 7]
+    assert not (tmp_path / "results.json").exists()
 
 
 def test_paired_verdicts():
