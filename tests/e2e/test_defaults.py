@@ -3,9 +3,9 @@
 The other end-to-end tests pin one thread per process (`OMP_NUM_THREADS=1`) or a kernel mode, which hid
 that a run moved from 2 processes to 1 did not continue bitwise under the defaults: 1 process ran its
 math on 2 threads, the 2 processes on 1 each, and MKL's results depended on the thread count; the kernel
-choice was keyed and timed by the thread count too. Here nothing is pinned: the 1-process run gets this
-machine's cores (2 on CI), the ranks of `paddle.distributed.launch` 1 thread each, and both decide their
-kernels with `auto` (sharing the user's kernel cache, as two runs on one machine do).
+choice was keyed and timed by the thread count too. Here nothing is pinned: a run gets this machine's
+cores (2 on CI) and decides its kernels with `auto`. The run moved from 2 processes to 1 under the
+defaults is tests/e2e/test_elastic.py's flag-mode chain (its launches take the user's environment).
 """
 import zlib  # noqa: F401  (before paddle)
 
@@ -16,69 +16,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from helpers import ENTRY, ROOT, launch_logs, tiny_args, with_hooks
-
-EXCLUSIVE = {"two_processes"}  # these launch several processes: run alone (tests/conftest.py)
-
-PINNED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR", "ERNIE_MTL_THREADS_ORIGIN", "PADDLE_LOCAL_SIZE")
-FLAG = dict(max_steps=6, max_lr=5e-3, min_lr=1e-4, warmup_rate=0.34, logging_freq=1, eval_freq=1000, eval_iters=1,
-            checkpoint_steps=2, save_steps=2, keep_last=5, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-            micro_batch_size=2, global_batch_size=4, num_workers=2)
+from helpers import ENTRY, PINNED_ENV, ROOT, tiny_args, with_hooks
 
 
 def default_env(**extra):
     """The test process's environment without any thread or MKL setting (paddle's import in this process
     wrote OMP_NUM_THREADS=1 into it): what a user's shell gives a run."""
-    env = {k: v for k, v in os.environ.items() if k not in PINNED}
+    env = {k: v for k, v in os.environ.items() if k not in PINNED_ENV}
     env.update(PYTHONPATH=str(ROOT), **extra)
     return env
 
 
-def run(argv, cwd, *, procs=0, env=None, timeout=600):
+def run(argv, cwd, *, env=None, timeout=600):
     argv = with_hooks([str(a) for a in argv], env)
-    prefix = [sys.executable] + (["-m", "paddle.distributed.launch", "--nproc_per_node", str(procs), "--log_dir",
-                                  str(Path(cwd) / "logs")] if procs else [])
-    proc = subprocess.run(prefix + [str(ENTRY)] + argv, cwd=cwd, env=default_env(**(env or {})), capture_output=True,
-                          text=True, timeout=timeout)
-    logs = launch_logs(Path(cwd) / "logs", tail=200_000) if procs else proc.stdout + proc.stderr
-    return proc, logs
-
-
-def final_state(path):
-    from ernie_mtl.checkpoint import merged_state
-
-    transient = ("GradientMerge", "GradiantMerge", "gradient_merge", "learning_rate", "StructuredToParameterName")
-    return {k: np.asarray(v) for k, v in merged_state(Path(path)).items() if not any(t in k for t in transient)}
-
-
-def kernels_of(path):
-    record = json.loads((Path(path) / "train_state.json").read_text())["extra"]["cpu_kernels"]
-    return record["onednn"], record["bias_grads"]
-
-
-def test_two_processes_to_one_continue_bitwise_under_the_defaults(demo, tmp_path):
-    """Uninterrupted: 1 process (this machine's threads), accumulation 2. Chain: 2 processes (1 thread each)
-    SIGKILLed after the checkpoint of step 4, then the same command on 1 process: the final parameters and
-    optimizer state equal the uninterrupted run's bitwise, and both runs chose the same kernels."""
-    straight, logs = run(tiny_args(demo, tmp_path / "straight", **FLAG), tmp_path)
-    assert straight.returncode == 0, logs[-4000:]
-    threads_line = next(line for line in logs.splitlines() if "threads: OMP_NUM_THREADS=" in line)
-    assert "MKL_CBWR=AUTO,STRICT" in threads_line, threads_line
-    argv = tiny_args(demo, tmp_path / "chain", **FLAG)
-    killed, logs = run(argv, tmp_path, procs=2, env={"ERNIE_MTL_TEST_KILL_AT_STEP": "4"})
-    assert killed.returncode != 0 and "MKL_CBWR=AUTO,STRICT" in logs, logs[-4000:]
-    assert json.loads((tmp_path / "chain/model_4/train_state.json").read_text())["topology"]["world_size"] == 2
-    resumed, logs = run(argv, tmp_path)
-    assert resumed.returncode == 0 and "another topology with the same global batch" in logs, logs[-4000:]
-    assert kernels_of(tmp_path / "straight/model_last") == kernels_of(tmp_path / "chain/model_4")
-    a, b = final_state(tmp_path / "straight/model_last"), final_state(tmp_path / "chain/model_last")
-    assert sorted(a) == sorted(b) and len(a) > 100
-    differing = [k for k in a if not np.array_equal(a[k], b[k])]
-    worst = max((float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in differing), default=0.0)
-    assert not differing, f"{len(differing)} variables differ, by up to {worst:.3g}: {differing[:5]}"
+    proc = subprocess.run([sys.executable, str(ENTRY)] + argv, cwd=cwd, env=default_env(**(env or {})),
+                          capture_output=True, text=True, timeout=timeout)
+    return proc, proc.stdout + proc.stderr
 
 
 # -- signals in every phase ------------------------------------------------------------------------------------

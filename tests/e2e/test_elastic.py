@@ -39,7 +39,8 @@ from helpers import ROOT, global_yaml, jsonl, launch_logs, metrics, run_cli, sta
 
 EXCLUSIVE = True  # every test here launches several processes: run alone (tests/conftest.py)
 
-ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "ERNIE_MTL_TEST_SLOTS": "1"}
+SLOTS = {"ERNIE_MTL_TEST_SLOTS": "1"}  # the record_slots test hook
+ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **SLOTS}
 FLAG = dict(max_steps=6, max_lr=5e-3, min_lr=1e-4, warmup_rate=0.34, logging_freq=1, eval_freq=1000, eval_iters=1,
             checkpoint_steps=2, save_steps=2, keep_last=5, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
 MTL = dict(num_epochs=1, max_steps=6, eval_freq=1000, checkpoint_steps=2, save_steps=2, keep_last=5,
@@ -54,18 +55,20 @@ STATE_ATOL = 2e-5
 
 
 # -- running and comparing -------------------------------------------------------------------------------------
-def launch(argv, tmp, *, procs, env=None):
-    """(process, every rank's log) of one launch."""
-    proc = run_cli(argv, cwd=tmp, launch_procs=procs, log_dir=tmp / "logs", env={**ENV, **(env or {})})
+def launch(argv, tmp, *, procs, env=None, user_env=False):
+    """(process, every rank's log) of one launch. `user_env`: the defaults' threads (a user's shell: this
+    machine's cores for 1 process, 1 thread per launched rank) instead of ENV's one thread everywhere."""
+    proc = run_cli(argv, cwd=tmp, launch_procs=procs, log_dir=tmp / "logs", user_env=user_env,
+                   env={**(SLOTS if user_env else ENV), **(env or {})})
     logs = launch_logs(tmp / "logs", tail=100_000) if procs else proc.stdout + proc.stderr
     shutil.rmtree(tmp / "logs", ignore_errors=True)
     return proc, logs
 
 
-def segment(argv, tmp, *, procs, kill_at=None, env=None):
+def segment(argv, tmp, *, procs, kill_at=None, env=None, user_env=False):
     """One launch of a chain: SIGKILLed right after its checkpoint of step `kill_at`, or to the end."""
     kill = {"ERNIE_MTL_TEST_KILL_AT_STEP": str(kill_at)} if kill_at else {}
-    proc, logs = launch(argv, tmp, procs=procs, env={**(env or {}), **kill})
+    proc, logs = launch(argv, tmp, procs=procs, env={**(env or {}), **kill}, user_env=user_env)
     assert (proc.returncode != 0) if kill_at else (proc.returncode == 0), logs[-6000:]
     return logs
 
@@ -130,19 +133,35 @@ def step_losses(out):
 @pytest.fixture(scope="module")
 def flag_chain(demo, tmp_path_factory):
     """The flag-mode bitwise chain and its reference: global batch 4 = 2 micro-batches of 2, 6 steps,
-    a checkpoint kept every 2 steps (chain: model_2 by 1 process, model_4 by 2, model_6 by 1)."""
+    a checkpoint kept every 2 steps (chain: model_2 by 1 process, model_4 by 2, model_6 by 1). Under the
+    defaults a user gets: threads not pinned (1 process computes on this machine's cores, the 2 launched
+    ranks on 1 thread each), `--cpu_kernels auto`, 2 data-loading workers."""
     tmp = tmp_path_factory.mktemp("flag")
-    segment(tiny_args(demo, tmp / "straight", micro_batch_size=2, global_batch_size=4, **FLAG), tmp, procs=0)
-    argv = tiny_args(demo, tmp / "chain", micro_batch_size=2, global_batch_size=4, **FLAG)
-    logs = [segment(argv, tmp, procs=0, kill_at=2),  # 1 process, accumulation 2
-            segment(argv + PORTABLE, tmp, procs=2, kill_at=4),  # 2 processes, accumulation 1, portable format
-            segment(argv, tmp, procs=0)]  # 1 process again
-    return tmp, logs
+    flags = dict(FLAG, num_workers=2)
+    straight = segment(tiny_args(demo, tmp / "straight", micro_batch_size=2, global_batch_size=4, **flags), tmp,
+                       procs=0, user_env=True)
+    argv = tiny_args(demo, tmp / "chain", micro_batch_size=2, global_batch_size=4, **flags)
+    logs = [segment(argv, tmp, procs=0, kill_at=2, user_env=True),  # 1 process, accumulation 2
+            # 2 processes, accumulation 1, portable format
+            segment(argv + PORTABLE, tmp, procs=2, kill_at=4, user_env=True),
+            segment(argv, tmp, procs=0, user_env=True)]  # 1 process again
+    return tmp, [straight] + logs
+
+
+def kernels_of(out, name="model_last"):
+    record = saved(out, name)["extra"]["cpu_kernels"]
+    return record["onednn"], record["bias_grads"]
 
 
 @pytest.mark.slow
 def test_flag_mode_continues_bitwise_on_2_processes_and_back_on_1(flag_chain):
-    tmp, logs = flag_chain
+    """Bitwise under the defaults: MKL's results would depend on the thread count (1 process on 2 threads,
+    the ranks on 1 each) without MKL_CBWR=AUTO,STRICT, set by the CLI; `auto` chooses the same kernels on
+    1 process and on 2 (the choice is keyed by the CPU kind, not by threads or processes)."""
+    tmp, (straight, *logs) = flag_chain
+    threads = next(line for line in straight.splitlines() if "threads: OMP_NUM_THREADS=" in line)
+    assert "MKL_CBWR=AUTO,STRICT" in threads and "MKL_CBWR=AUTO,STRICT" in logs[1], threads
+    assert kernels_of(tmp / "straight") == kernels_of(tmp / "chain", "model_4") == kernels_of(tmp / "chain")
     assert "another topology with the same global batch" in logs[1] and "with the same dropout masks" in logs[1]
     assert "checkpoint: 2 processes (dp 2 x sharding 1), micro batch 2 x accumulation 1, global batch 4" in logs[2]
     compare(tmp / "straight", tmp / "chain", bitwise=True, label="flag: 1 process x 2 -> dp 2 -> 1 process x 2")
