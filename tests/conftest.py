@@ -80,7 +80,8 @@ def job(tmp_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that launch several processes, pick ports or measure memory get the `exclusive` marker:
+    """Tests that launch several processes or pick ports get the `exclusive` marker (a test measuring
+    its own processes' memory is not: other tests' processes do not change it):
     `make test` runs them alone, after the others (which share the cores through xdist). A module
     says which with `EXCLUSIVE`, per test: names matched against a test's id (a substring) and its
     fixtures (e.g. a fixture that launches two ranks); True only where every test of the module

@@ -20,8 +20,6 @@ import pytest
 
 from helpers import global_yaml, proc_alive
 
-EXCLUSIVE = {"memory", "killed"}  # time-sensitive: run alone (tests/conftest.py)
-
 MLM_ROWS = ["国家的东方", "了是国家", "东方的了", "是了的国家东"] * 10
 FAILING = '''
 class FailAt:
