@@ -37,7 +37,9 @@ import pytest
 
 from helpers import ROOT, global_yaml, jsonl, launch_logs, metrics, run_cli, state, tiny_args
 
-EXCLUSIVE = True  # every test here launches several processes: run alone (tests/conftest.py)
+# the tests whose runs launch several processes run alone (tests/conftest.py); the ones that continue only
+# the 1-process reference runs (flag_straight, mtl_straight) share the cores
+EXCLUSIVE = {"flag_chain", "mtl_chain", "four_topologies", "through_sharding"}
 
 SLOTS = {"ERNIE_MTL_TEST_SLOTS": "1"}  # the record_slots test hook
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **SLOTS}
@@ -131,22 +133,27 @@ def step_losses(out):
 
 # -- flag mode ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def flag_chain(demo, tmp_path_factory):
-    """The flag-mode bitwise chain and its reference: global batch 4 = 2 micro-batches of 2, 6 steps,
-    a checkpoint kept every 2 steps (chain: model_2 by 1 process, model_4 by 2, model_6 by 1). Under the
-    defaults a user gets: threads not pinned (1 process computes on this machine's cores, the 2 launched
-    ranks on 1 thread each), `--cpu_kernels auto`, 2 data-loading workers."""
+def flag_straight(demo, tmp_path_factory):
+    """The uninterrupted flag-mode run of the chain below (1 process, global batch 4 = 2 micro-batches of 2,
+    6 steps, a checkpoint kept every 2 steps), under the defaults a user gets: threads not pinned (1 process
+    computes on this machine's cores), `--cpu_kernels auto`, 2 data-loading workers."""
     tmp = tmp_path_factory.mktemp("flag")
-    flags = dict(FLAG, num_workers=2)
-    straight = segment(tiny_args(demo, tmp / "straight", micro_batch_size=2, global_batch_size=4, **flags), tmp,
-                       procs=0, user_env=True)
-    argv = tiny_args(demo, tmp / "chain", micro_batch_size=2, global_batch_size=4, **flags)
+    straight = segment(tiny_args(demo, tmp / "straight", micro_batch_size=2, global_batch_size=4,
+                                 **dict(FLAG, num_workers=2)), tmp, procs=0, user_env=True)
+    return tmp, straight
+
+
+@pytest.fixture(scope="module")
+def flag_chain(flag_straight, demo):
+    """The flag-mode bitwise chain beside its reference (chain: model_2 by 1 process, model_4 by 2 launched
+    ranks on 1 thread each, model_6 by 1 process), under the same defaults."""
+    tmp, straight = flag_straight
+    argv = tiny_args(demo, tmp / "chain", micro_batch_size=2, global_batch_size=4, **dict(FLAG, num_workers=2))
     logs = [segment(argv, tmp, procs=0, kill_at=2, user_env=True),  # 1 process, accumulation 2
             # 2 processes, accumulation 1, portable format
             segment(argv + PORTABLE, tmp, procs=2, kill_at=4, user_env=True),
             segment(argv, tmp, procs=0, user_env=True)]  # 1 process again
     return tmp, [straight] + logs
-
 
 def kernels_of(out, name="model_last"):
     record = saved(out, name)["extra"]["cpu_kernels"]
@@ -192,11 +199,11 @@ def test_flag_mode_continues_on_four_topologies_within_float32(demo, tmp_path):
 
 
 @pytest.mark.slow
-def test_flag_mode_another_micro_batch_keeps_the_samples_and_stays_within_the_seeds(flag_chain, demo):
+def test_flag_mode_another_micro_batch_keeps_the_samples_and_stays_within_the_seeds(flag_straight, demo):
     """Micro batch 2 -> 4 at step 2 (global batch 4: accumulation 2 -> 1): every step reads the
     samples of the uninterrupted run; a dropout op then draws one mask for a tensor of another
     shape, so the losses differ, but by less than the spread of 3 seeds of the uninterrupted run."""
-    tmp, _ = flag_chain
+    tmp, _ = flag_straight
     argv = tiny_args(demo, tmp / "micro", micro_batch_size=2, global_batch_size=4, **FLAG)
     segment(argv, tmp, procs=0, kill_at=2)
     logs = segment(tiny_args(demo, tmp / "micro", micro_batch_size=4, global_batch_size=4, **FLAG), tmp, procs=0)
@@ -223,8 +230,8 @@ def test_flag_mode_another_micro_batch_keeps_the_samples_and_stays_within_the_se
 
 
 @pytest.mark.slow
-def test_flag_mode_another_global_batch_is_refused_or_continued_by_samples(flag_chain, demo):
-    tmp, _ = flag_chain
+def test_flag_mode_another_global_batch_is_refused_or_continued_by_samples(flag_straight, demo):
+    tmp, _ = flag_straight
     out = tmp / "bigger"
     argv = tiny_args(demo, out, micro_batch_size=2, global_batch_size=8, **FLAG) + [
         "--resume", str(tmp / "straight" / "model_2")]
@@ -285,10 +292,17 @@ def mtl_config(data, name, out, **keys):
 
 
 @pytest.fixture(scope="module")
-def mtl_chain(data, tmp_path_factory):
-    """The multi-task bitwise chain and its reference: 2 micro-batches (slots) per step, 6 steps."""
+def mtl_straight(data, tmp_path_factory):
+    """The uninterrupted multi-task run of the chain below: 2 micro-batches (slots) per step, 6 steps."""
     tmp = tmp_path_factory.mktemp("mtl")
     segment(mtl_config(data, "straight", tmp / "straight", global_batch_size=16), tmp, procs=0)
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def mtl_chain(mtl_straight, data):
+    """The multi-task bitwise chain beside its reference: 1 process -> 2 -> 1."""
+    tmp = mtl_straight
     argv = mtl_config(data, "chain", tmp / "chain", global_batch_size=16)
     logs = [segment(argv, tmp, procs=0, kill_at=2), segment(argv + PORTABLE, tmp, procs=2, kill_at=4),
             segment(argv, tmp, procs=0)]
@@ -318,10 +332,10 @@ def test_multitask_continues_through_sharding_within_float32(data, tmp_path):
 
 
 @pytest.mark.slow
-def test_multitask_another_global_batch_continues_the_slot_sequence(mtl_chain, data):
+def test_multitask_another_global_batch_continues_the_slot_sequence(mtl_straight, data):
     """2 -> 4 micro-batches per step from step 2 with --allow_batch_change: the tasks and examples of the
     uninterrupted run's slot sequence, grouped 4 per step from there; the LR by micro-batches drawn."""
-    tmp, _ = mtl_chain
+    tmp = mtl_straight
     out = tmp / "bigger"
     argv = mtl_config(data, "bigger", out, global_batch_size=32) + ["--resume", str(tmp / "straight" / "model_2")]
     refused, _ = launch(argv, tmp, procs=0)
@@ -342,7 +356,7 @@ def test_multitask_another_global_batch_continues_the_slot_sequence(mtl_chain, d
 
 
 @pytest.mark.slow
-def test_offline_conversion_to_the_portable_format_keeps_every_tensor(flag_chain, tmp_path):
+def test_offline_conversion_to_the_portable_format_keeps_every_tensor(flag_straight, tmp_path):
     """ernie-mtl-reshard: a Paddle-format checkpoint as the portable format (every tensor by structured
     name, bitwise), listed by --inspect; the converter to PaddleNLP reads both alike; averaging two."""
     from ernie_mtl.checkpoint import portable
@@ -352,7 +366,7 @@ def test_offline_conversion_to_the_portable_format_keeps_every_tensor(flag_chain
         return subprocess.run([sys.executable, "-m", "ernie_mtl.convert.reshard_cli", *map(str, args)], cwd=tmp_path,
                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
-    tmp, _ = flag_chain
+    tmp, _ = flag_straight
     source = tmp / "straight" / "model_4"
     proc = reshard(source, "--output", tmp_path / "model_4")
     assert proc.returncode == 0, proc.stderr
