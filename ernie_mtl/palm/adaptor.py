@@ -180,7 +180,7 @@ class PalmTask(TaskType):
             raise RuntimeError(f"task {self.spec.name}: a user-defined reader runs in the training process "
                                "(--num_workers 0)")
         state = dict(self.__dict__)
-        state["b"] = dataclasses.replace(self.binding, head=None, pred_head=None, reader=None, pred_reader=None,
+        state["binding"] = dataclasses.replace(self.binding, head=None, pred_head=None, reader=None, pred_reader=None,
                                          backbone=None)
         state["_label_specs"] = self.label_feeds()
         state["_streams"] = {}
