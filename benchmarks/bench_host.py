@@ -257,7 +257,7 @@ class BenchGaps(Callback):
 
     def on_train_begin(self, trainer):
         self.runs, self.steps = [], []
-        run, main = trainer.exe.run, trainer.p.main
+        run, main = trainer.exe.run, trainer.programs.main
 
         def timed(program=None, *args, **kwargs):
             start, cpu = time.perf_counter(), time.thread_time()
@@ -430,7 +430,7 @@ class GpuSim(Callback):
         self.fetch_wait = 0.0
         self.trainer = trainer
         self.workers = [w.process.pid for w in getattr(trainer.feeder, "workers", [])]
-        run, main = trainer.exe.run, trainer.p.main
+        run, main = trainer.exe.run, trainer.programs.main
 
         def sim_run(program=None, *args, **kwargs):
             fetch = kwargs.get("fetch_list") if "fetch_list" in kwargs else (args[1] if len(args) > 1 else None)

@@ -69,20 +69,21 @@ def _main(argv: Sequence[str], notes: Sequence[str]) -> int:
 
     cfg = parse(argv)
     preemption.guard_again()  # paddlenlp's import (model and tokenizer classes) reset SIGTERM to its default
-    t = cfg.train
-    if t.do_predict:
+    train_cfg = cfg.train
+    if train_cfg.do_predict:
         run.predict(cfg)
-    elif t.do_eval:
+    elif train_cfg.do_eval:
         print(json.dumps(run.evaluate(cfg), indent=1, ensure_ascii=False))
-    elif t.dry_run:
+    elif train_cfg.dry_run:
         print(run.plan(cfg))
-    elif t.prebuild_index:
+    elif train_cfg.prebuild_index:
         run.prebuild(cfg)
     else:
         try:
             # a lost rank stops the job, naming it (the watch and the signal handlers are this process's)
-            run.train(cfg, notes=notes, preempt_signals=preemption.parse_signals(t.preempt_signals),
-                      on_distributed=lambda info: watchdog.start_peer_watch(info, **run.resume_point(t.output_dir)))
+            run.train(cfg, notes=notes, preempt_signals=preemption.parse_signals(train_cfg.preempt_signals),
+                      on_distributed=lambda info: watchdog.start_peer_watch(
+                          info, **run.resume_point(train_cfg.output_dir)))
         except preemption.Preempted:
             watchdog.finish()  # a planned stop: the peers stop watching this rank
             return preemption.EXIT_PREEMPTED

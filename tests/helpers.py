@@ -367,7 +367,7 @@ class IdleCheck(Callback):
 
     def _values(self, trainer):
         return {g.name: {n: np.array(trainer.scope.find_var(n).get_tensor())
-                         for n in trainer.freeze.state_vars(trainer.p.main, g)} for g in trainer.freeze.groups}
+                         for n in trainer.freeze.state_vars(trainer.programs.main, g)} for g in trainer.freeze.groups}
 
     def on_step_end(self, trainer, step, tasks):
         now = self._values(trainer)

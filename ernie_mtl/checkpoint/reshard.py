@@ -230,16 +230,17 @@ def name_map_differences(saved: Mapping[str, str], now: Mapping[str, str]) -> Li
 _LAYOUT = ("world_size", "dp_degree", "sharding_degree", "micro_batch_size", "global_batch_size")
 
 
-def describe_topology(t: Mapping[str, Any]) -> str:
+def describe_topology(topology: Mapping[str, Any]) -> str:
     """'2 processes (dp 2 x sharding 1), micro batch 4 x accumulation 2, global batch 16'."""
-    return (f"{t.get('world_size')} process{'es' if t.get('world_size') != 1 else ''} (dp {t.get('dp_degree')} x "
-            f"sharding {t.get('sharding_degree')}), micro batch {t.get('micro_batch_size')} x accumulation "
-            f"{t.get('accumulate_steps')}, global batch {t.get('global_batch_size')}")
+    return (f"{topology.get('world_size')} process{'es' if topology.get('world_size') != 1 else ''} "
+            f"(dp {topology.get('dp_degree')} x sharding {topology.get('sharding_degree')}), "
+            f"micro batch {topology.get('micro_batch_size')} x accumulation "
+            f"{topology.get('accumulate_steps')}, global batch {topology.get('global_batch_size')}")
 
 
-def slots_per_step(t: Mapping[str, Any]) -> int:
-    """Micro-batches of all ranks per optimizer step of topology dict `t`."""
-    return int(t["global_batch_size"]) // int(t["micro_batch_size"])
+def slots_per_step(topology: Mapping[str, Any]) -> int:
+    """Micro-batches of all ranks per optimizer step of topology dict `topology`."""
+    return int(topology["global_batch_size"]) // int(topology["micro_batch_size"])
 
 
 @dataclass

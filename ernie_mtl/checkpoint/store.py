@@ -104,7 +104,7 @@ def read_train_state_file(path: os.PathLike) -> Dict[str, Any]:
         raise CheckpointError(f"{file}: cannot read it ({e.strerror})") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{file} is damaged (a JSON {type(raw).__name__}, not an object)")
-    bad = [f"{k} is {type(raw[k]).__name__} {raw[k]!r:.40}, expected {'/'.join(t.__name__ for t in types)}"
+    bad = [f"{k} is {type(raw[k]).__name__} {raw[k]!r:.40}, expected {'/'.join(kind.__name__ for kind in types)}"
            for k, types in _TYPES.items() if k in raw and (not isinstance(raw[k], types) or isinstance(raw[k], bool))]
     required = _REQUIRED if _format(raw) >= 2 else ("step", "name_map")
     missing = [f"no {k!r}" for k in required if k not in raw]
@@ -164,7 +164,7 @@ def state_problems(raw: Mapping, folder_name: str = "") -> List[str]:
     if sum(counts) != position:
         problems.append(f"sampler.counts {counts} do not sum to sampler.position {position}")
     tasks = (raw.get("extra") or {}).get("tasks")
-    sizes = [((t or {}).get("spec") or {}).get("batch_size") for t in tasks] if isinstance(tasks, list) else []
+    sizes = [((task or {}).get("spec") or {}).get("batch_size") for task in tasks] if isinstance(tasks, list) else []
     if len(sizes) == len(counts) and _is_int(*sizes, consumed):
         expected = sum(c * b for c, b in zip(counts, sizes))
         if consumed != expected:
@@ -324,7 +324,7 @@ def scan(output_dir: os.PathLike) -> Tuple[List[CheckpointRef], List[Tuple[Path,
             damaged.append((path, str(e)))
             continue
         intact.append(CheckpointRef(path, int(raw["step"])))
-    return sorted(intact, key=lambda r: r.step), damaged
+    return sorted(intact, key=lambda ref: ref.step), damaged
 
 
 def intact_checkpoints(output_dir: os.PathLike, *, exclude: Optional[os.PathLike] = None) -> List[CheckpointRef]:
@@ -340,7 +340,7 @@ def intact_checkpoints(output_dir: os.PathLike, *, exclude: Optional[os.PathLike
         except CheckpointError:
             continue
         found.append(CheckpointRef(path, int(raw["step"])))
-    return sorted(found, key=lambda r: r.step)
+    return sorted(found, key=lambda ref: ref.step)
 
 
 def verified_state(path: os.PathLike, *, use: str) -> Dict[str, Any]:
@@ -429,7 +429,7 @@ class Checkpointer:
         self.per_rank_state = per_rank_state
         self._save_state = save_program_state
         self._load_state = load_program_state
-        self._barrier = barrier or (lambda *a, **k: None)
+        self._barrier = barrier or (lambda *args, **kwargs: None)
         self.keep_last = keep_last
         self.log = log
         self._write_state = write_state
@@ -783,4 +783,4 @@ def kept_checkpoints(output_dir: os.PathLike) -> List[CheckpointRef]:
     root = Path(output_dir)
     refs = [CheckpointRef(p, int(m.group(1)))
             for p in root.iterdir() if (m := _KEPT.match(p.name))] if root.is_dir() else []
-    return sorted(refs, key=lambda r: r.step)
+    return sorted(refs, key=lambda ref: ref.step)

@@ -252,7 +252,7 @@ def parse_config(argv: Optional[Sequence[str]] = None, *, hooks: ParseHooks,
             for key, raw in setup.run_flags.items():
                 values[key], sources[key] = raw, f"from {config_file}"
             if _truthy(given.get("do_predict")) and "pred_file" not in given and given.get("task"):
-                spec = next((t for t in setup.tasks if t.name == given["task"]), None)
+                spec = next((candidate for candidate in setup.tasks if candidate.name == given["task"]), None)
                 if spec is not None and spec.pred_file:  # the task file's pred_file (PALM)
                     given["pred_file"] = spec.pred_file
         except ConfigError as e:
@@ -404,7 +404,7 @@ def validate(cfg: RunConfig, *, hooks: ParseHooks, world_size: Optional[int] = N
         collect(cfg.parallel.validate)
         resolved = collect(cfg.model.resolve)  # validates the model slice too
         arch = resolved.arch if resolved else None
-        needs_mask = any(t.reader in ("mlm", "pretrain") for t in cfg.setup.tasks)
+        needs_mask = any(spec.reader in ("mlm", "pretrain") for spec in cfg.setup.tasks)
         problems += _data_problems(cfg.data, arch, flag_mode=cfg.flag_mode, needs_mask=needs_mask)
         if not cfg.flag_mode:
             problems += _multitask_problems(cfg, arch)
@@ -455,7 +455,7 @@ def vocab_problems(vocab_file: Path, *, need_mask: bool) -> Tuple[Optional[int],
 
         return len(tokens), [f"--tokenizer_name_or_path {bom_problem(vocab_file, tokens[0])}"]
     wanted = ["[PAD]", "[CLS]", "[SEP]", "[UNK]"] + (["[MASK]"] if need_mask else [])
-    missing = [t for t in wanted if t not in set(tokens)]
+    missing = [token for token in wanted if token not in set(tokens)]
     if missing:
         return len(tokens), [f"--tokenizer_name_or_path {vocab_file} lacks the special token(s) {missing}"
                              + (" ([MASK] is needed by masked-LM and pretraining tasks)" if "[MASK]" in missing else "")

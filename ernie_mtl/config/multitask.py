@@ -88,4 +88,4 @@ class MultiTaskSetup:
 
     @property
     def names(self) -> Tuple[str, ...]:
-        return tuple(t.name for t in self.tasks)
+        return tuple(spec.name for spec in self.tasks)

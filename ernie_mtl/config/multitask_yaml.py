@@ -165,7 +165,7 @@ def load_multitask_config(global_yaml: str, *, hooks: ParseHooks, data: Optional
     Raises one ConfigError listing every problem.
     """
     return _Loader(global_yaml, hooks, data, base_dir, dict(cli or {}),
-                   {t: dict(v) for t, v in (task_cli or {}).items()},
+                   {task: dict(v) for task, v in (task_cli or {}).items()},
                    set(flag_names), tuple(splits)).load()
 
 
@@ -290,7 +290,7 @@ class _Loader:
                 self.problems.append(f"{self.path}: key {key!r} has {len(values[key])} values but task_instance has "
                                      f"{n} tasks; give one value per task, in task_instance order")
                 values.pop(key)
-        if "target_tag" in values and any(t not in (0, 1) for t in values["target_tag"]):
+        if "target_tag" in values and any(tag not in (0, 1) for tag in values["target_tag"]):
             self.problems.append(f"{self.path}: key 'target_tag' {list(values['target_tag'])}: each value must be "
                                  "1 (target) or 0 (auxiliary)")
         sampling = values.get("sampling", "palm")
@@ -343,7 +343,7 @@ class _Loader:
         # so that every problem of the configuration is reported at once
         return MultiTaskConfig(**{**MTL_DEFAULTS, **values, "task_instance": names,
                                   "mix_ratio": values.get("mix_ratio", (1.0,) * n),
-                                  "target_tag": tuple(bool(t) for t in values.get("target_tag", (1,) * n)),
+                                  "target_tag": tuple(bool(tag) for tag in values.get("target_tag", (1,) * n)),
                                   "task_reuse_tag": values.get("task_reuse_tag"), "task_dir": task_dir,
                                   "plugins": tuple(plugins)})
 
@@ -603,8 +603,8 @@ class _Loader:
             return mtl, specs
         reuse = None if mtl.task_reuse_tag is None else (
             tuple(mtl.task_reuse_tag) + tuple(max(mtl.task_reuse_tag, default=-1) + 1 + k for k in range(len(added))))
-        mtl = replace(mtl, task_instance=tuple(mtl.task_instance) + tuple(t.name for t in added),
-                      mix_ratio=tuple(mtl.mix_ratio) + tuple(t.mix_ratio for t in added),
+        mtl = replace(mtl, task_instance=tuple(mtl.task_instance) + tuple(added_spec.name for added_spec in added),
+                      mix_ratio=tuple(mtl.mix_ratio) + tuple(added_spec.mix_ratio for added_spec in added),
                       target_tag=tuple(mtl.target_tag) + (False,) * len(added), task_reuse_tag=reuse)
         return mtl, specs + added
 

@@ -202,8 +202,8 @@ def parse_cpu_kernels(value) -> Tuple[str, Tuple[str, ...]]:
     text = _CPU_KERNEL_ALIASES.get(text, text)
     if text in CPU_KERNEL_MODES:
         return text, ()
-    types = tuple(dict.fromkeys(t for t in re.split(r"[,\s]+", text) if t))
-    bad = [t for t in types if not _OP_TYPE.match(t) or t in CPU_KERNEL_MODES]
+    types = tuple(dict.fromkeys(op_type for op_type in re.split(r"[,\s]+", text) if op_type))
+    bad = [op_type for op_type in types if not _OP_TYPE.match(op_type) or op_type in CPU_KERNEL_MODES]
     if not types or bad:
         raise ValueError(f"--cpu_kernels {value!r} is not auto, exact, plain (or true/false) or a comma-separated "
                          "list of op types such as matmul_v2,matmul_v2_grad" + (f" ({bad[0]!r} is not an op type)"

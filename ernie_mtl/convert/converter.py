@@ -356,8 +356,9 @@ def _pretraining_group(source: Source) -> Optional[str]:
     """The head group that provides cls.*: a `pretrain` task's head (MLM + pair classifier) wins over
     an `mlm` head; among equals a target task, then the first listed."""
     groups = {k.split(".")[1] for k in source.weights if k.startswith("heads.")}
-    candidates = [(("pretrain", "mlm").index(t["reader"]), not t.get("is_target", True), i, t.get("group", t["name"]))
-                  for i, t in enumerate(source.tasks) if t.get("reader") in ("pretrain", "mlm")]
+    candidates = [(("pretrain", "mlm").index(task["reader"]), not task.get("is_target", True), i,
+                   task.get("group", task["name"]))
+                  for i, task in enumerate(source.tasks) if task.get("reader") in ("pretrain", "mlm")]
     return next((c[-1] for c in sorted(candidates) if c[-1] in groups), None)
 
 
@@ -459,7 +460,7 @@ def convert(source: Source, output_dir: os.PathLike, *, overwrite: bool = False)
             paddle.save(weights, str(tmp / "heads" / f"{group}.pdparams"))
             static = {k: source.static_names[f"heads.{group}.{k}"] for k in weights}
             meta = {"group": group, "model_type": source.model_type,
-                    "tasks": [t for t in source.tasks if t.get("group", t.get("name")) == group],
+                    "tasks": [task for task in source.tasks if task.get("group", task.get("name")) == group],
                     "params": {k: list(v.shape) for k, v in weights.items()},
                     "tied_to_backbone": {k: tied[s] for k, s in static.items() if s in tied},
                     "written_as_cls": origin == f"heads.{group}"}
@@ -484,7 +485,8 @@ def convert(source: Source, output_dir: os.PathLike, *, overwrite: bool = False)
 def _do_lower_case(source: Source) -> bool:
     """The tasks' do_lower_case (exported manifest, or the task spec of a multi-task checkpoint); True
     (ERNIE's Chinese vocabularies) when no task says."""
-    flags = [t.get("manifest", {}).get("do_lower_case", t.get("spec", {}).get("do_lower_case")) for t in source.tasks]
+    flags = [task.get("manifest", {}).get("do_lower_case", task.get("spec", {}).get("do_lower_case"))
+             for task in source.tasks]
     return next((bool(f) for f in flags if f is not None), True)
 
 
@@ -628,7 +630,7 @@ def verify(source: Source, output_dir: os.PathLike, *, atol: float = 1e-5, seed:
     ref = build_static_reference(source.model_type, arch, pretraining=pretraining)
     diffs = compare(run_static(ref, state, batch), run_dygraph(output_dir, source.model_type, batch,
                                                                pretraining=pretraining))
-    worst = max(diffs, key=lambda d: d.max_abs_diff)
+    worst = max(diffs, key=lambda diff: diff.max_abs_diff)
     if not worst.max_abs_diff <= atol:  # also catches NaN
         raise VerificationError(f"converted model differs from the static program by more than --atol {atol}: "
                                 f"{worst}\n" + "\n".join(str(d) for d in diffs))

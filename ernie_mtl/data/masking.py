@@ -38,13 +38,13 @@ class VocabInfo:
         from data_tools.tokenization import continuation_table, load_vocab
 
         vocab = load_vocab(vocab_file)
-        missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+        missing = [token for token in SPECIAL_TOKENS if token not in vocab]
         if missing:
             raise ValueError(f"vocab file {vocab_file} lacks the special tokens {missing}; "
                              "build it with `python -m data_tools.build_vocab`")
         is_cont, base = continuation_table(vocab)
         special = np.zeros(len(is_cont), dtype=bool)
-        special[[vocab[t] for t in SPECIAL_TOKENS]] = True
+        special[[vocab[token] for token in SPECIAL_TOKENS]] = True
         # "[unused]"-style and other bracketed tokens are never good random replacements either
         for tok, i in vocab.items():
             if tok.startswith("[") and tok.endswith("]"):

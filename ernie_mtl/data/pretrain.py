@@ -176,12 +176,12 @@ class ErniePretrainDataset:
         return tokens[offset:offset + max(1, length)]
 
 
-def _truncate_pair(a: np.ndarray, b: np.ndarray, target: int, rng: np.random.Generator):
+def _truncate_pair(segment_a: np.ndarray, segment_b: np.ndarray, target: int, rng: np.random.Generator):
     """Drop tokens from the longer segment, from its front or back with equal odds, until they fit."""
-    excess = len(a) + len(b) - target
+    excess = len(segment_a) + len(segment_b) - target
     if excess <= 0:
-        return a, b
-    a_lo, a_hi, b_lo, b_hi = 0, len(a), 0, len(b)
+        return segment_a, segment_b
+    a_lo, a_hi, b_lo, b_hi = 0, len(segment_a), 0, len(segment_b)
     front = (rng.random(excess) < 0.5).tolist()
     for k in range(excess):
         if (a_hi - a_lo) > (b_hi - b_lo):
@@ -193,7 +193,7 @@ def _truncate_pair(a: np.ndarray, b: np.ndarray, target: int, rng: np.random.Gen
             b_lo += 1
         else:
             b_hi -= 1
-    return a[a_lo:a_hi], b[b_lo:b_hi]
+    return segment_a[a_lo:a_hi], segment_b[b_lo:b_hi]
 
 
 def index_description(corpus_prefix: str, split: str, split_name: str, doc_range: Tuple[int, int],

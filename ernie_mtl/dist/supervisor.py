@@ -49,7 +49,7 @@ def cause(status: int, tail: Sequence[str]) -> str:
 
 class Supervisor:
     def __init__(self, command: Sequence[str], *, max_restarts: int, backoff: float, max_backoff: float,
-                 log: Callable[[str], None] = lambda m: print(f"{PREFIX}: {m}", file=sys.stderr, flush=True),
+                 log: Callable[[str], None] = lambda message: print(f"{PREFIX}: {message}", file=sys.stderr, flush=True),
                  sleep: Callable[[float], None] = time.sleep):
         self.command, self.max_restarts, self.backoff, self.max_backoff = list(command), max_restarts, backoff, \
             max_backoff

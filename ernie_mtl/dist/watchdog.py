@@ -284,9 +284,9 @@ class PeerWatch:
     def start(self) -> "PeerWatch":
         self._last_ok = self._clock()
         for target, name in ((self._beat_loop, "ernie-mtl-peer-watch"), (self._stall_loop, "ernie-mtl-store-guard")):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
         return self
 
     def finish(self) -> None:
@@ -451,8 +451,8 @@ class PeerWatch:
                        "see that rank's log. The job cannot continue.")
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:200].rstrip(".")
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:200].rstrip(".")
 
 
 def _exit_peer_lost(message: str) -> None:

@@ -109,19 +109,19 @@ class EarlyStopping(Callback):
         self.bad: Dict[str, int] = {}
 
     def on_evaluate(self, trainer: Trainer, task, metrics):
-        t = trainer.task(task)
-        if not t.spec.is_target or trainer.schedule.is_finished(t.spec.index):
+        evaluated = trainer.task(task)
+        if not evaluated.spec.is_target or trainer.schedule.is_finished(evaluated.spec.index):
             return
-        value = metrics[t.main_metric]
-        sign = 1.0 if t.higher_is_better else -1.0
+        value = metrics[evaluated.main_metric]
+        sign = 1.0 if evaluated.higher_is_better else -1.0
         if task not in self.best or sign * (value - self.best[task]) > self.min_delta:
             self.best[task], self.bad[task] = value, 0
             return
         self.bad[task] = self.bad.get(task, 0) + 1
         if self.bad[task] >= self.patience:
             trainer.finish_task(task,
-                                reason=f"early stopping: {t.main_metric} has not improved on {self.best[task]:.4f} "
-                                             f"for {self.patience} evaluations")
+                                reason=f"early stopping: {evaluated.main_metric} has not improved on "
+                                       f"{self.best[task]:.4f} for {self.patience} evaluations")
 
     def state_dict(self):
         return {"best": self.best, "bad": self.bad}
@@ -139,16 +139,16 @@ class BestCheckpoint(Callback):
         self.steps: Dict[str, int] = {}
 
     def on_evaluate(self, trainer: Trainer, task, metrics):
-        t = trainer.task(task)
-        if not t.spec.is_target:
+        evaluated = trainer.task(task)
+        if not evaluated.spec.is_target:
             return
-        value = metrics[t.main_metric]
-        sign = 1.0 if t.higher_is_better else -1.0
+        value = metrics[evaluated.main_metric]
+        sign = 1.0 if evaluated.higher_is_better else -1.0
         if task in self.best and sign * (value - self.best[task]) <= 0:
             return
         self.best[task] = value
         self.steps[task] = trainer.step
-        trainer.save_checkpoint(best_name(task), note=f"best {t.main_metric} {value:.4f} of {task}")
+        trainer.save_checkpoint(best_name(task), note=f"best {evaluated.main_metric} {value:.4f} of {task}")
 
     def state_dict(self):
         return {"best": self.best, "steps": self.steps}

@@ -186,11 +186,11 @@ def _head(structured: str) -> Optional[str]:
     return structured.split(".", 2)[1] if structured.startswith("heads.") else None
 
 
-def batch_ratio(c: Continuation, topo) -> float:
+def batch_ratio(continuation: Continuation, topo) -> float:
     """New global batch / the checkpoint's, in the units the schedule counts (flag mode: samples;
     multi-task: micro-batches of the tasks' own batch sizes)."""
     from ernie_mtl.checkpoint.reshard import slots_per_step
 
-    if c.flag_mode:
-        return topo.global_batch_size / int(c.saved["global_batch_size"])
-    return topo.slots_per_step / slots_per_step(c.saved)
+    if continuation.flag_mode:
+        return topo.global_batch_size / int(continuation.saved["global_batch_size"])
+    return topo.slots_per_step / slots_per_step(continuation.saved)

@@ -32,32 +32,34 @@ class Evaluator:
     when the run keeps an EMA)."""
 
     def __init__(self, session: Session):
-        self.s = session
-        self.p = session.programs
+        self.session = session
+        self.programs = session.programs
 
     def averaged_weights(self):
         """Evaluate (and export) with the EMA's averages when the run keeps one (swapped on the device)."""
-        return self.p.ema.swapped_in(self.s.exe) if self.p.ema is not None else contextlib.nullcontext()
+        ema = self.programs.ema
+        return ema.swapped_in(self.session.exe) if ema is not None else contextlib.nullcontext()
 
     def predict(self, task, data, limit: Optional[int] = None) -> Dict[str, List[np.ndarray]]:
         """Prediction variables of `task` over `data` in order, per batch (`limit` batches at most),
         the batches split across the data-parallel ranks and gathered on every rank."""
-        names = list(self.p.fwd.predictions[task.spec.name])
+        names = list(self.programs.fwd.predictions[task.spec.name])
         n = num_batches(len(data), task.spec.batch_size, limit)
-        world, rank = self.s.topo.data_world_size, self.s.data_rank
+        world, rank = self.session.topo.data_world_size, self.session.data_rank
         mine = [j for j in range(rank, -(-n // world) * world, world)]  # round r: batch r*world + rank
-        tasks, use_task_id = self.s.plan.tasks, self.s.cfg.setup.mtl.use_task_id
-        run = executor_runner(self.s.exe, self.p.test, [self.p.fwd.predictions[task.spec.name][m].name for m in names],
+        tasks, use_task_id = self.session.plan.tasks, self.session.cfg.setup.mtl.use_task_id
+        run = executor_runner(self.session.exe, self.programs.test,
+                              [self.programs.fwd.predictions[task.spec.name][m].name for m in names],
                               lambda batch: make_feed(tasks, task.spec.index, batch, use_task_id=use_task_id))
         outputs = predict_batches(task, data, run, names, indices=[j if j < n else 0 for j in mine])
         gathered: Dict[int, Dict[str, np.ndarray]] = {}
-        for part in self.s.barrier.gather("predictions", {j: o for j, o in zip(mine, outputs) if j < n}):
+        for part in self.session.barrier.gather("predictions", {j: o for j, o in zip(mine, outputs) if j < n}):
             gathered.update(part)
         return by_name([gathered[j] for j in range(n)], names)
 
     def metrics(self, task, data) -> Dict[str, float]:
         """`task`'s metrics on `data` (all of it, or the first `eval_batches` batches of a corpus)."""
-        limit = None if task.full_dev_eval else self.s.plan.eval_batches
+        limit = None if task.full_dev_eval else self.session.plan.eval_batches
         outputs = self.predict(task, data, limit=limit)
         used = data if limit is None else _Prefix(data, min(len(data), limit * task.spec.batch_size))
         return {k: float(v) for k, v in task.evaluate(used, outputs).items()}
@@ -65,8 +67,8 @@ class Evaluator:
     def evaluate(self, tasks: Sequence, splits: Dict[str, Any], what: str) -> Dict[str, Dict[str, float]]:
         """Metrics of each task on its split, rank 0's handed to every rank (`what` names the exchange)."""
         with self.averaged_weights():
-            local = {t.spec.name: self.metrics(t, splits[t.spec.name]) for t in tasks}
-        return self.s.barrier.share(what, local)
+            local = {task.spec.name: self.metrics(task, splits[task.spec.name]) for task in tasks}
+        return self.session.barrier.share(what, local)
 
 
 def final_test(session: Session, evaluator: Evaluator, checkpointer, *, step: int,
@@ -77,14 +79,15 @@ def final_test(session: Session, evaluator: Evaluator, checkpointer, *, step: in
     (the log and VisualDL: `test/...`, `test_best/...`), all to `<output_dir>/test_results.json`. The run
     is over: its last state is in model_last."""
     s = session
-    tasks = [t for t in s.plan.tasks if t.spec.name in s.plan.test]
+    tasks = [task for task in s.plan.tasks if task.spec.name in s.plan.test]
     if not tasks:
         return {}
     data = s.plan.test  # read and checked before training (ernie_mtl/planning/plan.py)
     final = evaluator.evaluate(tasks, data, "test")
-    results: Dict[str, Any] = {t.spec.name: {"last": {"step": step, "metrics": final[t.spec.name]}} for t in tasks}
-    for t in tasks:
-        name = t.spec.name
+    results: Dict[str, Any] = {task.spec.name: {"last": {"step": step, "metrics": final[task.spec.name]}}
+                               for task in tasks}
+    for task in tasks:
+        name = task.spec.name
         folder = best_dir(s.cfg.train.output_dir, name)
         if not s.barrier.share("best exists", checkpointer.is_complete(folder)):
             continue
@@ -96,9 +99,9 @@ def final_test(session: Session, evaluator: Evaluator, checkpointer, *, step: in
                            "its figures are the final weights'")
             continue
         ref = checkpointer.restore_weights(folder)
-        results[name]["best"] = {"step": ref.step, "metrics": evaluator.evaluate([t], data, "best test")[name]}
-    for t in tasks:
-        name = t.spec.name
+        results[name]["best"] = {"step": ref.step, "metrics": evaluator.evaluate([task], data, "best test")[name]}
+    for task in tasks:
+        name = task.spec.name
         for which, prefix in (("last", "test"), ("best", "test_best")):
             if which in results[name]:
                 entry = results[name][which]

@@ -40,7 +40,7 @@ class Exporter:
     exporting it. `best` is the run's best-checkpoint callback (its records go into the manifest)."""
 
     def __init__(self, session: Session, *, checkpointer, evaluator, best=None):
-        self.s, self.checkpointer, self.evaluator, self.best = session, checkpointer, evaluator, best
+        self.session, self.checkpointer, self.evaluator, self.best = session, checkpointer, evaluator, best
         self.exported: Dict[str, int] = {}  # task -> step of its export
 
     def state_dict(self) -> Dict[str, int]:
@@ -51,22 +51,22 @@ class Exporter:
 
     def due(self, final: bool) -> list:
         """Targets not yet exported that finished (or, at the end, every target)."""
-        schedule = self.s.plan.schedule
-        return [task for task in self.s.plan.tasks if task.spec.is_target and task.spec.name not in self.exported
+        schedule = self.session.plan.schedule
+        return [task for task in self.session.plan.tasks if task.spec.is_target and task.spec.name not in self.exported
                 and (final or schedule.is_finished(task.spec.index))]
 
     def best_metric(self, name: str) -> Optional[Dict[str, Any]]:
         """The best-checkpoint callback's record of `name` (for the manifest), if any."""
         if self.best is None or name not in self.best.best:
             return None
-        task = next(t for t in self.s.plan.tasks if t.spec.name == name)
+        task = next(candidate for candidate in self.session.plan.tasks if candidate.spec.name == name)
         return {"name": task.main_metric, "value": self.best.best[name], "step": self.best.steps.get(name)}
 
     def export(self, task, step: int) -> Tuple[Path, str]:
         """Write `task`'s inference model from its best checkpoint (`export_from: best`, when there is
         one) or from the current weights at `step` (EMA averages when kept); rank 0 decides for every
         rank. Returns (folder, the line for the log)."""
-        s, p = self.s, self.s.programs
+        s, p = self.session, self.session.programs
         name = task.spec.name
         out = export_dir(s.cfg.train.output_dir, name)
         best = best_dir(s.cfg.train.output_dir, name)

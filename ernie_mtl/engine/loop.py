@@ -15,7 +15,7 @@ per micro-batch: the losses are summed per task on the device and fetched once p
 (program/loss_sums.py).
 
 Callbacks (engine/callbacks.py) receive the trainer and may read `step`, `schedule`, `tasks`,
-`task(name)`, `plan`, `cfg`, `info`, `topo`, `is_rank0`, `p` (the programs), `exe`, `scope`, `freeze`,
+`task(name)`, `plan`, `cfg`, `info`, `topo`, `is_rank0`, `programs`, `exe`, `scope`, `freeze`,
 `evaluator`, `reporter`, `writer`, `feeder`, `consumed_samples`, `latest_eval`, and call `finish_task`,
 `save_checkpoint`, `evaluate` and `print`.
 """
@@ -113,7 +113,7 @@ class Trainer:
         self.step = state.step
         state.apply(self.stateful)
         if state.continuation is not None and state.continuation.kind == "batch_change":  # the LR re-planned by samples
-            self.p.lr_scheduler.rebase(self.step, batch_ratio(state.continuation, s.topo))
+            self.programs.lr_scheduler.rebase(self.step, batch_ratio(state.continuation, s.topo))
         self.print(self.reporter.resumed(self.step, state.ref.path))
         return state
 
@@ -132,7 +132,7 @@ class Trainer:
         self.anomaly.start()
         self.emit("on_train_begin")
         self.feeder.start(self.step, self.schedule)  # a background feeder plans ahead from here
-        self.p.loss_sums.take(self.exe)  # a new window: its sums start at zero
+        self.programs.loss_sums.take(self.exe)  # a new window: its sums start at zero
         self.window.reset()
 
     def advance(self, prepared: Optional[PreparedStep] = None) -> List[str]:
@@ -211,12 +211,12 @@ class Trainer:
             raise ValueError(f"the micro-batches of step {prepared.step + 1} cannot train step {self.step + 1}: "
                              "train every prepared step once, in order")
         replay = self.anomaly.policy == "replay"
-        before = self.p.loss_sums.read(self.scope) if replay else None  # the device is idle here (after a step)
+        before = self.programs.loss_sums.read(self.scope) if replay else None  # the device is idle here (after a step)
         records = self.run_micro_batches(prepared.micro)
         if self.anomaly.every_step:  # --on_anomaly stop / replay: a sync per step
 
             def rerun():  # the same feeds; the replay's losses replace the first attempt's in the window's sums
-                self.p.loss_sums.restore(self.scope, before, self.exe.place)
+                self.programs.loss_sums.restore(self.scope, before, self.exe.place)
                 return self.run_micro_batches(prepared.micro)
 
             with self.window.in_program():  # mostly waiting for the device's counter
@@ -227,9 +227,9 @@ class Trainer:
             if loss is not None:
                 losses.setdefault(task, []).append(loss)
         self.last_losses = {task: float(np.mean(v)) for task, v in losses.items()}
-        self.p.lr_scheduler.step()
-        if self.p.ema is not None:
-            self.p.ema.update(self.exe, self.step)  # update number = steps completed before this one
+        self.programs.lr_scheduler.step()
+        if self.programs.ema is not None:
+            self.programs.ema.update(self.exe, self.step)  # update number = steps completed before this one
         self.step += 1
         names = [self.tasks[i].spec.name for i in prepared.drawn]
         self.window.add_step(samples=sum(self.tasks[i].spec.batch_size for i in prepared.drawn), drawn=names)
@@ -240,17 +240,17 @@ class Trainer:
         unless `fetch_step_losses` (nothing is fetched then)."""
         records = []
         for micro in micro_batches:
-            fetch = [self.p.fwd.task_losses[micro.task]] if self.fetch_step_losses else None
+            fetch = [self.programs.fwd.task_losses[micro.task]] if self.fetch_step_losses else None
             with self.window.in_program():
-                values = self.exe.run(self.p.main, feed=micro.feed, fetch_list=fetch)
+                values = self.exe.run(self.programs.main, feed=micro.feed, fetch_list=fetch)
             records.append((micro.task, micro.tokens, float(np.asarray(values[0]).reshape(-1)[0]) if fetch else None))
         return records
 
     def log_window(self) -> None:
         with self.window.in_program():
-            taken = self.p.loss_sums.take(self.exe)  # the window's one fetch: waits for the device
+            taken = self.programs.loss_sums.take(self.exe)  # the window's one fetch: waits for the device
         w = self.window
-        w.add_sums(taken.sums, self.p.loss_sums.columns, lr=taken.lr, loss_scale=taken.loss_scale)
+        w.add_sums(taken.sums, self.programs.loss_sums.columns, lr=taken.lr, loss_scale=taken.loss_scale)
         lines, logs = self.reporter.window(self.step, w)
         logs.update(self.anomaly.window({task: w.mean_loss(task) for task in w.count}))
         if self.stragglers.enabled:  # every rank, at the same steps; a checkpoint is not a slow step
@@ -269,9 +269,9 @@ class Trainer:
     def evaluate(self, only: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, float]]:
         """Tasks with a dev file (every task but finished targets, or the tasks `only`); rank 0's
         metrics on every rank, so callbacks decide identically everywhere."""
-        tasks = [t for t in self.tasks if t.spec.name in self.plan.dev and
-                 (t.spec.name in only if only is not None else
-                  not (t.spec.is_target and self.schedule.is_finished(t.spec.index)))]
+        tasks = [candidate for candidate in self.tasks if candidate.spec.name in self.plan.dev and
+                 (candidate.spec.name in only if only is not None else
+                  not (candidate.spec.is_target and self.schedule.is_finished(candidate.spec.index)))]
         results = self.evaluator.evaluate(tasks, self.plan.dev, "evaluation")
         for task in tasks:
             name = task.spec.name
@@ -284,8 +284,8 @@ class Trainer:
         """Export every due target (finished, or every one at the end), after a last evaluation of those
         with a dev file that were not evaluated at this step."""
         due = self.exporter.due(final)
-        last = [t.spec.name for t in due
-                if t.spec.name in self.plan.dev and self.evaluated_at.get(t.spec.name) != self.step]
+        last = [due_task.spec.name for due_task in due
+                if due_task.spec.name in self.plan.dev and self.evaluated_at.get(due_task.spec.name) != self.step]
         if last:
             self.evaluate(only=last)
         for task in due:
@@ -326,8 +326,8 @@ class Trainer:
         self.print(f"task {name} finished at step {self.step}: {reason}")
         if self.cfg.optim.decay_steps is None:
             horizon = self.schedule.plan().total_steps
-            if horizon != self.p.lr_scheduler.decay_steps:
-                self.p.lr_scheduler.replan(horizon)
+            if horizon != self.programs.lr_scheduler.decay_steps:
+                self.programs.lr_scheduler.replan(horizon)
                 self.print(f"the run now ends at step {horizon}: learning rate re-planned to reach "
                            f"{self.cfg.optim.min_lr:g} there")
 
@@ -361,7 +361,7 @@ class Trainer:
         return self.session.plan.schedule
 
     @property
-    def p(self):
+    def programs(self):
         return self.session.programs
 
     @property
@@ -394,7 +394,7 @@ class Trainer:
         return self.exporter.exported
 
     def task(self, name: str):
-        return next(t for t in self.tasks if t.spec.name == name)
+        return next(task for task in self.tasks if task.spec.name == name)
 
     def print(self, message: str) -> None:
         if self.session.is_rank0:

@@ -56,21 +56,22 @@ class Reporter:
         return f"resumed from {path} at step {step} (micro-batches per task: {counts})"
 
     def hparam_metrics(self) -> List[str]:
-        return [f"eval/{t.spec.name}/{t.main_metric}" for t in self.plan.tasks if t.spec.dev_file]
+        return [f"eval/{task.spec.name}/{task.main_metric}" for task in self.plan.tasks if task.spec.dev_file]
 
-    def window(self, step: int, w: Window) -> Tuple[List[str], Dict[str, float]]:
+    def window(self, step: int, window: Window) -> Tuple[List[str], Dict[str, float]]:
         """(console lines, scalars) of a logging step."""
-        rates = w.rates()
-        logs: Dict[str, float] = {"train/lr": w.lr, **rates}
-        if w.loss_scale is not None:
-            logs["amp/loss_scale"] = w.loss_scale
+        rates = window.rates()
+        logs: Dict[str, float] = {"train/lr": window.lr, **rates}
+        if window.loss_scale is not None:
+            logs["amp/loss_scale"] = window.loss_scale
         lines = []
         for i, task in enumerate(self.plan.tasks):
             name = task.spec.name
-            logs[f"train/{name}/sampled"] = w.drawn.get(name, 0) / max(sum(w.drawn.values()), 1)  # all ranks' slots
-            if name not in w.count:
+            # all ranks' slots
+            logs[f"train/{name}/sampled"] = window.drawn.get(name, 0) / max(sum(window.drawn.values()), 1)
+            if name not in window.count:
                 continue
-            loss = w.mean_loss(name)
+            loss = window.mean_loss(name)
             logs[f"train/{name}/loss"] = loss
             stream = self.plan.streams[i]
             k = self.plan.schedule.counts[i]
@@ -122,16 +123,16 @@ class FlagReporter(Reporter):
         task = self.plan.tasks[0]
         return ["eval/loss", "eval/mlm_loss"] + (["eval/nsp_loss"] if getattr(task, "binary_head", False) else [])
 
-    def window(self, step: int, w: Window) -> Tuple[List[str], Dict[str, float]]:
+    def window(self, step: int, window: Window) -> Tuple[List[str], Dict[str, float]]:
         name = self.plan.tasks[0].spec.name
-        rates = w.rates()
+        rates = window.rates()
         total = self.plan.planned.total_steps
-        loss = w.mean_loss(name) if name in w.count else float("nan")
-        scalars = w.mean_scalars(name) if name in w.count else {}
+        loss = window.mean_loss(name) if name in window.count else float("nan")
+        scalars = window.mean_scalars(name) if name in window.count else {}
         logs: Dict[str, float] = {"train/loss": loss, **{f"train/{k}": v for k, v in scalars.items()},
-                                  "train/lr": w.lr, **rates}
-        if w.loss_scale is not None:
-            logs["amp/loss_scale"] = w.loss_scale
+                                  "train/lr": window.lr, **rates}
+        if window.loss_scale is not None:
+            logs["amp/loss_scale"] = window.loss_scale
         steps_per_s = rates["perf/steps_per_s"]
         eta = (total - step) / steps_per_s if steps_per_s > 0 else float("inf")
         parts = [f"step {step}/{total}", f"loss {loss:.4f}"]
@@ -139,9 +140,9 @@ class FlagReporter(Reporter):
             parts.append(f"mlm {scalars['mlm_loss']:.4f}")
         if "nsp_loss" in scalars:
             parts.append(f"nsp {scalars['nsp_loss']:.4f}")
-        parts.append(f"lr {w.lr:.3e}")
-        if w.loss_scale is not None:
-            parts.append(f"loss scale {w.loss_scale:.0f}")
+        parts.append(f"lr {window.lr:.3e}")
+        if window.loss_scale is not None:
+            parts.append(f"loss scale {window.loss_scale:.0f}")
         parts += [f"{steps_per_s:.2f} steps/s", f"{rates['perf/tokens_per_s']:.0f} tokens/s",
                   f"{rates['perf/samples_per_s']:.1f} samples/s", f"ETA {format_eta(eta)}"]
         return [" | ".join(parts)], logs
@@ -168,4 +169,4 @@ def reporter_for(session: Session) -> Reporter:
 
 def consumed_samples(plan) -> int:
     """Training samples read so far by all ranks: the schedule's slots per task x the task's batch size."""
-    return int(sum(c * t.spec.batch_size for c, t in zip(plan.schedule.counts, plan.tasks)))
+    return int(sum(c * task.spec.batch_size for c, task in zip(plan.schedule.counts, plan.tasks)))

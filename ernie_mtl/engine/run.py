@@ -130,7 +130,7 @@ def run_result(trainer: Trainer, test: Dict[str, Any]) -> RunResult:
     """The `RunResult` of a finished `Trainer` (`test`: what its final test returned)."""
     session = trainer.session
     out = Path(session.cfg.train.output_dir)
-    targets = [t.spec.name for t in session.plan.tasks if t.spec.is_target]
+    targets = [task.spec.name for task in session.plan.tasks if task.spec.is_target]
     return RunResult(output_dir=out, steps=trainer.step, eval=dict(trainer.latest_eval), test=test,
                      best_checkpoints={n: best_dir(out, n) for n in targets if is_complete(best_dir(out, n))},
                      exports={n: export_dir(out, n) for n in trainer.exported if export_dir(out, n).is_dir()},
@@ -146,10 +146,10 @@ def prebuild(cfg: RunConfig, *, world_size: Optional[int] = None) -> PrebuildRes
     info = ProcessInfo(rank=0, world_size=world, local_rank=0)
     log = get_logger(0)
     topo = Topology.from_config(cfg.parallel, world)
-    plan = prepare(cfg, info=info, topo=topo, barrier=lambda *a, **k: None, log=log.info, is_builder=True)
-    for t in plan.tasks:  # the targets' test splits are in the plan; an auxiliary corpus's too, if it has one
-        if t.spec.test_file and t.sized_by_run and t.spec.name not in plan.test:
-            load_eval_split(t, "test", plan.eval_batches)
+    plan = prepare(cfg, info=info, topo=topo, barrier=lambda *args, **kwargs: None, log=log.info, is_builder=True)
+    for task in plan.tasks:  # the targets' test splits are in the plan; an auxiliary corpus's too, if it has one
+        if task.spec.test_file and task.sized_by_run and task.spec.name not in plan.test:
+            load_eval_split(task, "test", plan.eval_batches)
     log.info(f"index caches ready for {plan.planned.total_steps} optimizer steps of {len(plan.tasks)} task(s) "
              f"(world size {world}); the run with the same flags reuses them")
     return PrebuildResult(total_steps=plan.planned.total_steps, tasks=len(plan.tasks), world_size=world)
@@ -178,11 +178,13 @@ def predict(cfg: RunConfig) -> Path:
 
     from ernie_mtl.engine.saved_models import predict as predict_file, stage_export_dir
 
-    t = cfg.train
-    assert t.task is not None and t.pred_file is not None  # --do_predict's checks (engine/config_checks.py)
-    output = t.predict_output or os.path.join(t.output_dir, t.task, "predictions.json")
-    return predict_file(stage_export_dir(t.output_dir, t.task, t.stage), t.pred_file, output,
-                        use_gpu=resolve_device(t.device) == "gpu", cpu_kernels=t.cpu_kernels)
+    train_cfg = cfg.train
+    # --do_predict's checks (engine/config_checks.py)
+    assert train_cfg.task is not None and train_cfg.pred_file is not None
+    output = train_cfg.predict_output or os.path.join(train_cfg.output_dir, train_cfg.task, "predictions.json")
+    return predict_file(stage_export_dir(train_cfg.output_dir, train_cfg.task, train_cfg.stage), train_cfg.pred_file,
+                        output,
+                        use_gpu=resolve_device(train_cfg.device) == "gpu", cpu_kernels=train_cfg.cpu_kernels)
 
 
 # -- what a call leaves behind: nothing (the Python faces wrap every engine call in these) ---------------

@@ -195,9 +195,9 @@ def time_predictors(make_runner, sample, *, budget_s: float = 1.0, max_rounds: i
         first[onednn] = [np.asarray(o) for o in run(dict(sample))]  # warm-up
         start = time.perf_counter()
         for _ in range(max_rounds):
-            t = time.perf_counter()
+            started = time.perf_counter()
             run(dict(sample))
-            times[onednn].append(time.perf_counter() - t)
+            times[onednn].append(time.perf_counter() - started)
             if time.perf_counter() - start >= budget_s / 2:
                 break
     return (min(times[False]), min(times[True])), output_difference(first[False], first[True]), {True: run}
@@ -422,7 +422,7 @@ class CheckpointModel:
         self.vocab = vocab
         self.model_type = config.get("model", {}).get("model_type", "ernie")
         ctx = TaskContext(vocab_file=vocab, seed=config.get("train", {}).get("seed", 0), model_type=self.model_type,
-                          log=lambda m: None)
+                          log=lambda message: None)
         self.tasks = []
         for r in records:
             spec = dict(r["spec"])
@@ -540,13 +540,13 @@ def stage_export_dir(output_dir, task: str, stage: str = "final") -> Path:
 def evaluate_saved(train_cfg, *, use_gpu: bool, log=None) -> Dict[str, Any]:
     """`--do_eval`: evaluate the checkpoint (`--checkpoint`) or the exported model of `--task` on
     `--eval_file`, write the report JSON (`--eval_output`); returns the report."""
-    t = train_cfg
-    if t.checkpoint:
-        report = evaluate_checkpoint(Path(t.checkpoint), t.task, t.eval_file, cpu_kernels=t.cpu_kernels, log=log)
+    if train_cfg.checkpoint:
+        report = evaluate_checkpoint(Path(train_cfg.checkpoint), train_cfg.task, train_cfg.eval_file,
+                                     cpu_kernels=train_cfg.cpu_kernels, log=log)
     else:
-        report = evaluate_exported(stage_export_dir(t.output_dir, t.task, t.stage), t.eval_file, use_gpu=use_gpu,
-                                   cpu_kernels=t.cpu_kernels, log=log)
-    output = Path(t.eval_output or Path(t.output_dir) / t.task / "eval_results.json")
+        report = evaluate_exported(stage_export_dir(train_cfg.output_dir, train_cfg.task, train_cfg.stage),
+                                   train_cfg.eval_file, use_gpu=use_gpu, cpu_kernels=train_cfg.cpu_kernels, log=log)
+    output = Path(train_cfg.eval_output or Path(train_cfg.output_dir) / train_cfg.task / "eval_results.json")
     write_json_atomic(output, report, indent=1, sort_keys=False)
     return report
 

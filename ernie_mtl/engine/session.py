@@ -207,8 +207,8 @@ def decide_cpu_kernels(cfg: RunConfig, programs: Programs, plan: RunPlan, resume
     checkpoint's record (`kernel_choice.reconcile`: auto keeps the recorded kernels)."""
     mode, types = parse_cpu_kernels(cfg.train.cpu_kernels)
     if mode == "auto":
-        batch = max(t.spec.batch_size for t in plan.tasks)
-        seq = max(t.spec.max_seq_len for t in plan.tasks)
+        batch = max(task.spec.batch_size for task in plan.tasks)
+        seq = max(task.spec.max_seq_len for task in plan.tasks)
         cache = KernelCache(cache_path, machine=machine_identity())
         current = measure_choice(programs.main, batch=batch, seq=seq, cache=cache, measure=measure)
     else:

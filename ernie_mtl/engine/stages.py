@@ -65,10 +65,10 @@ def stage_key(cfg: RunConfig) -> str:
     # callbacks and plugins observe a run (a resume may add or drop them); the task types they register are
     # named by the tasks' readers
     d["mtl"] = {k: v for k, v in d["mtl"].items() if k not in REFINE_KEYS + ("callbacks", "plugins")}
-    d["tasks"] = [{k: v for k, v in t.to_json().items() if k not in REFINE_KEYS} for t in cfg.setup.tasks]
+    d["tasks"] = [{k: v for k, v in spec.to_json().items() if k not in REFINE_KEYS} for spec in cfg.setup.tasks]
     d["data"] = {k: v for k, v in d["data"].items() if k not in ("num_workers", "worker_timeout", "data_cache")}
     idle = idle_tasks(cfg)
-    d["identity"] = {t.name: data_identity(t.train_file) for t in cfg.setup.tasks if t.name not in idle}
+    d["identity"] = {spec.name: data_identity(spec.train_file) for spec in cfg.setup.tasks if spec.name not in idle}
     text = json.dumps(d, sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
@@ -212,7 +212,7 @@ def run_stages(cfg: RunConfig, run_stage: Callable[[Any, Optional[Any], str], St
             record["stages"][target] = {"done": True, "key": key, "steps": ran.result.steps,
                                         "test": dict(ran.result.test), "from": str(start),
                                         "export": str(promoted) if promoted else None}
-            refined_tests = {t: r["test"] for t, r in record["stages"].items() if t != MULTITASK}
+            refined_tests = {stage: r["test"] for stage, r in record["stages"].items() if stage != MULTITASK}
             write_json_atomic(out / TEST_RESULTS, merged_test_results(multitask_test, refined_tests))
             write_json_atomic(out / STAGES_FILE, record)
         barrier(f"stages: refine {target} done")

@@ -65,7 +65,7 @@ def train_state(session: Session, *, step: int, components: Mapping[str, Statefu
     the session knows of the run (config, topology, name map, data identity, tasks, the CPU kernels)."""
     s = session
     states = {name: components[name].state_dict() for name in COMPONENTS}
-    group_of = {t: g.name for g in s.programs.groups for t in g.tasks}
+    group_of = {task_name: g.name for g in s.programs.groups for task_name in g.tasks}
     extra = {"resume_checks": s.resume_checks, "arch": dict(s.programs.arch), "exported": states["exported"],
              "flag_mode": s.cfg.flag_mode, "train_samples": dict(s.plan.train_samples),
              "cpu_kernels": s.kernels.to_json() if s.kernels is not None else None,

@@ -39,7 +39,7 @@ class StragglerWatch:
         stats: List[Tuple[float, float]] = self.barrier.gather("step times", mine)
         step_s = [s for s, _ in stats]
         own = [h for _, h in stats]
-        slowest = max(range(len(own)), key=lambda r: own[r])
+        slowest = max(range(len(own)), key=lambda rank: own[rank])
         median_step, median_own = statistics.median(step_s), statistics.median(own)
         scalars = {"perf/step_s_min": min(step_s), "perf/step_s_median": median_step, "perf/step_s_max": max(step_s),
                    "perf/host_s_min": min(own), "perf/host_s_median": median_own, "perf/host_s_max": max(own),

@@ -154,7 +154,7 @@ class PalmTask(TaskType):
                                f"backbone ({what}), which exist only in the process of that script: predict or "
                                "evaluate it from the script (palm's Trainer: "
                                "build_predict_forward, load_ckpt, fit_reader(..., phase='predict'), predict)"])
-        self.b = b
+        self.binding = b
         self.inner: Optional[TaskType] = None
         if b.inner:
             cls = get_task_type(b.inner)
@@ -180,7 +180,7 @@ class PalmTask(TaskType):
             raise RuntimeError(f"task {self.spec.name}: a user-defined reader runs in the training process "
                                "(--num_workers 0)")
         state = dict(self.__dict__)
-        state["b"] = dataclasses.replace(self.b, head=None, pred_head=None, reader=None, pred_reader=None,
+        state["binding"] = dataclasses.replace(self.binding, head=None, pred_head=None, reader=None, pred_reader=None,
                                          backbone=None)
         state["_label_specs"] = self.label_feeds()
         state["_streams"] = {}
@@ -190,7 +190,7 @@ class PalmTask(TaskType):
     def load(self, split: str) -> TaskData:
         if self.data_inner:
             return self.inner.load(split)
-        reader = self.b.reader if split == "train" else self.b.pred_reader
+        reader = self.binding.reader if split == "train" else self.binding.pred_reader
         if reader is None:
             raise ConfigError([f"task {self.spec.name}: no {split} reader (fit_reader(reader, phase="
                                f"{'train' if split == 'train' else 'predict'!r}))"])
@@ -212,7 +212,7 @@ class PalmTask(TaskType):
         fields = self._fields()
         return reader_batch_feed(features[0], [spec for spec, _ in fields.values()],
                                  optional={name for name, (_, required) in fields.items() if not required},
-                                 where=_reader_name(self.b.data_reader))
+                                 where=_reader_name(self.binding.data_reader))
 
     def label_feeds(self) -> Tuple[FeedSpec, ...]:
         if "_label_specs" in self.__dict__:  # a data-loading worker's copy
@@ -225,11 +225,11 @@ class PalmTask(TaskType):
         """A user's reader's fields the heads read: name -> (feed spec, required in a batch). The train
         head's fields are required in training; fields only the predict-phase head reads (or a built-in
         head's labels when predicting) are zeros when a batch lacks them."""
-        training = self.b.head is not None
-        heads = [(self.b.head, True)] if training else []
-        if self.b.pred_head is not None and (self.b.custom_head or not training):
-            heads.append((self.b.pred_head, not training))
-        reader_attrs = _reader_outputs(self.b.data_reader)
+        training = self.binding.head is not None
+        heads = [(self.binding.head, True)] if training else []
+        if self.binding.pred_head is not None and (self.binding.custom_head or not training):
+            heads.append((self.binding.pred_head, not training))
+        reader_attrs = _reader_outputs(self.binding.data_reader)
         fields: Dict[str, Tuple[FeedSpec, bool]] = {}
         for head, required in heads:
             if head_builds(head):
@@ -243,7 +243,8 @@ class PalmTask(TaskType):
                     fields[name] = (fields[name][0], fields[name][1] or required)
                     continue
                 shape, dtype = _attr(attr if attr is not None else reader_attrs.get(name), name, head)
-                spec = FeedSpec(name, tuple(shape), dtype, f"field {name!r} of {_reader_name(self.b.data_reader)}")
+                spec = FeedSpec(name, tuple(shape), dtype,
+                                f"field {name!r} of {_reader_name(self.binding.data_reader)}")
                 fields[name] = (spec, required)
         return fields
 
@@ -255,7 +256,7 @@ class PalmTask(TaskType):
     def example_source(self, index: int) -> str:
         if self.data_inner:
             return self.inner.example_source(index)
-        return f"batch {index} of a pass of {_reader_name(self.b.data_reader)}._iterator()"
+        return f"batch {index} of a pass of {_reader_name(self.binding.data_reader)}._iterator()"
 
     def describe_data(self) -> List[str]:
         return self.inner.describe_data() if self.data_inner else []
@@ -267,21 +268,21 @@ class PalmTask(TaskType):
 
     # -- model -----------------------------------------------------------------------------------
     def head_signature(self) -> Tuple[Any, ...]:
-        if not self.b.custom_head:
+        if not self.binding.custom_head:
             return self.inner.head_signature()
-        return (TYPE, type(self.b.model_head).__module__, type(self.b.model_head).__qualname__)
+        return (TYPE, type(self.binding.model_head).__module__, type(self.binding.model_head).__qualname__)
 
     def shared_encoder(self):
-        backbone = self.b.backbone
+        backbone = self.binding.backbone
         return None if backbone is None else encoder_of(backbone)
 
     def create_head(self, enc: Encoded) -> Any:
-        if not self.b.custom_head:
+        if not self.binding.custom_head:
             return self.inner.create_head(enc)
         return _holder()
 
     def head_forward(self, head: Any, enc: Encoded, feeds: Mapping[str, Any]) -> HeadOutputs:
-        if not self.b.custom_head:
+        if not self.binding.custom_head:
             if not self.data_inner:  # a user's reader feeding a built-in head: its label_ids is the head's label
                 feeds = {"label": feeds["label_ids"]}
             return self.inner.head_forward(head, enc, feeds)
@@ -289,13 +290,13 @@ class PalmTask(TaskType):
 
         program = paddle.static.default_main_program()
         before = {p.name for p in program.global_block().all_parameters()}
-        scope = self.b.scope or f"{self.spec.name}."
+        scope = self.binding.scope or f"{self.spec.name}."
         inputs = {"backbone": backbone_outputs(enc), "reader": self._reader_inputs(enc, feeds)}
         loss, predictions = None, {}
-        if self.b.head is not None:  # its other outputs are not fetched: batch_postprocess gets the loss
-            loss = build_head(self.b.head, inputs, scope, "train")["loss"]
-        if self.b.pred_head is not None:
-            predictions = dict(build_head(self.b.pred_head, inputs, scope, "predict"))
+        if self.binding.head is not None:  # its other outputs are not fetched: batch_postprocess gets the loss
+            loss = build_head(self.binding.head, inputs, scope, "train")["loss"]
+        if self.binding.pred_head is not None:
+            predictions = dict(build_head(self.binding.pred_head, inputs, scope, "predict"))
         if loss is None:  # a prediction program: no loss to compute
             loss = paddle.zeros([], dtype="float32")
         else:
@@ -322,13 +323,13 @@ class PalmTask(TaskType):
 
     # -- evaluation and prediction ---------------------------------------------------------------
     def evaluate(self, data: TaskData, outputs) -> Dict[str, float]:
-        if self.data_inner and not self.b.custom_head:
+        if self.data_inner and not self.binding.custom_head:
             return self.inner.evaluate(data, outputs)
         raise ConfigError([f"task {self.spec.name}: a user-defined head has no metrics here; predict (its "
                            "batch_postprocess/epoch_postprocess see every batch) and score get_results()"])
 
     def predictions(self, data: TaskData, outputs) -> Any:
-        if self.data_inner and not self.b.custom_head:
+        if self.data_inner and not self.binding.custom_head:
             return self.inner.predictions(data, outputs)
         return {name: [np.asarray(a).tolist() for a in arrays] for name, arrays in outputs.items()}
 

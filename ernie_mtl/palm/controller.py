@@ -77,17 +77,17 @@ class Controller:
         from ernie_mtl.engine.run import static_mode_restored
 
         cfg = self._load(["--do_predict", "--task", task_instance])
-        t = cfg.train
-        if not t.pred_file:
+        train_cfg = cfg.train
+        if not train_cfg.pred_file:
             raise ConfigError([f"task {task_instance}: no pred_file in its task YAML; add `pred_file: <path>`"])
         spec = next((s for s in cfg.setup.tasks if s.name == task_instance), None)
-        model_dir = inference_model_dir or export_dir(t.output_dir, task_instance)
+        model_dir = inference_model_dir or export_dir(train_cfg.output_dir, task_instance)
         with static_mode_restored():
-            result = predict_exported(model_dir, t.pred_file,
+            result = predict_exported(model_dir, train_cfg.pred_file,
                                       batch_size=spec.pred_batch_size if spec is not None else None)
         records = result.records
         folder = (spec.pred_output_path if spec is not None and spec.pred_output_path else
-                  os.path.join(t.output_dir, task_instance))
+                  os.path.join(train_cfg.output_dir, task_instance))
         write_json_atomic(os.path.join(folder, "predictions.json"), records, indent=1, sort_keys=False)
         return records
 

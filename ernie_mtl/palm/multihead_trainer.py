@@ -33,37 +33,39 @@ class MultiHeadTrainer(Trainer):
 
     def __init__(self, trainers):
         trainers = list(trainers)
-        if not trainers or not all(isinstance(t, Trainer) and not isinstance(t, MultiHeadTrainer) for t in trainers):
+        if not trainers or not all(isinstance(trainer, Trainer) and not isinstance(trainer, MultiHeadTrainer)
+                                   for trainer in trainers):
             raise TypeError("MultiHeadTrainer takes a non-empty list of palm.Trainer objects")
         seen = {}
-        for t in trainers:
-            if t.task_name in seen:
-                same = seen[t.task_name] == t.name
-                raise ValueError(f"trainers {seen[t.task_name]!r} and {t.name!r} "
+        for trainer in trainers:
+            if trainer.task_name in seen:
+                same = seen[trainer.task_name] == trainer.name
+                raise ValueError(f"trainers {seen[trainer.task_name]!r} and {trainer.name!r} "
                                  + ("have the same name" if same else
-                                    f"collide: both become task {t.task_name!r} (a task name is made folder-safe: "
-                                    "characters other than letters, digits, '-' and '_' become '_')")
+                                    f"collide: both become task {trainer.task_name!r} (a task name is made "
+                                    "folder-safe: characters other than letters, digits, '-' and '_' become '_')")
                                  + "; rename one of them")
-            seen[t.task_name] = t.name
-        super().__init__("+".join(t.name for t in trainers))
+            seen[trainer.task_name] = trainer.name
+        super().__init__("+".join(trainer.name for trainer in trainers))
         self._multi = True
         self._trainers = trainers
         self._reference: Optional[Trainer] = None
-        for t in trainers:
-            t._owner = self
+        for trainer in trainers:
+            trainer._owner = self
 
     # -- PALM's interface ---------------------------------------------------------------------------
     def build_forward(self) -> LossVar:
         """Check that every trainer has built its forward with one shared backbone; the loss of the step
         is the drawn task's."""
-        missing = [t.name for t in self._trainers if t._backbone is None]
+        missing = [trainer.name for trainer in self._trainers if trainer._backbone is None]
         if missing:
             raise RuntimeError(f"build_forward(backbone, head) of trainer(s) {missing} first")
         first = self._trainers[0]._backbone
-        if any(t._backbone is not first and not first.same_model(t._backbone) for t in self._trainers):
+        if any(trainer._backbone is not first and not first.same_model(trainer._backbone)
+               for trainer in self._trainers):
             raise ValueError("the trainers' backbones differ: build every trainer's forward with the same backbone")
         self._backbone = first
-        return LossVar([t.task_name for t in self._trainers])
+        return LossVar([trainer.task_name for trainer in self._trainers])
 
     def build_predict_forward(self) -> Dict[str, Any]:
         """PALM's joint multi-head prediction: one prediction program holding every trainer's
@@ -71,16 +73,17 @@ class MultiHeadTrainer(Trainer):
         backbone; `predict_one_batch(task, batch)` runs it. Returns the heads' outputs by trainer."""
         from ernie_mtl.palm.head import declared_outputs
 
-        heads = [t for t in self._trainers if t._pred_head is not None]
+        heads = [trainer for trainer in self._trainers if trainer._pred_head is not None]
         if not heads:
             raise RuntimeError("build_predict_forward: call build_predict_forward(backbone, head) of the trainers "
                                "first")
         first = heads[0]._pred_backbone
-        if any(t._pred_backbone is not first and type(t._pred_backbone) is not type(first) for t in heads):
+        if any(trainer._pred_backbone is not first and type(trainer._pred_backbone) is not type(first)
+               for trainer in heads):
             raise ValueError("the trainers' prediction backbones differ: build every prediction head on the same one")
         self._pred_backbone = first
         self._predictor = None
-        return {t.name: declared_outputs(t._pred_head) for t in heads}
+        return {trainer.name: declared_outputs(trainer._pred_head) for trainer in heads}
 
     def merge_inference_readers(self, readers):
         """The trainers' prediction readers (a list in trainer order, or a dict by trainer name); returns
@@ -89,19 +92,19 @@ class MultiHeadTrainer(Trainer):
         from ernie_mtl.palm.adaptor import ReaderBatch, one_pass
 
         if isinstance(readers, dict):
-            unknown = sorted(set(readers) - {t.name for t in self._trainers})
+            unknown = sorted(set(readers) - {member.name for member in self._trainers})
             if unknown:
                 raise ValueError(f"readers for unknown trainer(s) {unknown}")
-            pairs = [(t, readers[t.name]) for t in self._trainers if t.name in readers]
+            pairs = [(member, readers[member.name]) for member in self._trainers if member.name in readers]
         else:
             readers = list(readers)
             if len(readers) != len(self._trainers):
                 raise ValueError(f"{len(readers)} readers for {len(self._trainers)} trainers")
             pairs = list(zip(self._trainers, readers))
-        for t, r in pairs:
-            t.fit_reader(r, phase="predict")
+        for member, r in pairs:
+            member.fit_reader(r, phase="predict")
         self._predictor = None
-        ids = {t.name: i for i, t in enumerate(self._trainers)}
+        ids = {member.name: i for i, member in enumerate(self._trainers)}
 
         def iterator(task_name):
             trainer = self._trainer(task_name)
@@ -122,7 +125,7 @@ class MultiHeadTrainer(Trainer):
         from ernie_mtl.palm.predictor import palm_outputs
 
         trainer = self._trainer(task_name)
-        heads = [t for t in self._trainers if t._pred_head is not None]
+        heads = [member for member in self._trainers if member._pred_head is not None]
         if trainer._pred_head is None:
             raise RuntimeError(f"predict_one_batch: trainer {task_name!r} has no prediction head "
                                "(build_predict_forward(backbone, head))")
@@ -133,9 +136,9 @@ class MultiHeadTrainer(Trainer):
         return palm_outputs(task, predictor.run(trainer.task_name, collated))
 
     def _trainer(self, name):
-        trainer = next((t for t in self._trainers if name in (t.name, t.task_name)), None)
+        trainer = next((member for member in self._trainers if name in (member.name, member.task_name)), None)
         if trainer is None:
-            raise ValueError(f"no trainer {name!r}: {[t.name for t in self._trainers]}")
+            raise ValueError(f"no trainer {name!r}: {[member.name for member in self._trainers]}")
         return trainer
 
     def fit_readers_with_mixratio(self, readers, sampling_reference, num_epochs, phase="train"):
@@ -146,20 +149,21 @@ class MultiHeadTrainer(Trainer):
             raise ValueError("fit_readers_with_mixratio: the train phase only; each trainer fits its own "
                              "prediction reader")
         if isinstance(readers, dict):
-            unknown = sorted(set(readers) - {t.name for t in self._trainers})
+            unknown = sorted(set(readers) - {trainer.name for trainer in self._trainers})
             if unknown:
                 raise ValueError(f"readers for unknown trainer(s) {unknown}")
-            readers = [readers[t.name] for t in self._trainers]
+            readers = [readers[trainer.name] for trainer in self._trainers]
         if len(readers) != len(self._trainers):
             raise ValueError(f"{len(readers)} readers for {len(self._trainers)} trainers")
-        reference = next((t for t in self._trainers if sampling_reference in (t.name, t.task_name)), None)
+        reference = next((trainer for trainer in self._trainers
+                          if sampling_reference in (trainer.name, trainer.task_name)), None)
         if reference is None:
             raise ValueError(f"sampling_reference {sampling_reference!r} is not one of the trainers "
-                             f"{[t.name for t in self._trainers]}")
+                             f"{[trainer.name for trainer in self._trainers]}")
         if not isinstance(num_epochs, (int, float)) or isinstance(num_epochs, bool) or num_epochs <= 0:
             raise ValueError(f"num_epochs {num_epochs!r}: a number > 0")
-        for t, r in zip(self._trainers, readers):
-            t.fit_reader(r)
+        for trainer, r in zip(self._trainers, readers):
+            trainer.fit_reader(r)
         self._reference, self._num_epochs = reference, num_epochs
         self._train_reader = reference._train_reader
         return self._batches()
@@ -177,12 +181,12 @@ class MultiHeadTrainer(Trainer):
         import os
 
         out = {}
-        for t in self._trainers:
-            if t._pred_reader is not None and t._pred_head is not None:
-                if t._predict_from is None and self._predict_from is not None:
-                    t._predict_from = self._predict_from
-                out[t.name] = t.predict(None if output_dir is None else os.path.join(output_dir, t.task_name),
-                                        print_steps)
+        for trainer in self._trainers:
+            if trainer._pred_reader is not None and trainer._pred_head is not None:
+                if trainer._predict_from is None and self._predict_from is not None:
+                    trainer._predict_from = self._predict_from
+                out[trainer.name] = trainer.predict(
+                    None if output_dir is None else os.path.join(output_dir, trainer.task_name), print_steps)
         if not out:
             raise RuntimeError("predict: no trainer has build_predict_forward(...) and fit_reader(..., "
                                "phase='predict')")
@@ -202,7 +206,7 @@ class MultiHeadTrainer(Trainer):
         mapping = self.to_config()
         order = mapping["task_instance"]
         tasks = [mapping["tasks"][n] for n in order]
-        members = {t.task_name: t for t in self._trainers}
+        members = {trainer.task_name: trainer for trainer in self._trainers}
         sizes = [members[n].num_examples for n in order]
         targets = [bool(x) for x in mapping["target_tag"]]
         quotas = target_quotas(num_examples=sizes, batch_sizes=[k["batch_size"] for k in tasks],
@@ -222,10 +226,10 @@ class MultiHeadTrainer(Trainer):
 
     def _order(self, run=None) -> List[str]:
         ref = self._reference or self._trainers[0]
-        return [ref.task_name] + [t.task_name for t in self._trainers if t is not ref]
+        return [ref.task_name] + [trainer.task_name for trainer in self._trainers if trainer is not ref]
 
     def _display(self, task: str) -> str:
-        return next((t.name for t in self._trainers if t.task_name == task), task)
+        return next((trainer.name for trainer in self._trainers if trainer.task_name == task), task)
 
 
 __all__ = ["MultiHeadTrainer"]

@@ -80,7 +80,7 @@ def _tags(predicted) -> List[List[int]]:
     task = predicted.task
     outside = len(task.label_map) - 1  # PALM's id for [CLS], [SEP] and padding
     rows = task._predicted_tags(predicted.data, predicted.outputs)
-    return [[outside] + [task.label_map[t] for t in tags] + [outside] for tags in rows]
+    return [[outside] + [task.label_map[tag] for tag in tags] + [outside] for tags in rows]
 
 
 def _spans(predicted):
@@ -102,4 +102,4 @@ def _spans(predicted):
 def _masked(predicted) -> List[int]:
     from ernie_mtl.tasks.mlm import masked_slots_per_example
 
-    return [int(t) for _, ids in masked_slots_per_example(predicted.data, predicted.outputs) for t in ids]
+    return [int(token_id) for _, ids in masked_slots_per_example(predicted.data, predicted.outputs) for token_id in ids]

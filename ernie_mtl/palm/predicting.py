@@ -56,9 +56,9 @@ class PredictionDriver:
         """(path, "ckpt" | "model") given by load_ckpt / load_predict_model of this trainer, else of the
         MultiHeadTrainer it is part of; (None, None) when neither was called."""
         root = self._root()
-        for t in (self, root):
-            if t._predict_from is not None:
-                return t._predict_from, t._predict_kind
+        for trainer in (self, root):
+            if trainer._predict_from is not None:
+                return trainer._predict_from, trainer._predict_kind
         if root._resume not in (None, "auto") and root._run is None and root._result is None:
             return root._resume, "ckpt"  # load_ckpt before a training that has not started: its weights
         return None, None
@@ -78,7 +78,7 @@ class PredictionDriver:
         from ernie_mtl.palm.predictor import Predictor, Source
 
         root = self._root()
-        key = (tuple(t.task_name for t in trainers), id(reader))
+        key = (tuple(trainer.task_name for trainer in trainers), id(reader))
         cached = root.__dict__.get("_predictor")
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -88,7 +88,7 @@ class PredictionDriver:
         elif kind == "checkpoint":
             source = Source.checkpoint(path)
         elif kind == "pretrained":
-            seed = next((r.seed for r in (t._pred_reader for t in trainers) if r is not None
+            seed = next((r.seed for r in (trainer._pred_reader for trainer in trainers) if r is not None
                          and getattr(r, "seed", None) is not None), 0)
             source = Source.pretrained(path, self._pred_backbone or self._backbone, int(seed))
         else:
@@ -195,8 +195,8 @@ class PredictionDriver:
         task = predictor.task(self._task)
         data = task.load("pred")
         names = list(predictor.fwd.predictions[self._task])
-        outputs = by_name(predict_batches(task, data, lambda b: list(predictor.run(self._task, b).values()), names,
-                                          batch_size=task.spec.batch_size), names)
+        outputs = by_name(predict_batches(task, data, lambda batch: list(predictor.run(self._task, batch).values()),
+                                          names, batch_size=task.spec.batch_size), names)
         if isinstance(task, PalmTask) and task.inner is not None:  # a built-in head's records (its own format)
             task = task.inner
         return Predicted(task, data, outputs, step=predictor.source.step)

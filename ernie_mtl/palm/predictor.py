@@ -86,13 +86,14 @@ class Source:
 
     @classmethod
     def live(cls, run) -> "Source":
-        s, p = run.session, run.trainer.p
+        s, p = run.session, run.trainer.programs
         if s.topo.sharding_degree > 1:
             raise ConfigError(["predict/evaluate with the weights of the run in progress: under sharding each rank "
                                "holds a shard of them; predict from a checkpoint (load_ckpt(...)) instead"])
-        groups = {t: g.name for g in p.groups for t in g.tasks}
-        records = {t.spec.name: Record(t.spec.name, t.spec.index, groups[t.spec.name], t.name, t.spec.to_json())
-                   for t in run.trainer.tasks}
+        groups = {task_name: g.name for g in p.groups for task_name in g.tasks}
+        records = {task.spec.name: Record(task.spec.name, task.spec.index, groups[task.spec.name], task.name,
+                                          task.spec.to_json())
+                   for task in run.trainer.tasks}
         return cls("live", f"the run in progress (step {run.steps})", s.cfg.model.model_type, _arch(p.arch),
                    s.cfg.setup.mtl.use_task_id, p.ema is not None, s.cfg.train.seed, str(s.cfg.data.vocab_file),
                    records, dict(p.name_map), run=run, step=run.steps)
@@ -129,7 +130,7 @@ class Source:
         """static name -> value of the parameters `needed` (and their EMA averages and fp32 masters)."""
         if self.kind == "live":
             scope = self.run.session.scope
-            names = {v.name for v in self.run.trainer.p.main.list_vars() if v.persistable}
+            names = {v.name for v in self.run.trainer.programs.main.list_vars() if v.persistable}
             out = {}
             for name in names:
                 var = scope.find_var(name)
@@ -155,9 +156,9 @@ class Predictor:
 
         self.source = source
         self.trainers = list(trainers)
-        self.names = [t.task_name for t in self.trainers]
-        self.records = [self._record(t, i) for i, t in enumerate(self.trainers)]
-        self.tasks = [self._task(t, r, i) for i, (t, r) in enumerate(zip(self.trainers, self.records))]
+        self.names = [trainer.task_name for trainer in self.trainers]
+        self.records = [self._record(trainer, i) for i, trainer in enumerate(self.trainers)]
+        self.tasks = [self._task(trainer, r, i) for i, (trainer, r) in enumerate(zip(self.trainers, self.records))]
         self.place = prediction_place(device)
         with static_mode():
             main, startup = paddle.static.Program(), paddle.static.Program()

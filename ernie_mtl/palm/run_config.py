@@ -189,7 +189,7 @@ def _another_run(output_dir: str, tasks: Sequence[str]) -> Optional[str]:
                     "run another save_path, or delete the folder yourself")
         raw = raw if isinstance(raw, dict) else {}
         extra = raw.get("extra") if isinstance(raw.get("extra"), dict) else {}
-        theirs = [t.get("name") for t in extra.get("tasks") or [] if isinstance(t, dict)]
+        theirs = [task.get("name") for task in extra.get("tasks") or [] if isinstance(task, dict)]
         palm = "PalmLayout" in (extra.get("callbacks") or {})  # the PALM face's layout callback saved its state
         if not palm or sorted(theirs) != sorted(tasks):
             what = f"tasks {theirs}" if theirs else "another configuration"
@@ -205,12 +205,12 @@ def _another_run(output_dir: str, tasks: Sequence[str]) -> Optional[str]:
 CUSTOM_BACKBONE_ARCH = "ernie-tiny-test"
 
 
-def palm_task_keys(m, custom_backbone) -> Tuple[Dict[str, Any], Any]:
-    """(task keys, Binding) of trainer `m` whose head, reader or backbone is the user's."""
+def palm_task_keys(trainer, custom_backbone) -> Tuple[Dict[str, Any], Any]:
+    """(task keys, Binding) of `trainer` whose head, reader or backbone is the user's."""
     from ernie_mtl.palm import adaptor
     from ernie_mtl.palm.head import MaskLM, runs_own_build as head_builds
 
-    reader, head, pred_head = m._train_reader, m._head, m._pred_head
+    reader, head, pred_head = trainer._train_reader, trainer._head, trainer._pred_head
     builtin_reader = is_builtin_reader(reader)
     custom_head = head_builds(head)
     if pred_head is not None and head_builds(pred_head) != custom_head:
@@ -225,7 +225,7 @@ def palm_task_keys(m, custom_backbone) -> Tuple[Dict[str, Any], Any]:
         inner = reader.engine_type()
         inner_options = {**reader.counting_options(), **reader.options()}
         if not custom_head:
-            head.check(reader, m._backbone if custom_backbone is None else None)
+            head.check(reader, trainer._backbone if custom_backbone is None else None)
             inner_options.update(head.options(reader))
     elif not custom_head:
         inner = next((adaptor.READER_HEADS[c.__name__] for c in type(head).__mro__ if c.__name__ in
@@ -236,13 +236,15 @@ def palm_task_keys(m, custom_backbone) -> Tuple[Dict[str, Any], Any]:
                              "(palm.head.Head), or Classify / pointwise Match (from its label_ids)")
         inner_options = head.options(reader)
     if custom_head:
-        check_custom_head(head, reader, m._backbone, inner)
+        check_custom_head(head, reader, trainer._backbone, inner)
         if pred_head is not None:
-            check_custom_head(pred_head, m._pred_reader or reader, m._pred_backbone or m._backbone, inner)
-    binding = adaptor.Binding(task=m._task, head=head, pred_head=pred_head if custom_head else None, reader=reader,
-                              pred_reader=m._pred_reader, backbone=custom_backbone, inner=inner,
+            check_custom_head(pred_head, trainer._pred_reader or reader, trainer._pred_backbone or trainer._backbone,
+                              inner)
+    binding = adaptor.Binding(task=trainer._task, head=head, pred_head=pred_head if custom_head else None,
+                              reader=reader,
+                              pred_reader=trainer._pred_reader, backbone=custom_backbone, inner=inner,
                               inner_options=inner_options)
-    keys: Dict[str, Any] = {"reader": adaptor.TYPE, "binding": m._task, "components": binding.components()}
+    keys: Dict[str, Any] = {"reader": adaptor.TYPE, "binding": trainer._task, "components": binding.components()}
     if builtin_reader:
         keys.update({k: v for k, v in reader.task_keys().items() if k in _TASK_KEYS})
     else:

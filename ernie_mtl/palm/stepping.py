@@ -26,7 +26,7 @@ class StepDriver:
         if not isinstance(batch, PalmBatch):
             batch = self._own_batch(run, batch)
         losses = run.step(batch.prepared)
-        return {f"{self._display(t)}.loss": np.array([v], dtype=np.float32) for t, v in losses.items()}
+        return {f"{self._display(task)}.loss": np.array([v], dtype=np.float32) for task, v in losses.items()}
 
     def _own_batch(self, run, batch) -> "PalmBatch":
         """A batch the script built, as the micro-batch of the run's next step (its task must be the one
@@ -45,7 +45,7 @@ class StepDriver:
                              "(get_one_batch) or train without accumulate_steps")
         micro = prepared.micro[0]
         tasks = run.trainer.tasks
-        names = [t.spec.name for t in tasks]
+        names = [member.spec.name for member in tasks]
         wanted = micro.task
         if "__task_id" in batch:
             own = [m._task for m in self._root()._members()][int(np.asarray(batch["__task_id"]).reshape(-1)[0])]
@@ -87,7 +87,7 @@ class StepDriver:
         return self._root()._run
 
     def _index(self, run) -> int:
-        return [t.spec.name for t in run.trainer.tasks].index(self._task)
+        return [task.spec.name for task in run.trainer.tasks].index(self._task)
 
     def _ensure_run(self):
         root = self._root()

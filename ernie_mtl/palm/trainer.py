@@ -258,7 +258,7 @@ class Trainer(StepDriver, PredictionDriver):
     def set_saver(self, save_path, save_steps, save_type="ckpt") -> None:
         """Keep a checkpoint every `save_steps` steps under `save_path` (see the module docstring);
         `save_type`: "ckpt", "predict" or "ckpt,predict"."""
-        types = tuple(t.strip() for t in str(save_type).split(",") if t.strip())
+        types = tuple(part.strip() for part in str(save_type).split(",") if part.strip())
         if not types or set(types) - {"ckpt", "predict"}:
             raise ValueError(f"save_type {save_type!r}: 'ckpt', 'predict' or 'ckpt,predict'")
         if isinstance(save_steps, bool) or not isinstance(save_steps, int) or save_steps < 1:
@@ -403,7 +403,8 @@ class Trainer(StepDriver, PredictionDriver):
             task = predictor.task(self._task)
             data = task.load("dev")
             names = list(predictor.fwd.predictions[self._task])
-            outs = by_name(predict_batches(task, data, lambda b: [o for o in predictor.run(self._task, b).values()],
+            outs = by_name(predict_batches(task, data,
+                                           lambda batch: [o for o in predictor.run(self._task, batch).values()],
                                            names, batch_size=reader.batch_size), names)
             return {k: float(v) for k, v in task.evaluate(data, outs).items()}
         kind, path = self._model_source(checkpoint)

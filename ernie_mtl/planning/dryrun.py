@@ -247,14 +247,13 @@ def format_plan(*, topology: Topology, strategy: Any, amp: AmpConfig, param_coun
                 memory: Mapping[str, int], schedule_summary: str = "") -> str:
     """The dry-run report: topology and batch arithmetic, strategy, parameter count, memory table
     and (if given) the task-schedule summary."""
-    t = topology
     lines = [
         "== topology ==",
-        f"world size {t.world_size} = dp {t.dp_degree} x sharding {t.sharding_degree}",
-        f"global batch {t.global_batch_size} = micro batch {t.micro_batch_size} x data-parallel world "
-        f"{t.data_world_size} x accumulate steps {t.accumulate_steps}",
-        f"per rank: {t.micro_batch_size} samples per executor run, {t.micro_batch_size * t.accumulate_steps} "
-        "per optimizer step",
+        f"world size {topology.world_size} = dp {topology.dp_degree} x sharding {topology.sharding_degree}",
+        f"global batch {topology.global_batch_size} = micro batch {topology.micro_batch_size} x data-parallel world "
+        f"{topology.data_world_size} x accumulate steps {topology.accumulate_steps}",
+        f"per rank: {topology.micro_batch_size} samples per executor run, "
+        f"{topology.micro_batch_size * topology.accumulate_steps} per optimizer step",
         "== strategy ==",
         *describe_strategy(strategy, amp),
         "== parameters ==",
@@ -378,7 +377,7 @@ def program_facts(main: Any, startup: Any, *, endpoints: Sequence[str]) -> Progr
             persistable += int(np.prod(var.shape, dtype=np.int64)) * core.size_of_dtype(var.dtype)
     return ProgramFacts(
         main_ops=len(main_ops), main_blocks=main.num_blocks, startup_ops=len(startup_ops), casts=casts,
-        amp_ops={t: sum(op.type == t for op in main_ops) for t in _AMP_OPS}, rings=rings,
+        amp_ops={op_type: sum(op.type == op_type for op in main_ops) for op_type in _AMP_OPS}, rings=rings,
         collectives=collectives(main_ops), startup_collectives=collectives(startup_ops),
         conditional_blocks=sum(op.type == "conditional_block" for op in main_ops), persistable_bytes=persistable)
 
@@ -409,7 +408,7 @@ def _ring_label(ring: int, ranks: Optional[List[int]], topo: Topology) -> str:
 
 
 def _counts(ops: Mapping[str, int]) -> str:
-    return ", ".join(f"{t} {n}" for t, n in sorted(ops.items()))
+    return ", ".join(f"{op_type} {n}" for op_type, n in sorted(ops.items()))
 
 
 def format_gpu_program(facts: ProgramFacts, *, topology: Topology, amp: AmpConfig,
@@ -417,10 +416,9 @@ def format_gpu_program(facts: ProgramFacts, *, topology: Topology, amp: AmpConfi
     """The dry run's `== GPU program ==` section: what rank 0's built program holds (op counts, AMP
     casts, collectives per communication ring, gradient merge, persistable memory next to the
     memory table's estimate)."""
-    t = topology
     c = facts.casts
-    lines = [f"== GPU program (rank 0 of {t.world_size}: built on this machine as a CUDA build of paddle builds it, "
-             "not run) ==",
+    lines = [f"== GPU program (rank 0 of {topology.world_size}: built on this machine as a CUDA build of paddle "
+             "builds it, not run) ==",
              f"training program: {facts.main_ops:,} ops in {facts.main_blocks} block(s); start-up program: "
              f"{facts.startup_ops:,} ops"]
     total = sum(c.values())
@@ -431,10 +429,10 @@ def format_gpu_program(facts: ProgramFacts, *, topology: Topology, amp: AmpConfi
         lines.append(f"amp: off (float32): {total} cast op(s), {c['to_16bit']} to 16 bits")
     if facts.collectives:
         lines.append("collectives per ring (training program):")
-        lines += [f"  {_ring_label(r, facts.rings.get(r), t)}: {_counts(ops)}"
+        lines += [f"  {_ring_label(r, facts.rings.get(r), topology)}: {_counts(ops)}"
                   for r, ops in sorted(facts.collectives.items())]
     else:
-        lines.append("collectives: none in the training program" + (" (one rank)" if t.world_size == 1 else ""))
+        lines.append("collectives: none in the training program" + (" (one rank)" if topology.world_size == 1 else ""))
     if facts.rings:
         setup = ("start-up program: NCCL communicators (c_gen_nccl_id + c_comm_init) for ring(s) "
                  + ", ".join(str(r) for r in sorted(facts.rings)))
@@ -442,9 +440,9 @@ def format_gpu_program(facts: ProgramFacts, *, topology: Topology, amp: AmpConfi
         lines.append(setup)
     if facts.conditional_blocks:
         lines.append(f"gradient merge: {facts.conditional_blocks} conditional_block (the update runs once every "
-                     f"{t.accumulate_steps} micro-batches)")
+                     f"{topology.accumulate_steps} micro-batches)")
     else:
-        lines.append(f"gradient merge: no conditional_block (accumulate steps {t.accumulate_steps})")
+        lines.append(f"gradient merge: no conditional_block (accumulate steps {topology.accumulate_steps})")
     kept = f"persistable tensors of rank 0's training program: {facts.persistable_bytes / MiB:.1f} MiB"
     if memory is not None:
         kept += f" (the memory table's persistent row, for the most loaded rank: {memory['persistent'] / MiB:.1f} MiB)"
@@ -498,13 +496,13 @@ def dry_run(cfg) -> str:
             resume_lines += _checks_lines(cfg, raw, continuation, _flag_mode_tasks(cfg), unresumed=unresumed)
     else:
         info = ProcessInfo(rank=0, world_size=world_size, local_rank=0)
-        run_plan = prepare(cfg, info=info, topo=topo, barrier=lambda *a, **k: None, log=lambda m: None,
+        run_plan = prepare(cfg, info=info, topo=topo, barrier=lambda *args, **kwargs: None, log=lambda message: None,
                            is_builder=True, load_dev=False, resume=point)
         if continuation is not None:
             resume_lines += _checks_lines(cfg, raw, continuation, run_plan.tasks, unresumed=run_plan.unresumed_steps)
         heads = head_parameter_counts(cfg.model.model_type, arch, run_plan.tasks,
                                       use_task_id=cfg.setup.mtl.use_task_id)
-        longest = max(t.spec.max_seq_len for t in run_plan.tasks)
+        longest = max(task.spec.max_seq_len for task in run_plan.tasks)
         summary = (f"task schedule (planned {run_plan.planned.total_steps} optimizer steps = LR horizon):\n"
                    + run_plan.schedule.summary())
         from ernie_mtl.planning.refine import refine_targets, stages_table
@@ -545,30 +543,31 @@ def resume_plan(cfg, topo: Topology):
     def unused(prefix: str) -> None:
         raise AssertionError("the dry run reads no program state")
 
-    t = cfg.train
-    finder = Checkpointer(t.output_dir, rank=0, world_size=topo.world_size, per_rank_state=False,
-                          save_program_state=unused, load_program_state=unused, keep_last=t.keep_last,
+    train_cfg = cfg.train
+    finder = Checkpointer(train_cfg.output_dir, rank=0, world_size=topo.world_size, per_rank_state=False,
+                          save_program_state=unused, load_program_state=unused, keep_last=train_cfg.keep_last,
                           log=lambda message: None)
-    ref = finder.resolve(t.resume, overwrite=t.overwrite_output_dir)
+    ref = finder.resolve(train_cfg.resume, overwrite=train_cfg.overwrite_output_dir)
     if ref is None:
-        why = ("--resume none" if t.resume == "none" else f"no checkpoint in {t.output_dir}")
-        start = (f"; warm start from --init_from {t.init_from} (its weights"
-                 f"{' and optimizer state' if t.init_optimizer else ''}, a new step 0, LR schedule and task schedule)"
-                 if t.init_from else "")
+        why = ("--resume none" if train_cfg.resume == "none" else f"no checkpoint in {train_cfg.output_dir}")
+        start = (f"; warm start from --init_from {train_cfg.init_from} (its weights"
+                 f"{' and optimizer state' if train_cfg.init_optimizer else ''}, a new step 0, LR schedule and task "
+                 "schedule)"
+                 if train_cfg.init_from else "")
         return [f"a new run ({why}){start}"], None, None, None
     raw = read_train_state_file(ref.path)
     try:
-        c = decide(raw, topo.to_dict(), flag_mode=cfg.flag_mode, allow_batch_change=t.allow_batch_change,
+        c = decide(raw, topo.to_dict(), flag_mode=cfg.flag_mode, allow_batch_change=train_cfg.allow_batch_change,
                    where=str(ref.path))
     except ReshardError as e:
         raise CheckpointError(str(e)) from None
     lines = [f"checkpoint {ref.path}", *c.summary()]
-    if t.init_from:
-        lines.append(f"--init_from {t.init_from} is not used: the run resumes its own checkpoint")
+    if train_cfg.init_from:
+        lines.append(f"--init_from {train_cfg.init_from} is not used: the run resumes its own checkpoint")
     return lines, resume_point(ref, c, topo), c, raw
 
 
-def _checks_lines(cfg, raw, c, tasks, *, unresumed: int) -> List[str]:
+def _checks_lines(cfg, raw, continuation, tasks, *, unresumed: int) -> List[str]:
     """The resume checks the run makes when it loads the checkpoint (seed, tasks, data identity, LR
     settings): a difference the run would refuse is refused here, with the run's message."""
     from types import SimpleNamespace
@@ -577,9 +576,9 @@ def _checks_lines(cfg, raw, c, tasks, *, unresumed: int) -> List[str]:
     from ernie_mtl.planning.plan import resume_checks
 
     checks = resume_checks(cfg, SimpleNamespace(tasks=tasks, unresumed_steps=unresumed))
-    diffs = check_differences(raw, checks, free=("total_steps",) if c.kind == "batch_change" else ())
+    diffs = check_differences(raw, checks, free=("total_steps",) if continuation.kind == "batch_change" else ())
     if diffs:
-        raise CheckpointError(resume_refusal(c.path, diffs))
+        raise CheckpointError(resume_refusal(continuation.path, diffs))
     return ["seed, tasks, data and learning-rate settings: as the checkpoint recorded them"]
 
 
@@ -587,7 +586,7 @@ def _flag_mode_tasks(cfg) -> List[Any]:
     """The task objects of a flag-mode run (the one `pretrain` task), without loading their data."""
 
     ctx = TaskContext(vocab_file=str(cfg.data.vocab_file), seed=cfg.train.seed, model_type=cfg.model.model_type,
-                      log=lambda m: None, cache_dir=cfg.data.data_cache)
+                      log=lambda message: None, cache_dir=cfg.data.data_cache)
     return [get_task_type(spec.reader)(spec, ctx) for spec in cfg.setup.tasks]
 
 
@@ -633,11 +632,11 @@ def head_parameter_counts(model_type: str, arch: Mapping[str, Any], tasks, *, us
             enc = Encoded(sequence_output=None, pooled_output=None, backbone=backbone, config=config, feeds={})
             counts: Dict[str, int] = {}
             groups = group_of(tasks)
-            for t in tasks:
-                group = groups[t.spec.name]
+            for task in tasks:
+                group = groups[task.spec.name]
                 if f"head {group}" in counts:
                     continue
-                head = t.create_head(enc)
+                head = task.create_head(enc)
                 counts[f"head {group}"] = int(sum(int(np.prod(p.shape)) for p in head.parameters()
                                                   if p is not embedding))
         return counts

@@ -54,7 +54,7 @@ class RunPlan:
     unresumed_steps: int = 0  # optimizer steps of this configuration's plan from step 0 (what a resume compares)
 
     def task(self, name: str):
-        return next(t for t in self.tasks if t.spec.name == name)
+        return next(task for task in self.tasks if task.spec.name == name)
 
 
 @dataclass
@@ -87,47 +87,47 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
     tasks = [get_task_type(spec.reader)(spec, ctx) for spec in setup.tasks]
     slots = topo.slots_per_step  # micro-batches of all ranks per optimizer step (schedule.py: slots)
     eval_batches = cfg.train.eval_iters * slots
-    sized = {t.spec.name for t in tasks if t.sized_by_run}
+    sized = {task.spec.name for task in tasks if task.sized_by_run}
     kept = dict(resume.train_samples) if resume is not None else {}
     train, train_samples = {}, {}
     idle = idle_tasks(cfg)
-    for t in tasks:
-        if t.spec.name in idle:  # never drawn: its training data is not read
-            log(f"task {t.spec.name} ({t.name}): mix_ratio 0, never drawn; its training data is not read")
-            train[t.spec.name] = TaskData("train", [])
-            sized.discard(t.spec.name)
-        elif t.spec.name not in sized:  # generated corpora are loaded once their size is planned
-            log(f"reading task {t.spec.name} ({t.name}): train {t.spec.train_file}")
-            train[t.spec.name] = t.load("train")
-    for t in tasks:  # a generated corpus: its natural size (one epoch) tells the schedule its epochs
-        if t.spec.name in sized and not setup.flag_mode:
-            train[t.spec.name] = t.load("train")
-        elif t.spec.name in sized:  # flag mode: the size is the plan's (--max_steps global batches)
-            train_samples[t.spec.name] = kept.get(t.spec.name, cfg.optim.max_steps * topo.global_batch_size)
-            ctx.extra["num_samples"] = {"train": train_samples[t.spec.name]}
-            train[t.spec.name] = t.load("train")
-            sized.discard(t.spec.name)
-    empty = [f"task {t.spec.name}: train file {t.spec.train_file} has no examples; give a file with rows after the "
-             "header" for t in tasks if len(train[t.spec.name]) == 0 and t.spec.name not in idle]
+    for task in tasks:
+        if task.spec.name in idle:  # never drawn: its training data is not read
+            log(f"task {task.spec.name} ({task.name}): mix_ratio 0, never drawn; its training data is not read")
+            train[task.spec.name] = TaskData("train", [])
+            sized.discard(task.spec.name)
+        elif task.spec.name not in sized:  # generated corpora are loaded once their size is planned
+            log(f"reading task {task.spec.name} ({task.name}): train {task.spec.train_file}")
+            train[task.spec.name] = task.load("train")
+    for task in tasks:  # a generated corpus: its natural size (one epoch) tells the schedule its epochs
+        if task.spec.name in sized and not setup.flag_mode:
+            train[task.spec.name] = task.load("train")
+        elif task.spec.name in sized:  # flag mode: the size is the plan's (--max_steps global batches)
+            train_samples[task.spec.name] = kept.get(task.spec.name, cfg.optim.max_steps * topo.global_batch_size)
+            ctx.extra["num_samples"] = {"train": train_samples[task.spec.name]}
+            train[task.spec.name] = task.load("train")
+            sized.discard(task.spec.name)
+    empty = [f"task {task.spec.name}: train file {task.spec.train_file} has no examples; give a file with rows after "
+             "the header" for task in tasks if len(train[task.spec.name]) == 0 and task.spec.name not in idle]
     if empty:
         raise ConfigError(empty)
-    sizes = [0 if t.spec.name in idle else t.num_train_examples(train[t.spec.name]) for t in tasks]
-    probabilities = sampling_probabilities(m.sampling, mix_ratio=[t.spec.mix_ratio for t in tasks], num_examples=sizes,
-                                           temperature=m.temperature, examples_cap=m.examples_cap)
+    sizes = [0 if task.spec.name in idle else task.num_train_examples(train[task.spec.name]) for task in tasks]
+    probabilities = sampling_probabilities(m.sampling, mix_ratio=[task.spec.mix_ratio for task in tasks],
+                                           num_examples=sizes, temperature=m.temperature, examples_cap=m.examples_cap)
     max_steps = cfg.optim.max_steps
     # flag mode: the one target's quota is exactly --max_steps optimizer steps (its samples, after a batch change)
     if setup.flag_mode:
         max_steps = flag_mode_steps(train_samples[tasks[0].spec.name], topo, resume)
         quotas: List[Optional[int]] = [flag_mode_quota(max_steps, topo, resume)]
     else:
-        quotas = target_quotas(num_examples=sizes, batch_sizes=[t.spec.batch_size for t in tasks],
-                               is_target=[t.spec.is_target for t in tasks], num_epochs=m.num_epochs,
-                               task_num_epochs=[t.spec.num_epochs for t in tasks],
-                               mix_ratio=[t.spec.mix_ratio for t in tasks] if m.sampling == "palm" else None)
+        quotas = target_quotas(num_examples=sizes, batch_sizes=[task.spec.batch_size for task in tasks],
+                               is_target=[task.spec.is_target for task in tasks], num_epochs=m.num_epochs,
+                               task_num_epochs=[task.spec.num_epochs for task in tasks],
+                               mix_ratio=[task.spec.mix_ratio for task in tasks] if m.sampling == "palm" else None)
     def make_schedule(**annealing) -> TaskSchedule:
-        return TaskSchedule(probabilities, quotas, [t.spec.is_target for t in tasks], cfg.train.seed,
-                            slots_per_step=slots, max_steps=max_steps, names=[t.spec.name for t in tasks],
-                            steps_per_epoch=[steps_per_epoch(n, t.spec.batch_size) for n, t in zip(sizes, tasks)],
+        return TaskSchedule(probabilities, quotas, [task.spec.is_target for task in tasks], cfg.train.seed,
+                            slots_per_step=slots, max_steps=max_steps, names=[task.spec.name for task in tasks],
+                            steps_per_epoch=[steps_per_epoch(n, task.spec.batch_size) for n, task in zip(sizes, tasks)],
                             **annealing)
 
     schedule = make_schedule()
@@ -143,24 +143,25 @@ def prepare(cfg, *, info, topo, barrier, log: Callable[[str], None], is_builder:
         if list(resume_sampler.get("base", [0, 0])) != [0, 0]:  # the global batch changed: plan from there
             schedule.load_state_dict(resume_sampler)
     planned = schedule.plan()
-    for i, t in enumerate(tasks):  # generated samples: exactly as many as the run reads (no repeated masks)
-        if t.spec.name in sized:
-            train_samples[t.spec.name] = kept.get(t.spec.name, planned.micro_batches[i] * t.spec.batch_size)
-            ctx.extra["num_samples"] = {"train": train_samples[t.spec.name]}
-            train[t.spec.name] = t.load("train")
+    for i, task in enumerate(tasks):  # generated samples: exactly as many as the run reads (no repeated masks)
+        if task.spec.name in sized:
+            train_samples[task.spec.name] = kept.get(task.spec.name, planned.micro_batches[i] * task.spec.batch_size)
+            ctx.extra["num_samples"] = {"train": train_samples[task.spec.name]}
+            train[task.spec.name] = task.load("train")
     ctx.extra.pop("num_samples", None)
 
-    def stream(t):
-        return TaskStream(len(train[t.spec.name]), seed=cfg.train.seed, task_index=t.spec.index,
-                          batch_size=t.spec.batch_size, shuffle=t.shuffle_examples and t.spec.shuffle,
-                          idle=t.spec.name in idle)
+    def stream(task):
+        return TaskStream(len(train[task.spec.name]), seed=cfg.train.seed, task_index=task.spec.index,
+                          batch_size=task.spec.batch_size, shuffle=task.shuffle_examples and task.spec.shuffle,
+                          idle=task.spec.name in idle)
 
     dev, test = {}, {}
     if load_dev:  # the evaluation data too, so a bad row is found before training, not after it
-        dev = _eval_splits([t for t in tasks if t.spec.dev_file], "dev", eval_batches, name_key=not setup.flag_mode)
-        test = _eval_splits([t for t in tasks if t.spec.is_target and t.spec.test_file], "test", eval_batches,
-                            name_key=not setup.flag_mode)
-    return RunPlan(tasks=tasks, train=train, dev=dev, test=test, streams=[stream(t) for t in tasks],
+        dev = _eval_splits([task for task in tasks if task.spec.dev_file], "dev", eval_batches,
+                           name_key=not setup.flag_mode)
+        test = _eval_splits([task for task in tasks if task.spec.is_target and task.spec.test_file], "test",
+                            eval_batches, name_key=not setup.flag_mode)
+    return RunPlan(tasks=tasks, train=train, dev=dev, test=test, streams=[stream(task) for task in tasks],
                    schedule=schedule, planned=planned, probabilities=probabilities, quotas=quotas,
                    eval_batches=eval_batches, train_samples=train_samples, resume_sampler=resume_sampler,
                    unresumed_steps=unresumed_steps)
@@ -206,30 +207,32 @@ def flag_mode_quota(max_steps: int, topo, resume: Optional[ResumePoint]) -> int:
     return int(base_position) + (max_steps - int(base_step)) * topo.slots_per_step
 
 
-def resume_point(ref: Optional[CheckpointRef], c: Optional[Continuation], topo):
+def resume_point(ref: Optional[CheckpointRef], continuation: Optional[Continuation], topo):
     """Where the plan of a resumed run starts (`ResumePoint`): checkpoint `ref`'s
     task schedule state for this topology (`regrouped_sampler`) and the samples its generated tasks
     were built with; None for a new run."""
     if ref is None:
         return None
     raw = read_train_state_file(ref.path)
-    sampler = raw["sampler"] if c is None else regrouped_sampler(raw["sampler"], c, topo, where=ref.path)
+    sampler = (raw["sampler"] if continuation is None
+               else regrouped_sampler(raw["sampler"], continuation, topo, where=ref.path))
     kept = dict((raw.get("extra") or {}).get("train_samples") or {})
-    if not kept and c is not None and c.flag_mode:  # written before they were recorded: its --max_steps global batches
+    # written before they were recorded: its --max_steps global batches
+    if not kept and continuation is not None and continuation.flag_mode:
         steps = ((raw.get("config") or {}).get("optim") or {}).get("max_steps")
         tasks = (raw.get("extra") or {}).get("tasks") or []
         if isinstance(steps, int) and tasks and isinstance(tasks[0], dict) and "name" in tasks[0]:
-            kept = {tasks[0]["name"]: steps * int(c.saved["global_batch_size"])}
+            kept = {tasks[0]["name"]: steps * int(continuation.saved["global_batch_size"])}
     return ResumePoint(sampler=sampler, train_samples=kept)
 
 
-def regrouped_sampler(sampler: Dict[str, Any], c: Continuation, topo, *, where) -> Dict[str, Any]:
+def regrouped_sampler(sampler: Dict[str, Any], continuation: Continuation, topo, *, where) -> Dict[str, Any]:
     """The task schedule's state for this topology: unchanged when the slots are (the same global
     batch in micro-batches of the same size); in flag mode with another micro batch, the one task's
     slots re-counted in the new size; with another global batch, steps counted from the checkpoint
     (`regroup_state`)."""
-    old_micro, new_micro = int(c.saved["micro_batch_size"]), int(topo.micro_batch_size)
-    scale = c.flag_mode and old_micro != new_micro
+    old_micro, new_micro = int(continuation.saved["micro_batch_size"]), int(topo.micro_batch_size)
+    scale = continuation.flag_mode and old_micro != new_micro
     if not scale and int(sampler["slots_per_step"]) == topo.slots_per_step:
         return sampler
     try:
@@ -237,9 +240,10 @@ def regrouped_sampler(sampler: Dict[str, Any], c: Continuation, topo, *, where) 
                              divide=new_micro if scale else 1)
     except ValueError:
         raise CheckpointError(
-            f"cannot continue {where} with --micro_batch_size {new_micro}: its {c.consumed_samples:,} consumed "
-            f"samples are not a whole number of micro-batches of {new_micro}, so the next sample would fall inside a "
-            f"micro-batch; use a micro batch that divides {c.consumed_samples} (e.g. {old_micro}, the checkpoint's)") \
+            f"cannot continue {where} with --micro_batch_size {new_micro}: its {continuation.consumed_samples:,} "
+            f"consumed samples are not a whole number of micro-batches of {new_micro}, so the next sample would fall "
+            f"inside a micro-batch; use a micro batch that divides {continuation.consumed_samples} "
+            f"(e.g. {old_micro}, the checkpoint's)") \
             from None
 
 
@@ -252,10 +256,10 @@ def resume_checks(cfg, plan) -> Dict[str, Any]:
     o = cfg.optim
     # flag mode: the task's batch_size is --micro_batch_size, which may change with the topology (the
     # global batch is compared by the checkpoint store); a multi-task run's task batch sizes may not
-    tasks = [{k: v for k, v in t.spec.to_json().items() if not (cfg.flag_mode and k == "batch_size")}
-             for t in plan.tasks]
+    tasks = [{k: v for k, v in task.spec.to_json().items() if not (cfg.flag_mode and k == "batch_size")}
+             for task in plan.tasks]
     return {"seed": cfg.train.seed, "tasks": tasks,
-            "data": {t.spec.name: data_identity(t.spec.train_file) for t in plan.tasks},
+            "data": {task.spec.name: data_identity(task.spec.train_file) for task in plan.tasks},
             "vocab": data_identity(str(cfg.data.vocab_file)),
             "total_steps": plan.unresumed_steps, "warmup_rate": o.warmup_rate, "decay_steps": o.decay_steps,
             # the run's length as asked: a flag-mode plan keeps the checkpoint's samples, so total_steps alone
@@ -269,16 +273,16 @@ def _eval_splits(tasks, split: str, eval_batches: int, *, name_key: bool) -> Dic
     Every rank reads every task's split, so the index-cache barriers of generated corpora match."""
     key = f"{split}_file"
     out, problems = {}, []
-    for t in tasks:
-        where = f"task {t.spec.name}: {key}" if name_key else f"task {t.spec.name}"
+    for task in tasks:
+        where = f"task {task.spec.name}: {key}" if name_key else f"task {task.spec.name}"
         try:
-            out[t.spec.name] = load_eval_split(t, split, eval_batches)
+            out[task.spec.name] = load_eval_split(task, split, eval_batches)
         except ConfigError as e:
             problems += [f"{where}: {p}" for p in e.problems]
             continue
-        if len(out[t.spec.name]) == 0:
-            what = f"{key} {getattr(t.spec, key)}" if name_key else f"the {split} split of {getattr(t.spec, key)}"
-            problems.append(f"task {t.spec.name}: {what} has no examples; give a file with rows after the header, "
+        if len(out[task.spec.name]) == 0:
+            what = f"{key} {getattr(task.spec, key)}" if name_key else f"the {split} split of {getattr(task.spec, key)}"
+            problems.append(f"task {task.spec.name}: {what} has no examples; give a file with rows after the header, "
                             "or remove the key")
     if problems:
         raise ConfigError(problems)
@@ -344,18 +348,18 @@ def plan_warnings(run_plan: RunPlan, topo, *, flag_mode: bool, max_steps: Option
     dw, acc = topo.data_world_size, topo.accumulate_steps
     out: List[str] = []
     epochs = run_plan.planned.epochs
-    for i, t in enumerate(run_plan.tasks):
-        name, batch = t.spec.name, t.spec.batch_size
+    for i, task in enumerate(run_plan.tasks):
+        name, batch = task.spec.name, task.spec.batch_size
         if len(run_plan.train.get(name, (None,))) == 0:  # never drawn: not read (idle_tasks)
             continue
         global_batch = batch * dw * acc
-        sources = t.train_sources()
+        sources = task.train_sources()
         if sources is not None:
             out += corpus_warnings(sources, what="--input_dir" if flag_mode else f"task {name}",
                                    global_batch=global_batch, flag_mode=flag_mode, max_steps=max_steps)
             continue
-        examples = t.num_train_examples(run_plan.train[name])
-        if epochs is not None and not t.spec.is_target and epochs[i] > REPEAT_WARN_EPOCHS:
+        examples = task.num_train_examples(run_plan.train[name])
+        if epochs is not None and not task.spec.is_target and epochs[i] > REPEAT_WARN_EPOCHS:
             out.append(f"warning: task {name} (auxiliary): the plan reads its {examples:,} training examples "
                        f"{epochs[i]:,.2f} times ({run_plan.planned.micro_batches[i]:,} micro-batches of {batch}), "
                        f"more than {REPEAT_WARN_EPOCHS} epochs. {_REPEAT_FIX[False]}")

@@ -21,7 +21,8 @@ def refine_targets(cfg) -> List[str]:
     if cfg.setup.flag_mode:
         return []
     m = cfg.setup.mtl
-    return [t.name for t in cfg.setup.tasks if t.is_target and (m.refine if t.refine is None else t.refine)]
+    return [spec.name for spec in cfg.setup.tasks
+            if spec.is_target and (m.refine if spec.refine is None else spec.refine)]
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def refine_budget(cfg, target: str) -> RefineBudget:
     """A target's refine budget: its own refine_steps / refine_epochs / refine_learning_rate, else the
     global ones, else its num_epochs (1 when unset) at the run's peak LR."""
     m = cfg.setup.mtl
-    spec = next(t for t in cfg.setup.tasks if t.name == target)
+    spec = next(candidate for candidate in cfg.setup.tasks if candidate.name == target)
     steps: Optional[int] = None
     epochs: Optional[float] = None
     if spec.refine_epochs is not None:
@@ -70,15 +71,15 @@ def refine_config(cfg, target: str, *, init_from: Optional[str]):
     budget = refine_budget(cfg, target)
     m = cfg.setup.mtl
     tasks = []
-    for t in cfg.setup.tasks:
-        if t.name == target:
+    for spec in cfg.setup.tasks:
+        if spec.name == target:
             epochs = budget.epochs if budget.epochs is not None else UNBOUNDED_EPOCHS
-            tasks.append(replace(t, is_target=True, mix_ratio=1.0, num_epochs=epochs, refine=None))
+            tasks.append(replace(spec, is_target=True, mix_ratio=1.0, num_epochs=epochs, refine=None))
         else:  # never drawn, never evaluated: its head stays in the program, frozen
-            tasks.append(replace(t, is_target=False, mix_ratio=0.0, dev_file=None, test_file=None, refine=None))
+            tasks.append(replace(spec, is_target=False, mix_ratio=0.0, dev_file=None, test_file=None, refine=None))
     mtl = replace(m, sampling="palm", temperature=1.0, temperature_end=None, examples_cap=None, loss_balance="none",
-                  refine=False, mix_ratio=tuple(t.mix_ratio for t in tasks),
-                  target_tag=tuple(t.is_target for t in tasks), early_stopping_patience=budget.patience)
+                  refine=False, mix_ratio=tuple(spec.mix_ratio for spec in tasks),
+                  target_tag=tuple(spec.is_target for spec in tasks), early_stopping_patience=budget.patience)
     scale = budget.learning_rate / cfg.optim.max_lr
     optim = replace(cfg.optim, max_lr=budget.learning_rate, min_lr=cfg.optim.min_lr * scale,
                     warmup_rate=budget.warmup, warmup_steps=None, decay_steps=None,
@@ -104,10 +105,10 @@ def stages_table(cfg, plan, slots_per_step: int) -> str:
     """The stages of a run with refine stages (log and --dry_run): the multi-task stage's steps (its
     schedule table above), then each refine stage's steps, budget and start."""
     targets = refine_targets(cfg)
-    by_name = {t.spec.name: (t, plan.train[t.spec.name]) for t in plan.tasks}
+    by_name = {plan_task.spec.name: (plan_task, plan.train[plan_task.spec.name]) for plan_task in plan.tasks}
     lines = ["stages of this run (two-stage recipe: multi-task, then each target refined alone):",
              f"  1. multi-task   {plan.planned.total_steps:>8} optimizer steps, tasks "
-             f"{', '.join(t.spec.name for t in plan.tasks)}  -> {cfg.train.output_dir}"]
+             f"{', '.join(plan_task.spec.name for plan_task in plan.tasks)}  -> {cfg.train.output_dir}"]
     for k, target in enumerate(targets, start=2):
         task, data = by_name[target]
         budget = refine_budget(cfg, target)
@@ -121,4 +122,4 @@ def stages_table(cfg, plan, slots_per_step: int) -> str:
 
 def config_summary(cfg) -> Dict[str, Any]:
     """JSON of the refine settings (for the record and tests)."""
-    return {t: asdict(refine_budget(cfg, t)) for t in refine_targets(cfg)}
+    return {target: asdict(refine_budget(cfg, target)) for target in refine_targets(cfg)}

@@ -184,15 +184,15 @@ class TaskSchedule:
                              "one value per task (at least one task)")
         if not np.all(np.isfinite(p)) or np.any(p < 0) or p.sum() <= 0:
             raise ValueError(f"probabilities {p.tolist()} must be >= 0 with a positive sum")
-        self.is_target = tuple(bool(t) for t in is_target)
+        self.is_target = tuple(bool(flag) for flag in is_target)
         problems = []
-        for i, (q, t) in enumerate(zip(quotas, self.is_target)):
+        for i, (q, target) in enumerate(zip(quotas, self.is_target)):
             label = names[i] if names else f"task {i}"
-            if t and (q is None or isinstance(q, bool) or int(q) != q or q < 0):
+            if target and (q is None or isinstance(q, bool) or int(q) != q or q < 0):
                 problems.append(f"{label}: a target needs an integer quota >= 0, got {q!r}")
-            elif not t and q is not None:
+            elif not target and q is not None:
                 problems.append(f"{label}: an auxiliary task has no quota (None), got {q!r}")
-            elif t and q > 0 and p[i] == 0:
+            elif target and q > 0 and p[i] == 0:
                 problems.append(f"{label}: a target with quota {q} has sampling probability 0 and would never "
                                 "finish; give it a positive mix_ratio")
         if not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -260,7 +260,7 @@ class TaskSchedule:
         return self.is_target[i] and (i in early or counts[i] >= self.quotas[i])
 
     def _all_targets_finished(self, counts: np.ndarray, early: set) -> bool:
-        targets = [i for i, t in enumerate(self.is_target) if t]
+        targets = [i for i, target in enumerate(self.is_target) if target]
         return bool(targets) and all(self._finished(i, counts, early) for i in targets)
 
     def _is_done(self, position: int, counts: np.ndarray, early: set) -> bool:
@@ -312,15 +312,15 @@ class TaskSchedule:
         w = np.where(support, np.exp(logw - logw.max(axis=1, keepdims=True)), 0.0)
         return w / w.sum(axis=1, keepdims=True)
 
-    def _choose(self, candidates: np.ndarray, u: np.ndarray, start: int) -> np.ndarray:
-        """The tasks of the slots `start`, `start + 1`, ... drawn with the uniforms `u` among `candidates`."""
+    def _choose(self, candidates: np.ndarray, uniforms: np.ndarray, start: int) -> np.ndarray:
+        """The tasks of the slots `start`, `start + 1`, ... drawn with the uniforms `uniforms` among `candidates`."""
         if self.end_probabilities is None:
             cdf = np.cumsum(self.probabilities[candidates])
-            picks = np.searchsorted(cdf, u * cdf[-1], side="right")
+            picks = np.searchsorted(cdf, uniforms * cdf[-1], side="right")
             return candidates[np.minimum(picks, len(candidates) - 1)]
-        p = self.probabilities_at(np.arange(start, start + len(u)))[:, candidates]
+        p = self.probabilities_at(np.arange(start, start + len(uniforms)))[:, candidates]
         cdf = np.cumsum(p, axis=1)
-        picks = (cdf <= (u * cdf[:, -1])[:, None]).sum(axis=1)
+        picks = (cdf <= (uniforms * cdf[:, -1])[:, None]).sum(axis=1)
         return candidates[np.minimum(picks, len(candidates) - 1)]
 
     def next_task(self) -> int:

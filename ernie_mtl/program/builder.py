@@ -166,7 +166,8 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
         raise RuntimeError("the export program's parameter names differ from the training program's")
     pretrained_heads = {}
     for group in fwd.groups:  # heads that are PaddleNLP's pretraining heads load its `cls.*` weights when present
-        prefix = getattr(next(t for t in tasks if t.spec.name == group.tasks[0]), "pretrained_head_prefix", None)
+        first = next(task for task in tasks if task.spec.name == group.tasks[0])
+        prefix = getattr(first, "pretrained_head_prefix", None)
         if prefix and not pretrained_heads:
             head = f"heads.{group.name}."
             pretrained_heads = {prefix + k[len(head):]: v for k, v in fwd.name_map.items() if k.startswith(head)}

@@ -87,12 +87,12 @@ def group_of(tasks: Sequence[TaskType]) -> Dict[str, str]:
     """task name -> name of its head group (first task with the same reuse tag; itself if untagged)."""
     hosts: Dict[Any, str] = {}
     out = {}
-    for t in tasks:
-        tag = t.spec.reuse_tag
+    for task in tasks:
+        tag = task.spec.reuse_tag
         if tag is None:
-            out[t.spec.name] = t.spec.name
+            out[task.spec.name] = task.spec.name
         else:
-            out[t.spec.name] = hosts.setdefault(tag, t.spec.name)
+            out[task.spec.name] = hosts.setdefault(tag, task.spec.name)
     return out
 
 
@@ -129,9 +129,9 @@ def build_forward(model_type: str, arch: Mapping[str, Any], tasks: Sequence[Task
     if gated:
         specs.append(FeedSpec(TASK_GATE, (len(tasks),), "float32", "one-hot of the micro-batch's task"))
     own: Dict[str, Dict[str, FeedSpec]] = {}
-    for t in tasks:
-        own[t.spec.name] = {s.name: s for s in t.label_feeds()}
-        specs += [FeedSpec(feed_name(t.spec.name, s.name), s.shape, s.dtype, s.doc) for s in t.label_feeds()]
+    for task in tasks:
+        own[task.spec.name] = {s.name: s for s in task.label_feeds()}
+        specs += [FeedSpec(feed_name(task.spec.name, s.name), s.shape, s.dtype, s.doc) for s in task.label_feeds()]
     feed_vars = {s.name: paddle.static.data(s.name, list(s.shape), s.dtype) for s in specs}
 
     encoder = shared_encoder(tasks)
@@ -153,29 +153,30 @@ def build_forward(model_type: str, arch: Mapping[str, Any], tasks: Sequence[Task
     balanced: Dict[str, Any] = {}
     no_decay: Set[str] = set()
     total = None
-    for i, t in enumerate(tasks):
-        group = groups_by_task[t.spec.name]
+    for i, task in enumerate(tasks):
+        group = groups_by_task[task.spec.name]
         first = group not in heads
         if first:
-            heads[group] = t.create_head(enc)
-            signatures[group] = t.head_signature()
+            heads[group] = task.create_head(enc)
+            signatures[group] = task.head_signature()
             groups[group] = HeadGroup(group, [], [])
-        elif t.head_signature() != signatures[group]:
-            raise ValueError(f"tasks {group!r} and {t.spec.name!r} share a head (task_reuse_tag {t.spec.reuse_tag}) "
-                             f"but their heads differ: {signatures[group]} vs {t.head_signature()}; give them "
+        elif task.head_signature() != signatures[group]:
+            raise ValueError(f"tasks {group!r} and {task.spec.name!r} share a head "
+                             f"(task_reuse_tag {task.spec.reuse_tag}) "
+                             f"but their heads differ: {signatures[group]} vs {task.head_signature()}; give them "
                              "different task_reuse_tag values")
-        groups[group].tasks.append(t.spec.name)
-        task_feeds = {n: feed_vars[feed_name(t.spec.name, n)] for n in own[t.spec.name]}
-        out: HeadOutputs = t.head_forward(heads[group], enc, task_feeds)
+        groups[group].tasks.append(task.spec.name)
+        task_feeds = {n: feed_vars[feed_name(task.spec.name, n)] for n in own[task.spec.name]}
+        out: HeadOutputs = task.head_forward(heads[group], enc, task_feeds)
         if first:  # read after the head's graph: a head may create its parameters in head_forward (PALM's build)
             _add_head_parameters(name_map, groups[group], heads[group])
         loss = out.loss if out.loss.dtype == paddle.float32 else paddle.cast(out.loss, "float32")
-        task_losses[t.spec.name] = loss
-        task_scalars[t.spec.name] = dict(out.scalars)
-        predictions[t.spec.name] = dict(out.predictions)
-        balanced[t.spec.name] = _balanced(loss, float(t.spec.loss_weight), t.spec.name,
+        task_losses[task.spec.name] = loss
+        task_scalars[task.spec.name] = dict(out.scalars)
+        predictions[task.spec.name] = dict(out.predictions)
+        balanced[task.spec.name] = _balanced(loss, float(task.spec.loss_weight), task.spec.name,
                                           loss_balance if gated else "none", name_map, no_decay)
-        term = gate[i] * balanced[t.spec.name] if gated else balanced[t.spec.name]
+        term = gate[i] * balanced[task.spec.name] if gated else balanced[task.spec.name]
         total = term if total is None else total + term
     backbone_feed_names = [s.name for s in BACKBONE_FEEDS] + ([TASK_TYPE_IDS] if use_task_id else [])
     from ernie_mtl.program.optim import no_decay_parameters
@@ -213,11 +214,11 @@ def _balanced(loss, weight: float, task: str, how: str, name_map: Dict[str, str]
 def shared_encoder(tasks: Sequence[TaskType]):
     """The encoder a task type supplies instead of PaddleNLP's ERNIE/BERT (`TaskType.shared_encoder`),
     or None; tasks that supply one must supply the same."""
-    supplied = [(t, t.shared_encoder()) for t in tasks]
-    supplied = [(t, e) for t, e in supplied if e is not None]
+    supplied = [(task, task.shared_encoder()) for task in tasks]
+    supplied = [(task, e) for task, e in supplied if e is not None]
     if any(e is not supplied[0][1] for _, e in supplied[1:]):
-        raise ValueError(f"tasks {[t.spec.name for t, _ in supplied]} supply different shared encoders; the tasks of "
-                         "a run share one backbone")
+        raise ValueError(f"tasks {[task.spec.name for task, _ in supplied]} supply different shared encoders; "
+                         "the tasks of a run share one backbone")
     return supplied[0][1] if supplied else None
 
 
@@ -276,12 +277,12 @@ def make_feed(tasks: Sequence[TaskType], task_index: int, batch: Mapping[str, np
         gate = np.zeros(len(tasks), dtype=np.float32)
         gate[task_index] = 1.0
         feed[TASK_GATE] = gate
-    for i, t in enumerate(tasks):
-        names = [f.name for f in t.label_feeds()]
-        source = batch if i == task_index else t.dummy_labels(b, s)
+    for i, task in enumerate(tasks):
+        names = [f.name for f in task.label_feeds()]
+        source = batch if i == task_index else task.dummy_labels(b, s)
         for n in names:
             if n not in source:
                 what = "collate()" if i == task_index else "dummy_labels()"
-                raise KeyError(f"task {t.spec.name!r} ({t.name}): {what} did not produce feed {n!r}")
-            feed[feed_name(t.spec.name, n)] = source[n]
+                raise KeyError(f"task {task.spec.name!r} ({task.name}): {what} did not produce feed {n!r}")
+            feed[feed_name(task.spec.name, n)] = source[n]
     return feed

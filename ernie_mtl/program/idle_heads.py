@@ -145,7 +145,8 @@ def plan_freeze(program, losses: Mapping[str, Any], name_map: Mapping[str, str])
         u = users[static]
         if u and u != frozenset(tasks):
             by_users.setdefault(u, []).append(static)
-    groups = [FreezeGroup(name="+".join(t for t in tasks if t in u), users=tuple(t for t in tasks if t in u),
+    groups = [FreezeGroup(name="+".join(task for task in tasks if task in u),
+                          users=tuple(task for task in tasks if task in u),
                           params=params) for u, params in by_users.items()]
     plan = FreezePlan(tasks=tasks, groups=groups)
     if not groups:

@@ -484,12 +484,12 @@ class _MathThreads:
     """Run the block with Paddle's math libraries (MKL, OpenMP for oneDNN) on `n` threads, then back."""
 
     def __init__(self, n: int):
-        self.n = n
+        self.threads = n
 
     def __enter__(self):
         from paddle.base import core
 
-        core.set_num_threads(int(self.n))
+        core.set_num_threads(int(self.threads))
         return self
 
     def __exit__(self, *exc):
@@ -567,9 +567,9 @@ class ProgramTimer:
             start = time.perf_counter()
             for r in range(self.max_rounds):
                 for program, scope, times in (sides if r % 2 == 0 else sides[::-1]):
-                    t = time.perf_counter()
+                    started = time.perf_counter()
                     self._exe.run(program, scope=scope, fetch_list=[])
-                    times.append(time.perf_counter() - t)
+                    times.append(time.perf_counter() - started)
                 if r + 1 >= self.min_rounds and time.perf_counter() - start >= budget_s:
                     break
             outputs = [self._outputs(program, scope) for program, scope, _ in sides]
@@ -593,10 +593,10 @@ class ProgramTimer:
         return [np.array(v) for v in self._exe.run(program, scope=scope, fetch_list=names)] if names else []
 
 
-def _quantile(values: Sequence[float], q: float) -> float:
+def _quantile(values: Sequence[float], quantile: float) -> float:
     if not values:
         return float("nan")
-    position = q * (len(values) - 1)
+    position = quantile * (len(values) - 1)
     low, high = int(math.floor(position)), int(math.ceil(position))
     return values[low] + (values[high] - values[low]) * (position - low)
 
@@ -610,13 +610,13 @@ def as_measurement(result: Any) -> Dict[str, Any]:
     return {"plain_s": float(plain_s), "onednn_s": float(onednn_s)}
 
 
-def is_disturbed(m: Mapping[str, Any], *, margin: float = MARGIN) -> bool:
+def is_disturbed(measurement: Mapping[str, Any], *, margin: float = MARGIN) -> bool:
     """Whether a measurement should be taken again by a later run: other processes used more than
     `DISTURBED_CORES` cores meanwhile, or its per-round ratios straddle the decision threshold."""
-    others = m.get("others_cores")
+    others = measurement.get("others_cores")
     if others is not None and others > DISTURBED_CORES:
         return True
-    low, high = m.get("ratio_low"), m.get("ratio_high")
+    low, high = measurement.get("ratio_low"), measurement.get("ratio_high")
     threshold = 1.0 - margin
     return low is not None and high is not None and low < threshold <= high
 
@@ -677,7 +677,7 @@ def time_op_types(program, op_types: Iterable[str], *, batch: int, seq: int, cac
                     cache.put(sig.key, sig.describe(), m["plain_s"], m["onednn_s"], **extra)
     if cache is not None:
         cache.save()  # a clean entry of the file wins from here on (KernelCache)
-    out = {t: TypeTiming() for t in op_types}
+    out = {type_name: TypeTiming() for type_name in op_types}
     for sig, n, _ in signatures:
         got = (cache.entry(sig.key) if cache is not None else None) or own[sig.key]
         timing = out[sig.op_type]
@@ -700,15 +700,15 @@ def choose_onednn_types(timings: Mapping[str, TypeTiming], *,
     kernels depend on the thread count (MKL without `MKL_CBWR=...,STRICT`: ernie_mtl/dist/threads.py)."""
     notes = []
     faster = []
-    for t, timing in sorted(timings.items()):
+    for op_type, timing in sorted(timings.items()):
         if not timing.faster(margin):
             continue
         if timing.onednn_thread_unstable:
-            notes.append(f"{t} left plain: its oneDNN result changes with the thread count on this machine, so a run "
-                         "continued on another number of processes would not be bitwise")
+            notes.append(f"{op_type} left plain: its oneDNN result changes with the thread count on this machine, "
+                         "so a run continued on another number of processes would not be bitwise")
             continue
-        faster.append(t)
-    unstable = sorted(t for t, timing in timings.items() if timing.plain_thread_unstable)
+        faster.append(op_type)
+    unstable = sorted(op_type for op_type, timing in timings.items() if timing.plain_thread_unstable)
     if unstable:
         notes.append(f"the plain kernels of {', '.join(unstable)} change their results with the thread count here "
                      "(is MKL_CBWR set without STRICT?): a run continued with another number of threads per process "
@@ -758,7 +758,7 @@ class KernelChoice:
 
     def forward_types(self) -> Tuple[str, ...]:
         """The oneDNN types a forward-only (evaluation, prediction) program uses."""
-        return tuple(t for t in self.onednn if not t.endswith("_grad"))
+        return tuple(op_type for op_type in self.onednn if not op_type.endswith("_grad"))
 
     def to_json(self) -> Dict[str, Any]:
         return {"mode": self.mode, "onednn": sorted(self.onednn), "bias_grads": self.bias_grads,
@@ -785,8 +785,9 @@ class KernelChoice:
             how = {"measured": f"measured in {self.seconds:.1f} s on {TIMING_THREADS} thread",
                    "cached": "from the kernel cache",
                    "checkpoint": "recorded in the checkpoint"}.get(self.source, self.source)
-            rates = "; ".join(f"{t} {'oneDNN' if t in self.onednn else 'plain'} ({TypeTiming(**_timing(v)).text()})"
-                              for t, v in sorted(self.timings.items()) if v.get("ops"))
+            rates = "; ".join(f"{op_type} {'oneDNN' if op_type in self.onednn else 'plain'} "
+                              f"({TypeTiming(**_timing(v)).text()})"
+                              for op_type, v in sorted(self.timings.items()) if v.get("ops"))
             return f"--cpu_kernels auto, {how}: oneDNN vs plain: {rates or 'no candidate ops'}"
         label = {"exact": "--cpu_kernels exact", "list": "--cpu_kernels " + ",".join(self.onednn),
                  "auto": "--cpu_kernels auto"}.get(self.mode, self.mode)
@@ -807,14 +808,14 @@ def measure_choice(program, *, batch: int, seq: int, cache: Optional[KernelCache
     timings = time_op_types(program, candidates, batch=batch, seq=seq, cache=cache, measure=measure,
                             budget_s=budget_s, margin=margin)
     onednn, notes = choose_onednn_types(timings, margin=margin)
-    measured = any(t.measured for t in timings.values())
-    disturbed = sorted(t for t, v in timings.items() if v.disturbed)
+    measured = any(timing.measured for timing in timings.values())
+    disturbed = sorted(op_type for op_type, v in timings.items() if v.disturbed)
     if disturbed:
         notes.append(f"the measurement of {', '.join(disturbed)} was disturbed (other processes busy, or the rounds "
                      "disagreed): the first such measurement decides until a run on this machine measures it "
                      "undisturbed")
     return KernelChoice(mode="auto", onednn=onednn, bias_grads=True, source="measured" if measured else "cached",
-                        timings={t: v.to_json() for t, v in timings.items() if v.ops},
+                        timings={op_type: v.to_json() for op_type, v in timings.items() if v.ops},
                         machine=dict(cache.machine) if cache is not None else {},
                         notes=tuple(notes + (cache.notes if cache is not None else [])),
                         seconds=time.perf_counter() - start)
@@ -860,7 +861,8 @@ def show(path: Optional[os.PathLike] = None) -> str:
         if not isinstance(slot, dict):
             continue
         lines.append(f"machine {key}: {describe_machine(slot.get('machine', {}))}")
-        for entry in sorted((slot.get("signatures") or {}).values(), key=lambda e: str(e.get("op", ""))):
+        for entry in sorted((slot.get("signatures") or {}).values(),
+                            key=lambda signature: str(signature.get("op", ""))):
             times = KernelCache._times(entry)
             if times is None:
                 continue

@@ -8,7 +8,7 @@ therefore syncs host and device every micro-batch, and the host can never run ah
 `return_numpy=False` does not help: it only skips the final numpy conversion of a tensor that is
 already on the host. Without a fetch, `Executor.run` returns once the kernels are queued.
 
-What. For every task `t`, a persistable float64 vector `loss_sums@<t>` = [loss, *scalars] (the
+What. For every task, a persistable float64 vector `loss_sums@<task>` = [loss, *scalars] (the
 task's loss and its extra log scalars, e.g. mlm_loss and nsp_loss) is updated at the end of the
 training program:
 
@@ -60,8 +60,9 @@ class LossSums:
         import paddle
         from paddle.utils import unique_name
 
-        self.columns: Dict[str, Tuple[str, ...]] = {t: ("loss", *task_scalars.get(t, {})) for t in task_losses}
-        self.names: Dict[str, str] = {t: sums_name(t) for t in task_losses}
+        self.columns: Dict[str, Tuple[str, ...]] = {task_name: ("loss", *task_scalars.get(task_name, {}))
+                                                     for task_name in task_losses}
+        self.names: Dict[str, str] = {task_name: sums_name(task_name) for task_name in task_losses}
         self._lr, self._scale = lr.name, None if loss_scaling is None else loss_scaling.name
         # own temporary names: the program's were generated under a guard that has ended
         with paddle.static.program_guard(main, startup), unique_name.guard(PREFIX):

@@ -64,7 +64,7 @@ class TaskContext:
     model_type: str = "ernie"  # "ernie" or "bert"
     rank: int = 0
     world_size: int = 1
-    barrier: Callable[..., None] = lambda *a, **k: None  # every rank calls it the same number of times
+    barrier: Callable[..., None] = lambda *args, **kwargs: None  # every rank calls it the same number of times
     log: Callable[[str], None] = print
     is_builder: bool = True  # builds index caches (global rank 0, or each node's local rank 0: --share_folder)
     cache_dir: Optional[str] = None  # index caches (--data_cache); None: index-cache/ beside each corpus

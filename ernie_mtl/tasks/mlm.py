@@ -242,7 +242,7 @@ class MaskedLMTask(TaskType):
             raise ConfigError([f"task {self.spec.name!r}: no {split}_file is set; add `{split}_file: <path>` "
                                "to its task YAML"])
         texts = self._texts(path)
-        features = [self._encode(t) for t in texts]
+        features = [self._encode(text) for text in texts]
         mask = functools.partial(self._mask, _SPLIT_IDS[split])  # picklable: data-loading workers get it
 
         if split == "train":  # a new mask every epoch
@@ -262,7 +262,7 @@ class MaskedLMTask(TaskType):
             for column in self.text_columns:
                 text = row.get(column, "")
                 if separator:
-                    text = joiner.join(t for t in text.split(separator) if t)
+                    text = joiner.join(piece for piece in text.split(separator) if piece)
                 if text.strip():
                     texts.append(text)
         if not texts:

@@ -103,19 +103,19 @@ class PretrainTask(TaskType):
         self.datasets[split] = datasets
         return TaskData(split, datasets[CORPUS_SPLITS[split]])
 
-    def _os_problem(self, e: OSError, split: str, mixture) -> str:
+    def _os_problem(self, error: OSError, split: str, mixture) -> str:
         """An I/O fault while loading a split, naming what the user controls: --data_cache when the
         failing path is in it, --data_cache as the way out when it is a corpus's index-cache/."""
         from data_tools.cli_utils import describe_os_error
 
-        name = os.path.abspath(str(e.filename)) if e.filename is not None else None
+        name = os.path.abspath(str(error.filename)) if error.filename is not None else None
         cache = os.path.abspath(self.ctx.cache_dir) if self.ctx.cache_dir else None
         if name and cache and os.path.commonpath([name, cache]) == cache:
-            return f"--data_cache {cache}: cannot write the index cache there ({describe_os_error(e)})"
+            return f"--data_cache {cache}: cannot write the index cache there ({describe_os_error(error)})"
         if name and not cache and "index-cache" in Path(name).parts:
-            return (f"cannot write the index cache beside the corpus ({describe_os_error(e)}); pass --data_cache DIR, "
-                    "a folder you can write to")
-        return f"task {self.spec.name!r} (pretrain), {split} split of {mixture.spec()}: {describe_os_error(e)}"
+            return (f"cannot write the index cache beside the corpus ({describe_os_error(error)}); "
+                    "pass --data_cache DIR, a folder you can write to")
+        return f"task {self.spec.name!r} (pretrain), {split} split of {mixture.spec()}: {describe_os_error(error)}"
 
     def example_source(self, index: int) -> str:
         """'sample 17 of corpus data/news (sample 40 of the mixture)'."""

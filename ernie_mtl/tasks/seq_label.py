@@ -85,7 +85,7 @@ def parse_tag(tag: str) -> Tuple[str, Optional[str]]:
 
 def detect_scheme(tags: Sequence[str]) -> str:
     """The chunk scheme a label map's tags imply (see docs/tasks/seq_label.md)."""
-    letters = {parse_tag(t)[0] for t in tags}
+    letters = {parse_tag(tag)[0] for tag in tags}
     if "M" in letters:
         return "BMES"
     if letters & {"L", "U"}:
@@ -111,8 +111,8 @@ def chunk_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]], 
     from seqeval.metrics import f1_score, precision_score, recall_score
 
     klass = getattr(seqeval.scheme, "IOBES" if scheme == "BMES" else scheme)
-    y_true = [[to_seqeval(t, scheme) for t in seq] for seq in gold]
-    y_pred = [[to_seqeval(t, scheme) for t in seq] for seq in pred]
+    y_true = [[to_seqeval(tag, scheme) for tag in seq] for seq in gold]
+    y_pred = [[to_seqeval(tag, scheme) for tag in seq] for seq in pred]
     kwargs = dict(mode="strict", scheme=klass, zero_division=0)
     total = sum(len(s) for s in gold)
     correct = sum(g == p for gs, ps in zip(gold, pred) for g, p in zip(gs, ps))
@@ -224,7 +224,7 @@ class SeqLabelTask(TaskType):
         self.id_to_tag = sorted(self.label_map, key=self.label_map.get)
         self.scheme = self._resolve_scheme(scheme)
         self.use_crf, self.dropout = use_crf, float(dropout)
-        self.fallback_tag = next((t for t in ("O", "S") if t in self.label_map), self.id_to_tag[0])
+        self.fallback_tag = next((tag for tag in ("O", "S") if tag in self.label_map), self.id_to_tag[0])
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -239,7 +239,7 @@ class SeqLabelTask(TaskType):
             raise ConfigError([f"{self.label_map_path}: tag(s) {bad} are not chunk tags; chunk metrics need tags "
                                "like B-PER / PER-B / bare B with a prefix in B, I, M, E, S, L, U, O"])
         resolved = detect_scheme(list(self.label_map)) if scheme == "auto" else scheme
-        letters = {parse_tag(t)[0] for t in self.label_map} - {"O"}
+        letters = {parse_tag(tag_name)[0] for tag_name in self.label_map} - {"O"}
         extra = sorted(letters - set(_SCHEME_LETTERS[resolved]))
         if extra:
             raise ConfigError([f"task {self.spec.name!r}: scheme {resolved} has no prefix {extra} used by the tags of "
@@ -297,11 +297,11 @@ class SeqLabelTask(TaskType):
         return TaskData(split, features, examples, has_labels=all(e.tags is not None for e in examples))
 
     def _tags(self, path: str, line: int, tokens: List[str], label: str) -> List[str]:
-        tags = [t.strip() for t in label.split(SEP)]
+        tags = [tag.strip() for tag in label.split(SEP)]
         if len(tags) != len(tokens):
             raise ConfigError([f"{path}:{line}: text_a has {len(tokens)} token(s) but label has {len(tags)} tag(s) "
                                f"(both are joined by \\x02); give every token exactly one tag"])
-        unknown = sorted({t for t in tags if t not in self.label_map})
+        unknown = sorted({tag for tag in tags if tag not in self.label_map})
         if unknown:
             raise ConfigError([f"{path}:{line}: tag(s) {unknown} are not in label_map {self.label_map_path} "
                                f"(known: {self.id_to_tag}); add them to the label map or fix the row"])

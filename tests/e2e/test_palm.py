@@ -397,7 +397,8 @@ def test_a_single_task_trainer_refines_from_the_multi_task_checkpoint(ex, tmp_pa
 
     class Begin(Callback):
         def on_train_begin(self, trainer):
-            self.values = {k: np.array(trainer.scope.find_var(v).get_tensor()) for k, v in trainer.p.name_map.items()}
+            self.values = {k: np.array(trainer.scope.find_var(v).get_tensor())
+                           for k, v in trainer.programs.name_map.items()}
 
     begin = Begin()
     reader = palm.reader.ClassifyReader(str(model / "vocab.txt"), 128, seed=0)

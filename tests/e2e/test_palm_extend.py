@@ -431,7 +431,7 @@ def test_the_files_order_and_palms_task_embedding(ex, tmp_path):
     in_file_order = list(reader._iterator())
     for got, want in zip(batches, in_file_order):
         np.testing.assert_array_equal(got["token_ids"], want["token_ids"])
-    assert any("task_type_embeddings" in k for k in t._live_run().trainer.p.name_map)
+    assert any("task_type_embeddings" in k for k in t._live_run().trainer.programs.name_map)
     test = palm.reader.ClassifyReader(vocab, 64, phase="predict")  # evaluation with the weights of step 1
     test.load_data(str(ex / "classification" / "data" / "test.tsv"), 8)
     t.build_predict_forward(palm.backbone.ERNIE.from_config({**config, "use_task_emb": True}, phase="predict"),

@@ -80,7 +80,7 @@ class DumpState(Callback):
             import paddle
 
             os.makedirs(folder, exist_ok=True)  # ranks of two nodes share it: paddle.static.save's own mkdir races
-            paddle.static.save(trainer.p.main, os.path.join(folder, f"rank_{trainer.info.rank}"))
+            paddle.static.save(trainer.programs.main, os.path.join(folder, f"rank_{trainer.info.rank}"))
 
 
 @register_callback("eval_at_start")
@@ -168,10 +168,10 @@ class PoisonStep(Callback):
         at = int(os.environ.get("ERNIE_MTL_TEST_POISON_STEP", "0") or 0)
         always = os.environ.get("ERNIE_MTL_TEST_POISON", "always") == "always"
         run, state = trainer.exe.run, {"done": False}
-        table = trainer.p.name_map["ernie.embeddings.word_embeddings.weight"]
+        table = trainer.programs.name_map["ernie.embeddings.word_embeddings.weight"]
 
         def poisoned_run(program, *args, **kwargs):
-            if program is not trainer.p.main or trainer.step + 1 != at or (state["done"] and not always):
+            if program is not trainer.programs.main or trainer.step + 1 != at or (state["done"] and not always):
                 return run(program, *args, **kwargs)
             tensor = trainer.scope.find_var(table).get_tensor()
             clean = np.array(tensor)
