@@ -515,6 +515,17 @@ def lr_suffix(args) -> str:
     return "" if args.lr == DEFAULT_LR else f"-lr{args.lr:g}"
 
 
+def results_suffix(args, seeds: Sequence[int]) -> str:
+    """An invocation's results file sits beside the default table's when it differs in LR, seeds, starts or
+    sizes (results-lr0.0003.json, results-seeds6-10-random-full.json), so no invocation replaces another's."""
+    suffix = lr_suffix(args) + ("" if seeds[0] == 1 else f"-seeds{seeds[0]}-{seeds[-1]}")
+    if args.init_list != ["pretrained"]:
+        suffix += "-" + "+".join(args.init_list)
+    if args.sizes != [300]:
+        suffix += "-" + "+".join(map(str, args.sizes))
+    return suffix
+
+
 def _metrics(doc: dict) -> dict:
     """The metrics of an eval_results.json (`{"metrics": {...}, ...}` or a flat mapping)."""
     inner = doc.get("metrics", doc)
@@ -900,8 +911,7 @@ def plan_checks(args, results: dict, seeds: Sequence[int]) -> List[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    seeds_suffix = "" if args.first_seed == 1 else f"-seeds{seeds[0]}-{seeds[-1]}"
-    results_file = args.work / f"results{lr_suffix(args)}{seeds_suffix}.json"
+    results_file = args.work / f"results{results_suffix(args, seeds)}.json"
     if args.report_only:
         results = json.loads(results_file.read_text(encoding="utf-8"))
         print(tables(results, results["seeds"]))

@@ -156,6 +156,18 @@ def test_fresh_seeds_keep_the_shared_pretraining_and_their_own_results_file(tmp_
     assert not (tmp_path / "results.json").exists()
 
 
+def test_invocations_that_differ_keep_their_own_results_file(tmp_path):
+    def suffix(*flags):
+        args = _args(tmp_path, *flags)
+        return bq.results_suffix(args, list(range(args.first_seed, args.first_seed + args.seeds)))
+
+    assert suffix() == ""  # the default table's results.json
+    assert suffix("--first_seed", "6") == "-seeds6-10"
+    assert suffix("--first_seed", "6", "--inits", "random", "--sizes", "full") == "-seeds6-10-random-full"
+    assert suffix("--inits", "random,pretrained", "--sizes", "300,3000", "--lr", "3e-4") == \
+        "-lr0.0003-random+pretrained-300+3000"
+
+
 def test_paired_verdicts():
     assert bq.paired([0.5] * 5, [0.6, 0.61, 0.59, 0.6, 0.62])["verdict"] == "gain > 2 SE"
     assert bq.paired([0.5] * 5, [0.4, 0.41, 0.39, 0.4, 0.42])["verdict"] == "loss > 2 SE"
