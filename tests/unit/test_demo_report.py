@@ -80,3 +80,10 @@ def test_the_quality_summary_quotes_docs_quality_md():
     longer = [cell("pretraining (6,000 steps) gain, single-task", task)[2] for task in ("sentiment (acc)",
                                                                                         "wordseg (f1)")]
     assert f"sentiment {longer[0]:+.3f}, word segmentation\nF1 {longer[1]:+.3f}" in summary, (longer, summary)
+
+    def poor(comparison, task):  # the mean gain of a row of the 2026-11-28 tables (300 examples, pretrained)
+        row = next(line for line in doc.splitlines() if line.startswith(f"| 300 | pretrained | {comparison} | {task}"))
+        return float(re.search(r"\| \**([+-][0-9.]+) \+- [0-9.]+\** \|", row)[1])
+
+    assert f"cost word segmentation F1 {-poor('mtl vs single', 'wordseg (f1)'):.4f}" in summary, summary
+    assert f"gained it {poor('related vs single', 'wordseg (f1)'):+.4f} on every seed" in summary, summary
