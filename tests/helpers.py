@@ -179,21 +179,26 @@ def with_hooks(argv, env):
 
 
 # What the test process's environment holds that a user's shell does not (paddle's import in this process
-# wrote OMP_NUM_THREADS=1 into it; the CLI writes the rest): `run_cli(..., user_env=True)` drops them.
+# wrote OMP_NUM_THREADS=1 into it; the CLI writes the rest): `user_environ` drops them.
 PINNED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR", "ERNIE_MTL_THREADS_ORIGIN", "PADDLE_LOCAL_SIZE")
+
+
+def user_environ(**extra):
+    """The test process's environment without PINNED_ENV, plus PYTHONPATH and `extra`: what a user's shell
+    gives a run (the defaults: this machine's cores for 1 process, 1 thread per launched rank)."""
+    return {**{k: v for k, v in os.environ.items() if k not in PINNED_ENV}, "PYTHONPATH": str(ROOT), **extra}
 
 
 def run_cli(argv, *, cwd, env=None, launch_procs=0, timeout=400, log_dir=None, entry=None, user_env=False):
     """Run run_multitask_static.py (or `entry`, a script; or `paddle.distributed.launch` of either)
-    and return the completed process. `user_env`: without the thread and MKL settings of PINNED_ENV, as a
-    user's shell starts it (the defaults: this machine's cores for 1 process, 1 thread per launched rank)."""
+    and return the completed process. `user_env`: in `user_environ()` (no pinned threads or MKL settings)."""
     argv = with_hooks([str(a) for a in argv], env) if entry is None else [str(a) for a in argv]
     prefix = [sys.executable]
     if launch_procs:
         prefix += ["-m", "paddle.distributed.launch", "--nproc_per_node", str(launch_procs),
                    "--log_dir", str(log_dir or Path(cwd) / "launch_logs")]
-    base = {k: v for k, v in os.environ.items() if not (user_env and k in PINNED_ENV)}
-    full_env = {**base, "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env = (user_environ(**(env or {})) if user_env
+                else {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
     return subprocess.run(prefix + [str(entry or ENTRY)] + argv, cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
 

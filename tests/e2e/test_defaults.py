@@ -11,28 +11,17 @@ import zlib  # noqa: F401  (before paddle)
 
 import json
 import shutil
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import ENTRY, PINNED_ENV, ROOT, tiny_args, with_hooks
-
-
-def default_env(**extra):
-    """The test process's environment without any thread or MKL setting (paddle's import in this process
-    wrote OMP_NUM_THREADS=1 into it): what a user's shell gives a run."""
-    env = {k: v for k, v in os.environ.items() if k not in PINNED_ENV}
-    env.update(PYTHONPATH=str(ROOT), **extra)
-    return env
+from helpers import ENTRY, run_cli, tiny_args, user_environ, with_hooks
 
 
 def run(argv, cwd, *, env=None, timeout=600):
-    argv = with_hooks([str(a) for a in argv], env)
-    proc = subprocess.run([sys.executable, str(ENTRY)] + argv, cwd=cwd, env=default_env(**(env or {})),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = run_cli(argv, cwd=cwd, env=env, timeout=timeout, user_env=True)
     return proc, proc.stdout + proc.stderr
 
 
@@ -49,7 +38,7 @@ def signalled_run(demo, out, where, signum, *, stuck=False):
     if stuck:
         env.update(ERNIE_MTL_TEST_PAUSE_IN_C="1", ERNIE_MTL_STOP_GRACE_S="2")
     argv = with_hooks([str(a) for a in tiny_args(demo, out, **SIGNAL_RUN)], env)
-    proc = subprocess.Popen([sys.executable, str(ENTRY)] + argv, cwd=out.parent, env=default_env(**env),
+    proc = subprocess.Popen([sys.executable, str(ENTRY)] + argv, cwd=out.parent, env=user_environ(**env),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     for line in proc.stdout:
