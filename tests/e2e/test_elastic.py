@@ -48,6 +48,7 @@ FLAG = dict(max_steps=6, max_lr=5e-3, min_lr=1e-4, warmup_rate=0.34, logging_fre
 MTL = dict(num_epochs=1, max_steps=6, eval_freq=1000, checkpoint_steps=2, save_steps=2, keep_last=5,
            print_every_n_steps=1, batch_size=4, micro_batch_size=8, learning_rate="5e-3",
            hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+USER_FLAG = dict(FLAG, num_workers=2)  # the flag-mode chain under a user's defaults: 2 data-loading workers
 SHARDED = ["--use_sharding", "true", "--sharding_degree", "2"]
 PORTABLE = ["--checkpoint_format", "portable"]  # tensors by structured name (ernie_mtl/checkpoint/portable.py)
 # Bounds of the float32 chains. Measured (tiny ERNIE, lr 5e-3, 6-8 steps, this machine): losses equal to
@@ -139,7 +140,7 @@ def flag_straight(demo, tmp_path_factory):
     computes on this machine's cores), `--cpu_kernels auto`, 2 data-loading workers."""
     tmp = tmp_path_factory.mktemp("flag")
     straight = segment(tiny_args(demo, tmp / "straight", micro_batch_size=2, global_batch_size=4,
-                                 **dict(FLAG, num_workers=2)), tmp, procs=0, user_env=True)
+                                 **USER_FLAG), tmp, procs=0, user_env=True)
     return tmp, straight
 
 
@@ -148,7 +149,7 @@ def flag_chain(flag_straight, demo):
     """The flag-mode bitwise chain beside its reference (chain: model_2 by 1 process, model_4 by 2 launched
     ranks on 1 thread each, model_6 by 1 process), under the same defaults."""
     tmp, straight = flag_straight
-    argv = tiny_args(demo, tmp / "chain", micro_batch_size=2, global_batch_size=4, **dict(FLAG, num_workers=2))
+    argv = tiny_args(demo, tmp / "chain", micro_batch_size=2, global_batch_size=4, **USER_FLAG)
     logs = [segment(argv, tmp, procs=0, kill_at=2, user_env=True),  # 1 process, accumulation 2
             # 2 processes, accumulation 1, portable format
             segment(argv + PORTABLE, tmp, procs=2, kill_at=4, user_env=True),
