@@ -77,11 +77,12 @@ def init_distributed(info: ProcessInfo) -> None:
     import paddle
 
     paddle.enable_static()
-    from ernie_mtl.dist.compat import apply_cpu_collective_shim, is_cpu_build
+    from ernie_mtl.dist.compat import apply_cpu_collective_shim, install_quick_kv_server, is_cpu_build
 
     if info.world_size > 1 and is_cpu_build():
         from ernie_mtl.dist.console import captured_stderr
 
+        install_quick_kv_server()
         with captured_stderr():  # its "Modified FLAGS detected" table: flags the entry point set on purpose
             paddle.distributed.init_parallel_env()  # initialises the process-global gloo context
         apply_cpu_collective_shim()

@@ -1,6 +1,6 @@
 """The static pretraining trainer end to end on CPU with a tiny ERNIE and a real (capped) demo corpus:
 loss falls, checkpoint layout and retention, VisualDL tags, bitwise-exact resume after SIGKILL with
-gradient accumulation, and two gloo processes equal to one process on the combined batch."""
+gradient accumulation. Two processes with sharding, killed and resumed: tests/e2e/test_resilience.py."""
 import zlib  # noqa: F401  (before paddle)
 
 import glob
@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 
 from helpers import ROOT, metrics, ok, state, tiny_args, train  # noqa: F401
-
-EXCLUSIVE = {"test_two_processes_sharded"}  # these launch several processes: run alone (tests/conftest.py)
 
 
 @pytest.mark.slow
@@ -84,34 +82,6 @@ def test_sigkill_after_checkpoint_then_resume_is_bitwise_exact(demo, tmp_path):
     assert refused.returncode != 0
     assert "with another global batch: global batch 4 samples per step vs 8 now" in refused.stderr
     assert "keep --global_batch_size 4" in refused.stderr and "--allow_batch_change" in refused.stderr
-
-
-@pytest.mark.slow
-def test_two_processes_sharded_sigkill_and_resume_is_bitwise_exact(demo, tmp_path):
-    """Sharding 2 (per-rank checkpoint files) with accumulation 2 under paddle.distributed.launch:
-    both ranks SIGKILLed after step 2's checkpoint, relaunched, equal to an uninterrupted run."""
-    common = dict(use_sharding="true", sharding_degree=2, micro_batch_size=2, global_batch_size=8, max_steps=4,
-                  logging_freq=1, eval_freq=2, eval_iters=1, checkpoint_steps=2, save_steps=100, max_lr=5e-3,
-                  min_lr=1e-4, warmup_rate=0.25)
-    ok(train(tiny_args(demo, tmp_path / "straight", **common), cwd=tmp_path, launch_procs=2))
-    killed = train(tiny_args(demo, tmp_path / "resumed", **common), cwd=tmp_path, launch_procs=2,
-                   env={"ERNIE_MTL_TEST_KILL_AT_STEP": "2"})
-    assert killed.returncode != 0
-    assert json.loads((tmp_path / "resumed/model_last/train_state.json").read_text())["step"] == 2
-    ok(train(tiny_args(demo, tmp_path / "resumed", **common), cwd=tmp_path, launch_procs=2))
-    assert "resumed from" in (tmp_path / "launch_logs" / "workerlog.0").read_text()
-    saved = json.loads((tmp_path / "resumed/model_last/train_state.json").read_text())
-    assert saved["per_rank_state"] is True and saved["topology"]["sharding_degree"] == 2
-    for tag in ("train/loss", "eval/loss"):
-        assert metrics(tmp_path / "straight", tag) == metrics(tmp_path / "resumed", tag), tag
-    for rank in (0, 1):
-        a = state(tmp_path / f"straight/model_last/state/rank_{rank}")
-        b = state(tmp_path / f"resumed/model_last/state/rank_{rank}")
-        assert sorted(a) == sorted(b) and a
-        for name in a:
-            assert np.array_equal(a[name], b[name]), (rank, name)
-    assert (tmp_path / "straight/program_desc/main_sharding_1").is_file()  # fleet's dumps, not in the cwd
-    assert not glob.glob(str(tmp_path / "main_sharding*"))
 
 
 @pytest.mark.slow

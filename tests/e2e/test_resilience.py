@@ -21,16 +21,26 @@ EXCLUSIVE = {"two_processes", "supervisor_restarts"}  # these launch several pro
 
 COMMON = dict(micro_batch_size=2, global_batch_size=4, max_steps=8, max_lr=5e-3, min_lr=1e-4, warmup_rate=0.25,
               logging_freq=1, eval_freq=100, eval_iters=1, checkpoint_steps=2, save_steps=100)
+# the 2-process runs: sharding 2 (each rank saves its own optimizer-state shard) with accumulation 2
+COMMON2 = {**COMMON, "use_sharding": "true", "sharding_degree": 2, "global_batch_size": 8, "eval_freq": 4}
 EXIT_PREEMPTED = 76
 
 
+def saved_ranks(run):
+    """The ranks whose state model_last holds (rank_<r>.pdparams, .pdopt, ...)."""
+    return sorted({p.name.split(".")[0] for p in (run / "model_last/state").iterdir()})
+
+
 def assert_same_run(a, b):
-    for tag in ("train/loss", "train/lr"):
+    for tag in ("train/loss", "train/lr", "eval/loss"):
         assert metrics(a, tag) == metrics(b, tag), tag  # bitwise
-    sa, sb = state(a / "model_last/state/rank_0"), state(b / "model_last/state/rank_0")
-    assert sorted(sa) == sorted(sb) and any("moment1" in k for k in sa)
-    for name in sa:
-        assert np.array_equal(sa[name], sb[name]), name
+    ranks = saved_ranks(a)
+    assert ranks == saved_ranks(b)
+    for rank in ranks:
+        sa, sb = state(a / "model_last/state" / rank), state(b / "model_last/state" / rank)
+        assert sorted(sa) == sorted(sb) and any("moment1" in k for k in sa)
+        for name in sa:
+            assert np.array_equal(sa[name], sb[name]), (rank, name)
 
 
 @pytest.mark.slow
@@ -122,11 +132,11 @@ def launch(argv, *, cwd, log_dir, env=None):
 
 @pytest.fixture(scope="module")
 def straight2(demo, tmp_path_factory):
-    """The uninterrupted 2-process run both tests below must end at. Rank 1 is a straggler on purpose
-    (it sleeps 0.4 s after every step: its own work, outside the program), which the slow-rank watch
-    must name (checked below) and which does not change the numbers."""
+    """The uninterrupted 2-process run both tests below must end at (sharding 2, accumulation 2). Rank 1
+    is a straggler on purpose (it sleeps 0.4 s after every step: its own work, outside the program),
+    which the slow-rank watch must name (checked below) and which does not change the numbers."""
     root = tmp_path_factory.mktemp("straight2")
-    ok(train(tiny_args(demo, root / "out", slow_rank_windows=2, **COMMON), cwd=root, launch_procs=2,
+    ok(train(tiny_args(demo, root / "out", slow_rank_windows=2, **COMMON2), cwd=root, launch_procs=2,
              log_dir=root / "logs", env={"ERNIE_MTL_TEST_SLEEP_RANK": "1", "ERNIE_MTL_TEST_SLEEP_S": "0.4"}))
     return root / "out"
 
@@ -143,11 +153,21 @@ def test_two_processes_a_slow_rank_is_named(straight2):
 
 
 @pytest.mark.slow
+def test_two_processes_sharded_checkpoints_are_per_rank_and_fleets_dumps_stay_in_the_run(straight2):
+    saved = json.loads((straight2 / "model_last/train_state.json").read_text())
+    assert saved["step"] == 8 and saved["per_rank_state"] is True and saved["topology"]["sharding_degree"] == 2
+    assert saved_ranks(straight2) == ["rank_0", "rank_1"]
+    assert sorted(metrics(straight2, "eval/loss")) == [4, 8]
+    assert (straight2 / "program_desc/main_sharding_1").is_file()  # fleet's dumps, not in the cwd
+    assert not list(straight2.parent.glob("main_sharding*"))
+
+
+@pytest.mark.slow
 def test_two_processes_sigterm_to_the_launcher_saves_one_step_everywhere(demo, straight2, tmp_path):
     """The real path: the scheduler signals `paddle.distributed.launch`, which signals both ranks; they
     agree on one step through the job's store, save it, exit 76; the same command resumes exactly."""
     out, logs = tmp_path / "out", tmp_path / "logs"
-    proc = launch(tiny_args(demo, out, **COMMON), cwd=tmp_path, log_dir=logs)
+    proc = launch(tiny_args(demo, out, **COMMON2), cwd=tmp_path, log_dir=logs)
     deadline = time.monotonic() + 600
     metrics_file = out / "train_metrics.jsonl"
     while not metrics_file.is_file() or len(metrics_file.read_text().splitlines()) < 3:
@@ -161,7 +181,8 @@ def test_two_processes_sigterm_to_the_launcher_saves_one_step_everywhere(demo, s
     step = int(stopped[0])
     assert 3 <= step < 8 and json.loads((out / "model_last/train_state.json").read_text())["step"] == step
     assert "Traceback" not in text[0] + text[1]
-    resumed = ok(train(tiny_args(demo, out, **COMMON), cwd=tmp_path, launch_procs=2, log_dir=tmp_path / "logs2"))
+    resumed = ok(train(tiny_args(demo, out, **COMMON2), cwd=tmp_path, launch_procs=2, log_dir=tmp_path / "logs2"))
+    assert "resumed from" in (tmp_path / "logs2" / "workerlog.0").read_text()
     assert resumed.returncode == 0
     assert_same_run(straight2, out)
 
@@ -171,7 +192,7 @@ def test_the_supervisor_restarts_a_crashed_job_which_completes_exactly(demo, str
     """Rank 1 is SIGKILLed once after step 5 (the newest checkpoint is step 4); the watchdog stops the
     job, the supervisor logs the cause and runs the command again, which resumes and completes."""
     out = tmp_path / "out"
-    argv = with_hooks([str(a) for a in tiny_args(demo, out, **COMMON)],
+    argv = with_hooks([str(a) for a in tiny_args(demo, out, **COMMON2)],
                       {"ERNIE_MTL_TEST_KILL_ONCE_MARKER": str(tmp_path / "killed")})
     cmd = [sys.executable, "-m", "ernie_mtl.dist.supervisor", "--max_restarts", "2", "--backoff", "1", "--",
            sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",

@@ -322,3 +322,50 @@ def test_cpu_collective_shim_is_idempotent(monkeypatch, static_mode):
     assert paddle.get_flags("FLAGS_dynamic_static_unified_comm") == {"FLAGS_dynamic_static_unified_comm": True}
     assert paddle.get_flags(["FLAGS_new_executor_sequential_run"]) == {"FLAGS_new_executor_sequential_run": False}
     assert common.CollectiveHelper._init_communicator(None, None, None, None, 0, 0, True) is None
+
+
+def test_the_rendezvous_server_of_a_cpu_launch_serves_and_stops_within_its_20_ms_poll(monkeypatch):
+    """install_quick_kv_server: rank 0's gloo rendezvous helper (Paddle's own checks every 3 s, about
+    3 s idle at every multi-process CPU start) serves PUT/GET/DELETE and stops once told and every
+    rank's key is deleted, sleeping only KV_SERVER_POLL_S at a time."""
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    import paddle.distributed.parallel as parallel
+    from ernie_mtl.dist.compat import KV_SERVER_POLL_S, install_quick_kv_server
+
+    monkeypatch.setattr(parallel, "_start_kv_server", parallel._start_kv_server)  # undone after the test
+    install_quick_kv_server()
+    slept, real_sleep = [], time.sleep
+
+    def sleep(s):
+        slept.append(s)
+        real_sleep(min(s, 0.01))
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    told = {"running": True}
+    server = threading.Thread(target=parallel._start_kv_server, args=(port, told, {"_worker": 1}), daemon=True)
+    server.start()
+
+    def call(method, path, data=None):
+        for _ in range(200):  # until the server listens
+            try:
+                req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    return r.read()
+            except (ConnectionRefusedError, urllib.error.URLError):
+                real_sleep(0.01)
+        raise AssertionError(f"the rendezvous server never answered on port {port}")
+
+    call("PUT", "/_worker/0", b"127.0.0.1:6170")
+    assert call("GET", "/_worker/0") == b"127.0.0.1:6170"
+    call("DELETE", "/_worker/0")
+    told["running"] = False
+    server.join(timeout=60)
+    assert not server.is_alive()
+    assert slept and set(slept) == {KV_SERVER_POLL_S}, slept
