@@ -4,7 +4,7 @@
   an early stop that changes the schedule under the plan) trains bitwise the same with 2 workers
   as in the training process: logs, early-stop decision, final checkpoint.
 - SIGKILL after a checkpoint, then resume, with workers: bitwise the uninterrupted run (made
-  without workers), and the killed trainer's workers are gone.
+  without workers), and the killed trainer's workers are gone; a changed global batch is refused.
 - A trainer SIGKILLed in the middle of training leaves no worker behind.
 - An example that fails to build stops the run with the task, file, example and worker named.
 - Memory: over a long run the workers stay flat and add nothing to the trainer's own growth.
@@ -148,10 +148,16 @@ def test_sigkill_with_workers_then_resume_is_the_uninterrupted_run(demo, tmp_pat
     assert len(seen) == 2
     wait_for(lambda: not any(proc_alive(p) for p in seen), 30, "the killed trainer's workers to exit")  # a hang guard
     proc = ok(run_cli(argv, cwd=tmp_path))
-    assert "resumed from" in proc.stdout and "at step 6" in proc.stdout
+    assert f"resumed from {tmp_path / 'resumed' / 'model_last'} at step 6 (24 samples consumed" in proc.stdout
     for tag in ("train/loss", "train/mlm_loss", "train/lr", "eval/loss"):
         assert metrics(tmp_path / "straight", tag) == metrics(tmp_path / "resumed", tag), tag
+    assert sorted(metrics(tmp_path / "resumed", "train/loss")) == list(range(1, 11))
     same_state(tmp_path / "straight", tmp_path / "resumed")
+    # a changed global batch cannot continue exactly: refused with what differs
+    refused = run_cli(tiny_args(demo, tmp_path / "resumed", **{**common, "global_batch_size": 8}), cwd=tmp_path)
+    assert refused.returncode != 0
+    assert "with another global batch: global batch 4 samples per step vs 8 now" in refused.stderr
+    assert "keep --global_batch_size 4" in refused.stderr and "--allow_batch_change" in refused.stderr
 
 
 @pytest.mark.slow

@@ -1,13 +1,12 @@
 """The static pretraining trainer end to end on CPU with a tiny ERNIE and a real (capped) demo corpus:
-loss falls, checkpoint layout and retention, VisualDL tags, bitwise-exact resume after SIGKILL with
-gradient accumulation. Two processes with sharding, killed and resumed: tests/e2e/test_resilience.py."""
+loss falls, checkpoint layout and retention, VisualDL tags, the index caches built once. SIGKILL and
+resume: tests/e2e/test_datapath.py (one process, with workers) and tests/e2e/test_resilience.py (two
+processes with sharding)."""
 import zlib  # noqa: F401  (before paddle)
 
 import glob
 import json
-import signal
 
-import numpy as np
 import pytest
 
 from helpers import ROOT, metrics, ok, state, tiny_args, train  # noqa: F401
@@ -54,34 +53,6 @@ def test_single_process_loss_falls_checkpoints_and_visualdl(demo, tmp_path):
     for step, value in losses.items():
         assert vdl_loss[step] == pytest.approx(value, rel=1e-6)
     assert all(r.value > 0 for r in reader.get_data("scalar", "perf/tokens_per_s"))
-
-
-@pytest.mark.slow
-def test_sigkill_after_checkpoint_then_resume_is_bitwise_exact(demo, tmp_path):
-    """Gradient accumulation 2, dropout on: an uninterrupted run equals a run killed after step 6's
-    checkpoint and resumed with the same command (parameters, optimizer state and per-step losses)."""
-    common = dict(micro_batch_size=2, global_batch_size=4, max_steps=8, max_lr=5e-3, min_lr=1e-4, warmup_rate=0.25,
-                  logging_freq=1, eval_freq=4, eval_iters=1, checkpoint_steps=3, save_steps=100)
-    ok(train(tiny_args(demo, tmp_path / "straight", **common), cwd=tmp_path))
-    killed = train(tiny_args(demo, tmp_path / "resumed", **common), cwd=tmp_path,
-                   env={"ERNIE_MTL_TEST_KILL_AT_STEP": "6"})
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    assert json.loads((tmp_path / "resumed/model_last/train_state.json").read_text())["step"] == 6
-    proc = ok(train(tiny_args(demo, tmp_path / "resumed", **common), cwd=tmp_path))
-    assert f"resumed from {tmp_path / 'resumed' / 'model_last'} at step 6 (24 samples consumed" in proc.stdout
-    for tag in ("train/loss", "train/lr", "eval/loss"):
-        straight, resumed = metrics(tmp_path / "straight", tag), metrics(tmp_path / "resumed", tag)
-        assert straight == resumed, tag  # bitwise: the same floats
-    assert sorted(metrics(tmp_path / "resumed", "train/loss")) == list(range(1, 9))
-    a, b = state(tmp_path / "straight/model_last/state/rank_0"), state(tmp_path / "resumed/model_last/state/rank_0")
-    assert sorted(a) == sorted(b) and any("moment1" in k for k in a)
-    for name in a:
-        assert np.array_equal(a[name], b[name]), name
-    # a changed global batch cannot continue exactly: refused with what differs
-    refused = train(tiny_args(demo, tmp_path / "resumed", **{**common, "global_batch_size": 8}), cwd=tmp_path)
-    assert refused.returncode != 0
-    assert "with another global batch: global batch 4 samples per step vs 8 now" in refused.stderr
-    assert "keep --global_batch_size 4" in refused.stderr and "--allow_batch_change" in refused.stderr
 
 
 @pytest.mark.slow
