@@ -37,7 +37,8 @@
 # Secrets: paddle.distributed.launch writes the whole environment of every process into LOG_DIR
 # (envlog.N, backup_env.N.json, default.*.log), often on shared storage. This script starts it without
 # the variables whose names look secret (containing TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL, AUTH,
-# COOKIE, SESSION, PRIVATE or KEY, except PADDLE_*, FLAGS_*, NCCL_*, CUDA_*, ERNIE_MTL_*, OMP_*, MKL_*),
+# COOKIE, SESSION, PRIVATE or KEY outside the word TOKENIZER, except PADDLE_*, FLAGS_*, NCCL_*, CUDA_*,
+# ERNIE_MTL_*, OMP_*, MKL_*),
 # names what it left out, and creates LOG_DIR readable by you only.
 # OMP_NUM_THREADS/MKL_NUM_THREADS: a value you set is kept; otherwise they are decided for this node
 # by `python -m ernie_mtl.dist.threads` (cores / processes per node) and printed before the command.
@@ -283,7 +284,9 @@ withheld=()
 while IFS='=' read -r name _; do
     [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || continue
     [[ "$name" =~ ^(PADDLE_|FLAGS_|NCCL_|CUDA_|ERNIE_MTL_|OMP_|MKL_) ]] && continue
-    [[ "${name^^}" =~ (TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|KEY) ]] || continue
+    upper="${name^^}"
+    upper="${upper//TOKENIZER/}"  # TOKENIZERS_PARALLELISM and the like set a tokenizer, they hold no token
+    [[ "$upper" =~ (TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|KEY) ]] || continue
     [[ "$keep" == *",$name,"* ]] && continue
     withheld+=("$name")
 done < <(env)

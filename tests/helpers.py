@@ -462,7 +462,8 @@ class Job:
 
     def launch(self, args, *, log, **env):
         out = open(self.tmp / f"{log}.out", "w")
-        proc = subprocess.Popen(args, cwd=self.tmp, env=self.env(**env), stdout=out, stderr=subprocess.STDOUT,
+        environ = {k: v for k, v in self.env(**env).items() if v is not None}  # None: unset
+        proc = subprocess.Popen(args, cwd=self.tmp, env=environ, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         self.launchers.append(proc)
         return proc

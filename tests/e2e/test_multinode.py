@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ernie_mtl.dist import ports
+
 from helpers import (Job, free_port, global_yaml, launch_logs, metrics, proc_alive, proc_cmdline, proc_ppid, state,
                      wait_for)
 
@@ -278,16 +280,28 @@ def test_the_survivor_log_names_the_lost_rank_and_how_to_resume(flag_runs, tmp_p
 
 @pytest.mark.slow
 def test_orphaned_ranks_exit_after_their_launcher_is_killed(demo, tmp_path):  # noqa: F811
-    """The 2-process CPU launch: SIGKILL of `paddle.distributed.launch` leaves its ranks running in
-    their own sessions; they must notice and exit, so a killed job frees its devices."""
+    """The 2-process CPU launch of scripts/run_cpu.sh: it chooses the job's ports (none given) outside
+    the kernel's range for outgoing connections and trains. SIGKILL of `paddle.distributed.launch` leaves
+    its ranks running in their own sessions; they must notice and exit, so a killed job frees its devices."""
     job = Job(tmp_path)
     out = tmp_path / "orphans"
     config = flag_config(demo, tmp_path / "long.yaml", max_steps=500, checkpoint_steps=1000, eval_freq=1000)
     try:
         launcher = job.launch(["bash", RUN_CPU, "--micro_batch_size", "2"], log="orphans", PYTHON=sys.executable,
-                              NPROC="2",
+                              NPROC="2", PORT_RANGE=None,
                               CONFIG=str(config), OUTPUT_DIR=str(out), LOG_DIR=str(tmp_path / "log"))
         wait_for(lambda: (out / "train_metrics.jsonl").exists(), 180, "training to start")
+        lines = (tmp_path / "orphans.out").read_text().splitlines()
+        assert lines[0] == "+ " + ports.shell_line({})  # no PORT_RANGE given: the script chose one and says so
+        assert lines[1].startswith("+ ") and "--nproc_per_node 2" in lines[1]
+        envlog = (tmp_path / "log" / "envlog.0").read_text()
+        assert "OMP_NUM_THREADS=1\n" in envlog  # the job's own setting reached the ranks unchanged
+        # the job's ports (rank 0's store, every rank's endpoint) lie outside the kernel's range for outgoing
+        # connections, so none can be taken by a connection before its rank binds it
+        env = dict(line.split("=", 1) for line in envlog.splitlines() if "=" in line)
+        eph = ports.ephemeral_range()
+        used = [env["PADDLE_MASTER"]] + env["PADDLE_TRAINER_ENDPOINTS"].split(",")
+        assert eph is None or all(not eph[0] <= int(e.rsplit(":", 1)[1]) <= eph[1] for e in used), (used, eph)
         ranks = [p for p in job.ranks() if proc_ppid(p) == launcher.pid]
         assert len(ranks) == 2, (ranks, [(proc_cmdline(p), proc_ppid(p)) for p in job.pids()], launcher.pid)
         os.kill(launcher.pid, signal.SIGKILL)
