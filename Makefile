@@ -28,8 +28,9 @@ demo: $(STAMP)
 	$(PY) run_multitask_static.py --do_predict --task sentiment --output_dir output/demo_multitask \
 	    --pred_file demo_data/tasks/sentiment/test.tsv
 	$(PY) scripts/demo/report.py --run_dir output/demo_multitask --tasks_dir demo_data/tasks
-	@echo "demo done: checkpoints output/demo_multitask/model_last (best_<task>), inference models" \
-	    "output/demo_multitask/<task>/infer_model, predictions output/demo_multitask/sentiment/predictions.json;" \
+	@echo "demo done: checkpoints output/demo_multitask/model_last (best_<task>; each target refined alone:" \
+	    "refine/<task>/), inference models output/demo_multitask/<task>/infer_model (the refined ones;" \
+	    "the multi-task stage's: infer_model_multitask), predictions output/demo_multitask/sentiment/predictions.json;" \
 	    "VisualDL: $(VENV)/bin/visualdl --logdir output/demo_multitask/visualdl"
 
 # The flag-mode pretraining demo (PaddleNLP ERNIE 1.0 flags, one corpus)
