@@ -38,8 +38,9 @@ demo-pretrain: $(STAMP)
 	$(PY) -m data_tools.prepare_demo_data --output_dir demo_data
 	$(PY) run_multitask_static.py --config scripts/demo_pretrain.yaml
 
-# Two passes: tests that run in one process at a time share the 2 cores (pytest-xdist), then the ones
-# that launch several processes or measure time (module flag EXCLUSIVE, tests/conftest.py) run alone.
+# Two passes: nearly everything shares the 2 cores (pytest-xdist; multi-process launches too, each worker
+# with its own port range), then the tests whose outcome depends on real time passing at the expected pace
+# (peer heartbeat timeouts, a straggler's host time: module flag EXCLUSIVE, tests/conftest.py) run alone.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

@@ -17,6 +17,7 @@ import tempfile
 import pytest
 
 from ernie_mtl.dist import ports
+from helpers import worker_port_range
 
 # The kernel cache of `--cpu_kernels auto` (ernie_mtl/program/kernel_choice.py) goes to a folder of this
 # test process (each pytest-xdist worker its own, removed at exit), inherited by every run the tests start:
@@ -28,8 +29,12 @@ atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 # Every job the tests launch takes its ports above the kernel's range for outgoing connections
 # (ernie_mtl/dist/ports.py): with Paddle's default range a chosen port was now and then taken by an
 # outgoing connection before rank 0 bound it ("Bind network on IP_ANY:<port> failed").
-_PORT_RANGE = ports.port_range_value()
-if _PORT_RANGE and not os.environ.get("PORT_RANGE"):
+# Under pytest-xdist two workers launch jobs at the same time: each takes its own slice of the range, so
+# their launchers and `helpers.free_port` never pick the same port.
+_PORT_RANGE = worker_port_range(os.environ.get("PORT_RANGE") or ports.port_range_value(),
+                                os.environ.get("PYTEST_XDIST_WORKER"),
+                                int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+if _PORT_RANGE:
     os.environ["PORT_RANGE"] = _PORT_RANGE
 
 
@@ -80,12 +85,14 @@ def job(tmp_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that launch several processes or pick ports get the `exclusive` marker (a test measuring
-    its own processes' memory is not: other tests' processes do not change it):
-    `make test` runs them alone, after the others (which share the cores through xdist). A module
-    says which with `EXCLUSIVE`, per test: names matched against a test's id (a substring) and its
-    fixtures (e.g. a fixture that launches two ranks); True only where every test of the module
-    launches (tests/unit/test_suite_layout.py checks that every name matches something)."""
+    """Tests whose outcome depends on real time passing at the expected pace get the `exclusive` marker:
+    peers' heartbeat timeouts of a few seconds (a frozen or lost node, a rank that ends late), a
+    straggler told apart by its host time, a supervisor's restart within a peer timeout. `make test` runs
+    them alone, after the others. Every other test, multi-process launches included, shares the cores
+    through pytest-xdist (each worker with its own port range, above). A module says which with
+    `EXCLUSIVE`, per test: names matched against a test's id (a substring) and its fixtures (e.g. a
+    fixture that launches two ranks); True only where every test of the module qualifies
+    (tests/unit/test_suite_layout.py checks that every name matches something)."""
     for item in items:
         flag = getattr(item.module, "EXCLUSIVE", False)
         if flag is True or (flag and any(n in item.name or n in item.fixturenames for n in flag)):

@@ -447,6 +447,15 @@ def free_port():
     raise RuntimeError(f"no free port in PORT_RANGE={os.environ.get('PORT_RANGE')}")
 
 
+def worker_port_range(port_range, worker, workers):
+    """The slice of `port_range` ("LOW:HIGH") of xdist worker `worker` ("gw<i>") of `workers`."""
+    if not port_range or not worker or workers < 2:
+        return port_range
+    lo, hi = (int(x) for x in port_range.split(":"))
+    i, width = int(worker.lstrip("gw")), (hi - lo + 1) // workers
+    return f"{lo + i * width}:{lo + (i + 1) * width - 1}"
+
+
 class Job:
     """Processes of one test job, found by a marker in their environment (ranks run in sessions of
     their own and outlive a killed launcher); `kill_all` ends every one of them."""

@@ -21,7 +21,6 @@ from helpers import run_cli as mtl_run
 
 from ernie_mtl.convert import converter as C
 
-EXCLUSIVE = {"sharded_ckpt", "sharded_out"}  # fixtures that launch two ranks: their tests run alone (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = str(ROOT / "static_to_dynamic.py")

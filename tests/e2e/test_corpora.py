@@ -19,7 +19,7 @@ import pytest
 from helpers import ENTRY, ROOT, free_port, jsonl, metrics, ok, run_cli, state
 
 EXCLUSIVE = {"test_per_node_caches",
-             "test_without_a_shared_folder"}  # these launch several processes: run alone (tests/conftest.py)
+             "test_without_a_shared_folder"}  # two nodes within a 30 s peer timeout: run alone (tests/conftest.py)
 
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
 # three corpora over disjoint characters, so a sample tells which corpus it came from

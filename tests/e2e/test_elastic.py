@@ -39,7 +39,6 @@ from helpers import ROOT, global_yaml, jsonl, launch_logs, metrics, run_cli, sta
 
 # the tests whose runs launch several processes run alone (tests/conftest.py); the ones that continue only
 # the 1-process reference runs (flag_straight, mtl_straight) share the cores
-EXCLUSIVE = {"flag_chain", "mtl_chain", "four_topologies", "through_sharding"}
 
 SLOTS = {"ERNIE_MTL_TEST_SLOTS": "1"}  # the record_slots test hook
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **SLOTS}

@@ -15,7 +15,6 @@ import pytest
 from helpers import ok, run_cli
 
 # launches several processes: run alone (tests/conftest.py)
-EXCLUSIVE = {"test_evaluation_split_across_two_ranks_equals_one_process"}
 
 CHARS = list("的了是在我有他这中大国人民日天北上东西南家们主本下京海方边好坏")
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]

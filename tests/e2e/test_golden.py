@@ -37,7 +37,6 @@ import pytest
 from helpers import (GOLDEN_CASES, GOLDEN_COMMON, api_script, flags_as_kwargs, golden_data, jsonl, logged_losses, ok,
                      run_cli)
 
-EXCLUSIVE = {"2proc"}  # these launch several processes: run alone (tests/conftest.py)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE = os.environ.get("ERNIE_MTL_UPDATE_GOLDEN") == "1"

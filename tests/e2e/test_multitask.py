@@ -15,9 +15,6 @@ import pytest
 from helpers import GOOD, ROOT, VOCAB, global_yaml, jsonl, last, ok, state  # noqa: F401
 from helpers import run_cli as run
 
-EXCLUSIVE = {"test_decisions_come_from_rank_0",
-             "test_sharded_two_process"}  # these launch several processes: run alone (tests/conftest.py)
-
 
 @pytest.mark.slow
 def test_three_tasks_learn_export_and_predict(data, tmp_path):

@@ -20,7 +20,6 @@ import pytest
 from helpers import ROOT, launch_logs, logged_losses, ok, run_cli
 
 pytestmark = pytest.mark.slow
-EXCLUSIVE = {"two_processes"}  # launches two ranks: run alone (tests/conftest.py)
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 

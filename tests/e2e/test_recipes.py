@@ -12,8 +12,6 @@ import pytest
 from helpers import global_yaml, jsonl, ok, state
 from helpers import run_cli as run
 
-EXCLUSIVE = {"test_two_processes_and_interrupted_runs"}  # launches two processes: run alone (tests/conftest.py)
-
 
 def _target(data, name="senti_r", **keys):
     text = ("reader: cls\nparadigm: cls\ntrain_file: ../cls_train.tsv\ndev_file: ../cls_dev.tsv\n"

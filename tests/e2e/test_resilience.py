@@ -17,7 +17,8 @@ import pytest
 
 from helpers import ROOT, ENTRY, jsonl, metrics, ok, state, tiny_args, train, with_hooks
 
-EXCLUSIVE = {"two_processes", "supervisor_restarts"}  # these launch several processes: run alone (tests/conftest.py)
+# a straggler told by its host time, a restart within a peer timeout: these run alone (tests/conftest.py)
+EXCLUSIVE = {"two_processes", "supervisor_restarts"}
 
 COMMON = dict(micro_batch_size=2, global_batch_size=4, max_steps=8, max_lr=5e-3, min_lr=1e-4, warmup_rate=0.25,
               logging_freq=1, eval_freq=100, eval_iters=1, checkpoint_steps=2, save_steps=100)

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 
 
-EXCLUSIVE = {"test_secret_looking_variables_stay_out_of_the_launchers_log_folder"}  # a real launch; the rest prints
-
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {name: ROOT / "scripts" / f"{name}.sh" for name in ("run", "run_single_node", "run_cpu")}
 ENTRY = str(ROOT / "run_multitask_static.py")

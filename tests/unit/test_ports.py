@@ -54,3 +54,15 @@ def test_the_suite_and_its_free_ports_use_a_safe_range():
     assert lo <= port <= hi
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # and it is free
+
+
+def test_each_xdist_worker_launches_within_its_own_slice_of_the_range():
+    """Tests of two pytest-xdist workers launch jobs at once: disjoint port ranges, inside the suite's."""
+    from helpers import worker_port_range
+
+    assert worker_port_range("61000:65535", None, 1) == "61000:65535"
+    assert worker_port_range("61000:65535", "gw0", 1) == "61000:65535"
+    slices = [worker_port_range("61000:65535", f"gw{i}", 2) for i in (0, 1)]
+    assert slices == ["61000:63267", "63268:65535"]
+    three = [tuple(int(x) for x in worker_port_range("1000:1299", f"gw{i}", 3).split(":")) for i in range(3)]
+    assert three == [(1000, 1099), (1100, 1199), (1200, 1299)]
