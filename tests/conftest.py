@@ -86,8 +86,8 @@ def job(tmp_path):
 
 def pytest_collection_modifyitems(config, items):
     """Tests whose outcome depends on real time passing at the expected pace get the `exclusive` marker:
-    peers' heartbeat timeouts of a few seconds (a frozen or lost node, a rank that ends late), a
-    straggler told apart by its host time, a supervisor's restart within a peer timeout. `make test` runs
+    peers' heartbeat timeouts of a few seconds (a frozen or lost node, a rank that ends late, an
+    orphaned rank noticing its launcher is gone, two nodes within a peer timeout). `make test` runs
     them alone, after the others. Every other test, multi-process launches included, shares the cores
     through pytest-xdist (each worker with its own port range, above). A module says which with
     `EXCLUSIVE`, per test: names matched against a test's id (a substring) and its fixtures (e.g. a
