@@ -89,11 +89,17 @@ def test_the_quality_summary_quotes_docs_quality_md():
     spec.loader.exec_module(module)
     doc = (ROOT / "docs" / "quality.md").read_text(encoding="utf-8")
 
-    def cell(comparison, task):  # (mean A, mean B, mean gain) of a row of the paired comparisons
-        row = next(line for line in doc.splitlines() if line.startswith(f"| {comparison} | {task}"))
+    def cell(comparison, task, cells=""):  # (mean A, mean B, mean gain) of a row of the paired comparisons
+        row = next(line for line in doc.splitlines() if line.startswith(f"| {cells}{comparison} | {task}"))
         a, b = (float(x) for x in re.findall(r": ([0-9.]+) \+- ", row))
         gain = float(re.search(r"\| \**([+-][0-9.]+) \+- [0-9.]+\** \|", row)[1])
         return a, b, gain
+
+    def poor(comparison, task):  # the mean gain of a row of the 2026-11-28 tables (300 examples, pretrained)
+        return cell(comparison, task, "300 | pretrained | ")[2]
+
+    def full(comparison, task):  # a row of the random-initialisation tables (full training sets)
+        return cell(comparison, task, "full | random | ")
 
     summary = module.QUALITY_SUMMARY
     mtl_random, mtl_pretrained, gain = cell("pretraining gain, multi-task", "sentiment (acc)")
@@ -105,17 +111,8 @@ def test_the_quality_summary_quotes_docs_quality_md():
                                                                                         "wordseg (f1)")]
     assert f"sentiment {longer[0]:+.3f}, word segmentation\nF1 {longer[1]:+.3f}" in summary, (longer, summary)
 
-    def poor(comparison, task):  # the mean gain of a row of the 2026-11-28 tables (300 examples, pretrained)
-        row = next(line for line in doc.splitlines() if line.startswith(f"| 300 | pretrained | {comparison} | {task}"))
-        return float(re.search(r"\| \**([+-][0-9.]+) \+- [0-9.]+\** \|", row)[1])
-
     assert f"cost word segmentation F1 {-poor('mtl vs single', 'wordseg (f1)'):.4f}" in summary, summary
     assert f"gained it {poor('related vs single', 'wordseg (f1)'):+.4f} on every seed" in summary, summary
-
-    def full(comparison, task):  # (mean A, mean B, mean gain) of a row of the random-initialisation tables
-        row = next(line for line in doc.splitlines() if line.startswith(f"| full | random | {comparison} | {task}"))
-        a, b = (float(x) for x in re.findall(r": ([0-9.]+) \+- ", row))
-        return a, b, float(re.search(r"\| \**([+-][0-9.]+) \+- [0-9.]+\** \|", row)[1])
 
     alone, mtl, _ = full("mtl vs single", "sentiment (acc)")
     assert f"left sentiment at {mtl:.3f} against {alone:.3f} alone" in summary, summary
