@@ -10,9 +10,12 @@ import zlib  # noqa: F401  (before paddle: paddle 2.6.2 exports clashing zlib sy
 
 import atexit
 import functools
+import json
 import os
+import resource
 import shutil
 import tempfile
+import time
 
 import pytest
 
@@ -97,3 +100,30 @@ def pytest_collection_modifyitems(config, items):
         flag = getattr(item.module, "EXCLUSIVE", False)
         if flag is True or (flag and any(n in item.name or n in item.fixturenames for n in flag)):
             item.add_marker(pytest.mark.exclusive)
+
+
+# `ERNIE_MTL_TEST_CPU_REPORT=<folder>`: each test's wall time and CPU time (this process and every process
+# it started and waited for, launches' ranks included) go to <folder>/<xdist worker>.jsonl, one line per
+# test; `python tests/cpu_report.py <folder>` sums them per module. Where the suite's time goes on a
+# 2-core machine is CPU, not waiting (docs/testing.md): this says which tests spend it.
+_CPU_REPORT = os.environ.get("ERNIE_MTL_TEST_CPU_REPORT")
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _CPU_REPORT:
+        yield
+        return
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    yield
+    test = item.nodeid if not item.nodeid.startswith("::") else f"{item.path}{item.nodeid}"  # outside the rootdir
+    record = {"test": test, "cpu_s": round(_cpu_seconds() - cpu, 2), "wall_s": round(time.monotonic() - wall, 2)}
+    os.makedirs(_CPU_REPORT, exist_ok=True)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(os.path.join(_CPU_REPORT, f"{worker}.jsonl"), "a") as f:
+        f.write(json.dumps(record) + "\n")

@@ -39,3 +39,36 @@ def test_every_exclusive_name_marks_a_test():
         if unmatched:
             stale[str(path.relative_to(TESTS))] = sorted(unmatched)
     assert stale == {}
+
+
+def test_the_cpu_report_counts_a_test_and_the_process_it_waited_for(tmp_path):
+    """`ERNIE_MTL_TEST_CPU_REPORT` (tests/conftest.py): a test that waits for a child burning CPU is charged
+    that CPU, and tests/cpu_report.py sums it per module. Without the variable nothing is written."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    probe = TESTS / "unit" / "test_suite_layout.py"
+    test = f"{probe}::test_test_module_basenames_are_unique"
+    burner = tmp_path / "test_burner.py"
+    burner.write_text("import subprocess, sys\n\ndef test_burn():\n"
+                      "    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+                      "while time.process_time() - t < 0.6: pass'], check=True)\n")
+    report = tmp_path / "report"
+    env = dict(os.environ, ERNIE_MTL_TEST_CPU_REPORT=str(report))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test, str(burner)],
+                         cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    records = [json.loads(line) for line in (report / "main.jsonl").read_text().splitlines()]
+    assert [r["test"].split("::")[-1] for r in records] == ["test_test_module_basenames_are_unique", "test_burn"]
+    assert records[1]["cpu_s"] >= 0.6 > records[0]["cpu_s"]
+    summary = subprocess.run([sys.executable, str(TESTS / "cpu_report.py"), str(report), "--top", "5"],
+                             capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0 and "2 tests," in summary.stdout, summary.stdout + summary.stderr
+    assert summary.stdout.index("test_burner.py") < summary.stdout.index("test_suite_layout.py"), summary.stdout
+    quiet = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                           cwd=TESTS.parent, env=dict(env, ERNIE_MTL_TEST_CPU_REPORT=""), capture_output=True,
+                           text=True, timeout=120)
+    assert quiet.returncode == 0 and len((report / "main.jsonl").read_text().splitlines()) == 2
