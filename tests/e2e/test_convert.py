@@ -17,7 +17,7 @@ import pytest
 
 
 from helpers import global_yaml, ok, rehash_checkpoint, tiny_args, train
-from helpers import run_cli as mtl_run
+from helpers import run_here as mtl_run
 
 from ernie_mtl.convert import converter as C
 

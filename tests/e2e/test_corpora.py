@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import ENTRY, ROOT, free_port, jsonl, metrics, ok, run_cli, state
+from helpers import ENTRY, ROOT, free_port, jsonl, metrics, ok, run_here, state
 
 EXCLUSIVE = {"test_per_node_caches",
              "test_without_a_shared_folder"}  # two nodes within a 30 s peer timeout: run alone (tests/conftest.py)
@@ -67,7 +67,7 @@ def planned_weights(dry_run_text: str):
 
 @pytest.mark.slow
 def test_a_three_corpus_mixture_is_planned_logged_counted_and_resumes_bitwise(corpora, tmp_path):
-    dry = ok(run_cli(flags(corpora, tmp_path / "dry", MIXTURE, dry_run="true"), cwd=corpora))
+    dry = ok(run_here(flags(corpora, tmp_path / "dry", MIXTURE, dry_run="true"), cwd=corpora))
     planned = planned_weights(dry.stdout)
     assert {name: w for name, (w, _) in planned.items()} == {"news": 5.0, "wiki": 7.0, "web": 12.0}, dry.stdout
     for name, (weight, share) in planned.items():
@@ -75,7 +75,7 @@ def test_a_three_corpus_mixture_is_planned_logged_counted_and_resumes_bitwise(co
     assert all(name in line and "documents" in line for name in ALPHABETS
                for line in dry.stdout.splitlines() if f"{name}: weight" in line)
     assert "samples" in dry.stdout and "epochs" in dry.stdout
-    straight = ok(run_cli(flags(corpora, tmp_path / "straight", MIXTURE), cwd=corpora))
+    straight = ok(run_here(flags(corpora, tmp_path / "straight", MIXTURE), cwd=corpora))
     log = straight.stdout + straight.stderr
     assert all("task pretrain: " in log and name in log for name in ALPHABETS)  # the plan at start, per corpus
     counts = metrics(tmp_path / "straight", "data/pretrain/train_samples/web")
@@ -83,10 +83,10 @@ def test_a_three_corpus_mixture_is_planned_logged_counted_and_resumes_bitwise(co
     final = {name: metrics(tmp_path / "straight", f"data/pretrain/train_samples/{name}")[6] for name in ALPHABETS}
     assert sum(final.values()) == 6 * 8  # every sample read, attributed to its corpus
     assert final["web"] > final["wiki"] > final["news"]  # weights 12 : 7 : 5
-    killed = run_cli(flags(corpora, tmp_path / "resumed", MIXTURE), cwd=corpora,
+    killed = run_here(flags(corpora, tmp_path / "resumed", MIXTURE), cwd=corpora,
                      env={"ERNIE_MTL_TEST_KILL_AT_STEP": "4"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    ok(run_cli(flags(corpora, tmp_path / "resumed", MIXTURE), cwd=corpora))
+    ok(run_here(flags(corpora, tmp_path / "resumed", MIXTURE), cwd=corpora))
     assert metrics(tmp_path / "straight", "train/loss") == metrics(tmp_path / "resumed", "train/loss")
     a, b = state(tmp_path / "straight/model_last/state/rank_0"), state(tmp_path / "resumed/model_last/state/rank_0")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
@@ -98,7 +98,7 @@ def test_a_folder_is_every_corpus_in_it_weighted_by_size(corpora, tmp_path):
 
     tokens = {name: int(MMapIndexedDataset(corpora / "data" / name).sizes.sum()) for name in ALPHABETS}
     assert len(set(tokens.values())) == len(tokens)  # the corpora differ in size: equal weights would fail
-    dry = ok(run_cli(flags(corpora, tmp_path / "dry", "data", dry_run="true"), cwd=corpora))
+    dry = ok(run_here(flags(corpora, tmp_path / "dry", "data", dry_run="true"), cwd=corpora))
     planned = planned_weights(dry.stdout)
     assert {name: w for name, (w, _) in planned.items()} == tokens, dry.stdout
     total = sum(tokens.values())
@@ -124,7 +124,7 @@ def test_a_bad_mixture_is_refused_before_anything_runs(corpora, tmp_path, spec, 
         sidecar = json.loads((corpora / "data" / "news.json").read_text())
         sidecar["vocab_sha1"] = "0" * 40
         (other / "news.json").write_text(json.dumps(sidecar))
-    proc = run_cli(flags(corpora, tmp_path / "out", spec), cwd=corpora)
+    proc = run_here(flags(corpora, tmp_path / "out", spec), cwd=corpora)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--input_dir" in proc.stderr and culprit in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()  # refused before anything was created
@@ -141,7 +141,7 @@ def test_a_multitask_pretrain_task_reads_a_mixture_from_its_yaml(corpora, tmp_pa
     (tasks / "topic.yaml").write_text("reader: cls\ntrain_file: ../cls.tsv\nn_classes: 2\n")
     (tmp_path / "g.yaml").write_text("task_instance: topic, lm\ntarget_tag: 1, 0\nmix_ratio: 1, 1\ntask_dir: tasks\n"
                                      "batch_size: 4\nmax_seq_len: 32\n")
-    ok(run_cli(["--config", tmp_path / "g.yaml", "--device", "cpu", "--model_name_or_path", "ernie-tiny-test",
+    ok(run_here(["--config", tmp_path / "g.yaml", "--device", "cpu", "--model_name_or_path", "ernie-tiny-test",
                 "--vocab_size", str(len(SPECIALS) + 24), "--tokenizer_name_or_path", corpora / "vocab.txt",
                 "--num_workers", "0", "--max_steps", "4", "--logging_freq", "1", "--output_dir", tmp_path / "out"],
                cwd=tmp_path))

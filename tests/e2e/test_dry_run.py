@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from helpers import VOCAB, global_yaml, ok, run_cli, tiny_args
+from helpers import VOCAB, global_yaml, ok, run_here, tiny_args
 
 
 def cpu_build() -> bool:
@@ -39,7 +39,7 @@ def number(text: str) -> float:
 @needs_cpu_build
 def test_a_gpu_job_is_planned_on_a_cpu_build_with_its_gpu_program(demo, tmp_path):
     out = tmp_path / "out"
-    proc = ok(run_cli(tiny_args(demo, out, device="gpu", dry_run="true", **GPU_JOB), cwd=tmp_path, env=FOUR))
+    proc = ok(run_here(tiny_args(demo, out, device="gpu", dry_run="true", **GPU_JOB), cwd=tmp_path, env=FOUR))
     text = proc.stdout
     # today's plan is kept
     assert "world size 4 = dp 2 x sharding 2" in text
@@ -61,7 +61,7 @@ def test_a_gpu_job_is_planned_on_a_cpu_build_with_its_gpu_program(demo, tmp_path
     assert kept and abs(float(kept.group(1)) - float(kept.group(2))) <= 0.1, text[-2000:]
     assert not out.exists()  # a plan: nothing written
     # the same job on CPU ranks: the same arithmetic, no GPU program
-    cpu = ok(run_cli(tiny_args(demo, out, dry_run="true", **GPU_JOB), cwd=tmp_path, env=FOUR))
+    cpu = ok(run_here(tiny_args(demo, out, dry_run="true", **GPU_JOB), cwd=tmp_path, env=FOUR))
     assert "== GPU program" not in cpu.stdout
     assert cpu.stdout.split("== data ==")[0] == text.split("== data ==")[0]
 
@@ -69,7 +69,7 @@ def test_a_gpu_job_is_planned_on_a_cpu_build_with_its_gpu_program(demo, tmp_path
 @needs_cpu_build
 def test_device_gpu_without_dry_run_is_refused_and_points_to_dry_run(demo, tmp_path):
     out = tmp_path / "out"
-    proc = run_cli(tiny_args(demo, out, device="gpu", **GPU_JOB), cwd=tmp_path, env=FOUR)
+    proc = run_here(tiny_args(demo, out, device="gpu", **GPU_JOB), cwd=tmp_path, env=FOUR)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "--device gpu but this paddle is a CPU build" in proc.stderr
     assert "--dry_run to plan the GPU job on this machine" in proc.stderr
@@ -79,7 +79,7 @@ def test_device_gpu_without_dry_run_is_refused_and_points_to_dry_run(demo, tmp_p
 def test_the_plan_warns_when_a_corpus_repeats_or_is_smaller_than_a_global_batch(demo, tmp_path):
     out = tmp_path / "out"
     # 20,000 steps of 4 samples = 80,000 samples of the demo corpus's train split
-    text = ok(run_cli(tiny_args(demo, out, dry_run="true", micro_batch_size=4, max_steps=20_000),
+    text = ok(run_here(tiny_args(demo, out, dry_run="true", micro_batch_size=4, max_steps=20_000),
                       cwd=tmp_path)).stdout
     data = re.search(r"train: [\d,]+ docs, ([\d,]+) samples planned \(([\d.]+) epochs\)", text)
     warning = re.search(r"^warning: --input_dir: the plan reads corpus 'corpus' ([\d,.]+) times \(([\d,]+) train "
@@ -92,13 +92,13 @@ def test_the_plan_warns_when_a_corpus_repeats_or_is_smaller_than_a_global_batch(
     assert number(warning.group(4)) == int(20_000 * 10 / (planned / per_epoch))
     assert "fewer than one global batch" not in text
     # one step of a global batch larger than an epoch of the corpus: the other warning, alone
-    big = ok(run_cli(tiny_args(demo, out, dry_run="true", micro_batch_size=4, global_batch_size=4096, max_steps=1),
+    big = ok(run_here(tiny_args(demo, out, dry_run="true", micro_batch_size=4, global_batch_size=4096, max_steps=1),
                      cwd=tmp_path)).stdout
     small = line_with(big, "warning:")
     assert re.fullmatch(rf"warning: --input_dir: its train split gives {per_epoch:,.0f} samples per epoch, fewer than "
                         r"one global batch \(4,096\): .* --global_batch_size", small), small
     # a sensible plan: no warning
-    fine = ok(run_cli(tiny_args(demo, out, dry_run="true", micro_batch_size=4, max_steps=20), cwd=tmp_path)).stdout
+    fine = ok(run_here(tiny_args(demo, out, dry_run="true", micro_batch_size=4, max_steps=20), cwd=tmp_path)).stdout
     assert "warning" not in fine and "== warnings ==" not in fine
     assert not out.exists()
 
@@ -116,7 +116,7 @@ def test_a_multitask_plan_warns_about_a_task_smaller_than_a_global_batch(data, t
     cfg = global_yaml(data, "g_dry_run_tiny.yaml", task_instance="sentiment, tiny", target_tag="1, 0",
                       mix_ratio="1.0, 1.0", task_dir=str(tasks), save_path=str(tmp_path / "run"), micro_batch_size=8,
                       global_batch_size=32, num_epochs=3)
-    text = ok(run_cli(["--config", cfg, "--dry_run"], cwd=tmp_path, env={"PADDLE_TRAINERS_NUM": "2"})).stdout
+    text = ok(run_here(["--config", cfg, "--dry_run"], cwd=tmp_path, env={"PADDLE_TRAINERS_NUM": "2"})).stdout
     assert line_with(text, "warning: task tiny: its train data") == (
         "warning: task tiny: its train data has 10 examples, fewer than one global batch of the task (8 per rank x 2 "
         "data-parallel ranks x 2 micro-batches per step = 32): a step that draws only this task reads examples more "
@@ -132,7 +132,7 @@ def test_a_multitask_plan_warns_about_a_task_smaller_than_a_global_batch(data, t
     # the usual three tasks for 3 epochs: no warning
     sensible = global_yaml(data, "g_dry_run_fine.yaml", save_path=str(tmp_path / "run"), micro_batch_size=8,
                            global_batch_size=32, num_epochs=3)
-    fine = ok(run_cli(["--config", sensible, "--dry_run"], cwd=tmp_path, env={"PADDLE_TRAINERS_NUM": "2"})).stdout
+    fine = ok(run_here(["--config", sensible, "--dry_run"], cwd=tmp_path, env={"PADDLE_TRAINERS_NUM": "2"})).stdout
     assert "task schedule" in fine and "warning" not in fine
     assert not (tmp_path / "run").exists()
 
@@ -144,7 +144,7 @@ def test_a_run_logs_the_plan_warnings_at_start(data, tmp_path):
             "--max_seq_len", 32, "--num_workers", 0, "--split", "80,10,10", "--input_dir", data / "corpus",
             "--tokenizer_name_or_path", data / "vocab.txt", "--data_cache", tmp_path / "cache", "--output_dir", out,
             "--micro_batch_size", 16, "--global_batch_size", 64, "--max_steps", 8, "--eval_iters", 1]
-    proc = ok(run_cli(argv, cwd=tmp_path))
+    proc = ok(run_here(argv, cwd=tmp_path))
     log = proc.stdout + proc.stderr
     repeat = re.search(r"warning: --input_dir: the plan reads corpus 'corpus' ([\d,.]+) times \(512 train samples "
                        r"planned, (\d+) per epoch\)", log)

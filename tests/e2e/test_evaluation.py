@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import ok, run_cli
+from helpers import ok, run_here
 
 # launches several processes: run alone (tests/conftest.py)
 
@@ -81,8 +81,8 @@ def test_evaluation_split_across_two_ranks_equals_one_process(data, tmp_path):
     for procs in (1, 2):
         out = tmp_path / f"p{procs}"
         # runs of different shapes are compared bitwise: one fixed kernel set, not two measured (--cpu_kernels auto)
-        ok(run_cli(["--config", config(data, f"d{procs}", save_path=str(out), cpu_kernels="exact"), "--max_steps", "1"],
-                   cwd=data,
+        cfg = config(data, f"d{procs}", save_path=str(out), cpu_kernels="exact")
+        ok(run_here(["--config", cfg, "--max_steps", "1"], cwd=data,
                    launch_procs=procs if procs > 1 else 0, env=one_thread, log_dir=tmp_path / f"logs{procs}"))
     single = json.loads((tmp_path / "p1" / "eval_at_start_rank0.json").read_text())
     assert set(single) == {"topic", "tags", "qa", "lm"} and all(single[t] for t in single)
@@ -93,7 +93,7 @@ def test_evaluation_split_across_two_ranks_equals_one_process(data, tmp_path):
 @pytest.fixture(scope="module")
 def finished(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "out"
-    proc = ok(run_cli(["--config", config(data, "full", save_path=str(out), num_epochs=3, cpu_kernels=KERNELS)],
+    proc = ok(run_here(["--config", config(data, "full", save_path=str(out), num_epochs=3, cpu_kernels=KERNELS)],
                       cwd=data))
     return out, proc.stdout + proc.stderr
 
@@ -112,7 +112,7 @@ def test_test_files_are_evaluated_with_the_best_and_the_final_weights(finished, 
         assert results[task]["last"]["step"] == final and results[task]["best"]["step"] == best_step
         assert metric in results[task]["last"]["metrics"] and metric in results[task]["best"]["metrics"]
         # an independent path: the best checkpoint through the plain forward program (--do_eval --checkpoint)
-        proc = ok(run_cli(["--do_eval", "--task", task, "--eval_file", data / f"{'cls' if task == 'topic' else 'seg'}"
+        proc = ok(run_here(["--do_eval", "--task", task, "--eval_file", data / f"{'cls' if task == 'topic' else 'seg'}"
                            "_test.tsv", "--checkpoint", out / f"best_{task}", "--eval_output",
                            tmp_path / f"{task}.json"],
                           cwd=tmp_path))
@@ -137,16 +137,16 @@ def test_do_eval_with_exported_models_equals_the_best_checkpoint(finished, data,
         best_step = json.loads((out / f"best_{task}" / "train_state.json").read_text())["step"]
         assert manifest["export_from"] == "best" and manifest["step"] == best_step
         exported = tmp_path / f"{task}_exported.json"
-        ok(run_cli(["--do_eval", "--task", task, "--eval_file", data / eval_file, "--output_dir", out,
+        ok(run_here(["--do_eval", "--task", task, "--eval_file", data / eval_file, "--output_dir", out,
                     "--eval_output", exported], cwd=tmp_path))
         ckpt = tmp_path / f"{task}_ckpt.json"
-        ok(run_cli(["--do_eval", "--task", task, "--eval_file", data / eval_file, "--checkpoint", out / f"best_{task}",
+        ok(run_here(["--do_eval", "--task", task, "--eval_file", data / eval_file, "--checkpoint", out / f"best_{task}",
                     "--eval_output", ckpt], cwd=tmp_path))
         a, b = json.loads(exported.read_text()), json.loads(ckpt.read_text())
         assert a["examples"] == b["examples"] > 0
         assert a["metrics"] == pytest.approx(b["metrics"], rel=1e-5, abs=1e-6), task
     # mlm has no inference model: its checkpoint is evaluated
-    ok(run_cli(["--do_eval", "--task", "lm", "--eval_file", data / "lm_dev.tsv", "--checkpoint", out / "model_last",
+    ok(run_here(["--do_eval", "--task", "lm", "--eval_file", data / "lm_dev.tsv", "--checkpoint", out / "model_last",
                 "--eval_output", tmp_path / "lm.json"], cwd=tmp_path))
     assert 0 <= json.loads((tmp_path / "lm.json").read_text())["metrics"]["mlm_acc"] <= 1
 
@@ -161,7 +161,7 @@ def test_a_checkpoint_is_evaluated_with_the_kernels_its_run_recorded(finished, d
     assert record["mode"] == "list" and record["onednn"] == sorted(KERNELS.split(","))
     lines, reports = {}, {}
     for kernels in ("auto", "plain"):
-        proc = ok(run_cli(["--do_eval", "--task", "topic", "--eval_file", data / "cls_test.tsv", "--checkpoint",
+        proc = ok(run_here(["--do_eval", "--task", "topic", "--eval_file", data / "cls_test.tsv", "--checkpoint",
                            out / "best_topic", "--cpu_kernels", kernels, "--eval_output", tmp_path / f"{kernels}.json"],
                           cwd=tmp_path, env={"OMP_NUM_THREADS": "2"}))
         (lines[kernels],) = [x for x in proc.stderr.splitlines() if x.startswith("evaluation: ")]
@@ -202,10 +202,10 @@ def test_do_eval_errors_name_the_file_and_line(finished, data, tmp_path):
     out, _ = finished
     bad = tmp_path / "bad.tsv"
     bad.write_text("label\ttext_a\n1\t好的\n0\t坏\textra\n", encoding="utf-8")
-    proc = run_cli(["--do_eval", "--task", "topic", "--eval_file", bad, "--output_dir", out], cwd=tmp_path)
+    proc = run_here(["--do_eval", "--task", "topic", "--eval_file", bad, "--output_dir", out], cwd=tmp_path)
     assert proc.returncode == 2 and f"{bad}:3:" in proc.stderr and "Traceback" not in proc.stderr
-    proc = run_cli(["--do_eval", "--task", "nosuch", "--eval_file", bad, "--output_dir", out], cwd=tmp_path)
+    proc = run_here(["--do_eval", "--task", "nosuch", "--eval_file", bad, "--output_dir", out], cwd=tmp_path)
     assert proc.returncode == 2 and "tasks exported under --output_dir" in proc.stderr and "'topic'" in proc.stderr
-    proc = run_cli(["--do_eval", "--task", "nosuch", "--eval_file", bad, "--checkpoint", out / "model_last"],
+    proc = run_here(["--do_eval", "--task", "nosuch", "--eval_file", bad, "--checkpoint", out / "model_last"],
                    cwd=tmp_path)
     assert proc.returncode == 2 and "holds the tasks ['topic', 'tags', 'qa', 'lm']" in proc.stderr

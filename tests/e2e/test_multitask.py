@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from helpers import GOOD, ROOT, VOCAB, global_yaml, jsonl, last, ok, state  # noqa: F401
-from helpers import run_cli as run
+from helpers import run_here as run
 
 
 @pytest.mark.slow

@@ -62,7 +62,7 @@ def test_prebuild_index_with_the_runs_flags_then_the_run_builds_nothing(demo, tm
     argv = tiny_args(demo, tmp_path / "run", micro_batch_size=4, max_steps=3, seed=77)
     pre = ok(train(argv + ["--prebuild_index"], cwd=tmp_path))
     log = pre.stdout + pre.stderr
-    assert log.count("built index cache") == 3 and "index caches ready" in log  # train, valid, test splits
+    assert log.count("built index cache") == 3 and "index caches ready" in log, log  # train, valid, test splits
     assert not (tmp_path / "run" / "model_last").exists()  # nothing trained
     run = ok(train(argv, cwd=tmp_path))
     log = run.stdout + run.stderr
