@@ -300,9 +300,10 @@ class Predictor:
 
     def _load_pretrained(self) -> None:
         from ernie_mtl.program.builder import load_pretrained_into_scope
+        from ernie_mtl.program.forward import backbone_names
 
-        backbone = {k: v for k, v in self.fwd.name_map.items() if not k.startswith("heads.")}
-        load_pretrained_into_scope(self.source.path, backbone, self.scope, program=self._main, place=self.place)
+        load_pretrained_into_scope(self.source.path, backbone_names(self.fwd.name_map), self.scope,
+                                   program=self._main, place=self.place)
         for trainer in self.trainers:
             message = (f"task {trainer.task_name}: predicting with the pretrained parameters {self.source.path}: the "
                        f"head {type(trainer._pred_head).__name__} is untrained (random values, seed "

@@ -33,7 +33,7 @@ from paddle.utils import unique_name
 from ernie_mtl.config import MODEL_FAMILIES, AmpConfig, ConfigError, ModelConfig, OptimConfig
 from ernie_mtl.dist.console import captured_prints
 from ernie_mtl.program.ema import DeviceEMA
-from ernie_mtl.program.forward import Forward, HeadGroup, build_forward
+from ernie_mtl.program.forward import Forward, HeadGroup, backbone_names, build_forward
 from ernie_mtl.program.idle_heads import FreezePlan, check_coverage, plan_freeze, strip_idle_flags
 from ernie_mtl.program.loss_sums import LossSums, StateView
 from ernie_mtl.program.optim import WarmupLinearDecay, make_lr_schedule, make_optimizer
@@ -96,9 +96,8 @@ class Programs:
         scope = scope or paddle.static.global_scope()
         exe.run(self.startup, scope=scope)
         if self.weights is not None:
-            backbone = {k: v for k, v in self.name_map.items() if not k.startswith("heads.")}
-            load_pretrained_into_scope(self.weights, backbone, scope, program=self.main, place=exe.place,
-                                       optional=self.pretrained_heads)
+            load_pretrained_into_scope(self.weights, backbone_names(self.name_map), scope, program=self.main,
+                                       place=exe.place, optional=self.pretrained_heads)
         if self.amp_level == "O2":
             self._amp_optimizer.amp_init(exe.place, scope=scope)
         if self.ema is not None:

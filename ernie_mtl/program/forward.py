@@ -57,6 +57,12 @@ def model_names(name_map: Mapping[str, str]) -> Dict[str, str]:
     return {k: v for k, v in name_map.items() if not k.startswith(BALANCE_PREFIX)}
 
 
+def backbone_names(name_map: Mapping[str, str]) -> Dict[str, str]:
+    """`name_map`'s backbone: what pretrained weights (a PaddleNLP directory, ERNIE 1.0 / PALM parameters)
+    initialise; neither the heads nor the loss-balancing log-variances, which no pretrained file holds."""
+    return {k: v for k, v in model_names(name_map).items() if not k.startswith("heads.")}
+
+
 @dataclass
 class HeadGroup:
     """Tasks that share one head, and the head's parameters (static names)."""

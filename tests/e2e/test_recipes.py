@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import global_yaml, jsonl, ok, state
-from helpers import run_cli as run
+from helpers import run_here as run
 
 
 def _target(data, name="senti_r", **keys):
@@ -19,9 +19,10 @@ def _target(data, name="senti_r", **keys):
     (data / "tasks" / f"{name}.yaml").write_text(text, encoding="utf-8")
 
 
-def _by_structured(folder):
+def _by_structured(folder, values=None):
+    """A checkpoint's (or `values`': a dump of the same run) parameters under structured names."""
     names = json.loads((folder / "train_state.json").read_text())["name_map"]
-    values = state(folder / "state" / "rank_0")
+    values = values if values is not None else state(folder / "state" / "rank_0")
     return {k: values[v] for k, v in names.items()}
 
 
@@ -128,3 +129,40 @@ def test_two_processes_and_interrupted_runs_equal_through_the_stages(data, tmp_p
     assert json.loads((straight / "test_results.json").read_text()) == \
         json.loads((resumed / "test_results.json").read_text())
     assert os.path.getsize(straight / "senti_r/infer_model/model.pdiparams") > 0
+
+
+@pytest.mark.parametrize("balance", ["uncertainty", "normalize"])
+def test_loss_balancing_starts_from_pretrained_weights(data, tmp_path, balance):
+    """A PaddleNLP directory holds the backbone only: the learned log-variances (`uncertainty`) start at 0
+    beside it instead of being asked of the file (the benchmark's first pretrained uncertainty run was
+    refused: "model_state.pdparams lacks 4 of the model's parameters: loss_balance.<task>.log_var")."""
+    import paddle
+
+    from ernie_mtl.config.model import ARCHITECTURES
+    from helpers import VOCAB
+
+    pretrained = tmp_path / "pretrained"
+    with paddle.base.dygraph.guard():
+        from paddlenlp.transformers import ErnieConfig, ErnieForPretraining
+
+        paddle.seed(3)
+        arch = {k: v for k, v in ARCHITECTURES["ernie-tiny-test"].items() if k != "model_type"}
+        model = ErnieForPretraining(ErnieConfig(**dict(arch, vocab_size=len(VOCAB))))
+        model.save_pretrained(str(pretrained))
+        weights = {k: v.numpy() for k, v in model.state_dict().items()}
+    out = tmp_path / "run"
+    cfg = global_yaml(data, f"pre_{balance}.yaml", save_path=str(out), model_name_or_path=str(pretrained),
+                      task_instance="sentiment, wordseg", target_tag="1, 1", mix_ratio="1.0, 1.0", num_epochs=1,
+                      loss_balance=balance)
+    dump = tmp_path / "begin"
+    ok(run(["--config", cfg, "--max_steps", "2"], cwd=tmp_path,
+           env={"ERNIE_MTL_TEST_DUMP_DIR": dump, "ERNIE_MTL_TEST_DUMP_WHEN": "begin"}))
+    start = _by_structured(out / "model_last", state(dump / "rank_0"))
+    assert np.array_equal(start["ernie.embeddings.word_embeddings.weight"],
+                          weights["ernie.embeddings.word_embeddings.weight"])
+    balance_vars = sorted(k for k in start if k.startswith("loss_balance."))
+    if balance == "uncertainty":
+        assert balance_vars == ["loss_balance.sentiment.log_var", "loss_balance.wordseg.log_var"]
+        assert all(float(np.asarray(start[k]).ravel()[0]) == 0.0 for k in balance_vars)
+    else:
+        assert balance_vars == []
