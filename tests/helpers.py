@@ -209,7 +209,7 @@ _PROCESS_HOOKS = ("ERNIE_MTL_TEST_KILL_AT_STEP", "ERNIE_MTL_TEST_SIGNAL_AT_STEP"
                   "ERNIE_MTL_TEST_PAUSE_AT", "ERNIE_MTL_TEST_DISTURB", "ERNIE_MTL_TEST_SLEEP_RANK")
 
 
-def run_in_process(argv, *, cwd, env=None):
+def run_in_process(argv, *, cwd, env=None, command=None):
     """run_multitask_static.py's command run in this test process, as `run_cli` runs it in a new one, and the
     same kind of result (return code, stdout, stderr). It is the function the command runs once its process
     is set up (`ernie_mtl.main.run_command`: parse, then the engine), so what a test of it checks is the
@@ -217,7 +217,8 @@ def run_in_process(argv, *, cwd, env=None):
     tests/e2e/test_defaults.py, test_console.py and the launch tests keep real processes for those). It saves
     the start of a process that imports Paddle and PaddleNLP: about 3 of a tiny run's 5 CPU-seconds.
     `env` is set in os.environ for the run and restored after, as are the working folder, Paddle's mode and
-    the flags a run sets."""
+    the flags a run sets. `command`: another tool's function of the same kind (e.g. the converter's
+    `ernie_mtl.convert.cli.main`), given `argv` as it is."""
     import contextlib
     import io
 
@@ -229,7 +230,8 @@ def run_in_process(argv, *, cwd, env=None):
     env = {k: str(v) for k, v in (env or {}).items()}
     hooks = sorted(k for k in _PROCESS_HOOKS if env.get(k))
     assert not hooks, f"{hooks}: these hooks act on a process of its own; use run_cli"
-    argv = with_hooks([str(a) for a in argv], env)
+    argv = with_hooks([str(a) for a in argv], env) if command is None else [str(a) for a in argv]
+    command = command or main.run_command
     out, err = io.StringIO(), io.StringIO()
     # the log goes to stdout through the console's handler, which keeps the stream it was made with (pytest's
     # own capture handlers are left alone)
@@ -242,7 +244,7 @@ def run_in_process(argv, *, cwd, env=None):
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), static_mode_restored(), \
                 flags_restored():
             try:
-                code = main.run_command(argv)
+                code = command(argv)
             except SystemExit as e:  # argparse's own refusals and --help
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     finally:
@@ -251,7 +253,8 @@ def run_in_process(argv, *, cwd, env=None):
         os.environ.update(environ)
         for handler, stream in zip(handlers, streams):
             handler.setStream(stream)
-    return subprocess.CompletedProcess([ENTRY, *argv], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess([getattr(command, '__module__', ENTRY), *argv], code, out.getvalue(),
+                                       err.getvalue())
 
 
 def run_here(argv, *, cwd, env=None, launch_procs=0, timeout=400, log_dir=None, entry=None, user_env=False):

@@ -18,6 +18,7 @@ import pytest
 
 from helpers import global_yaml, ok, rehash_checkpoint, tiny_args, train
 from helpers import run_here as mtl_run
+from helpers import run_in_process
 
 from ernie_mtl.convert import converter as C
 
@@ -27,6 +28,13 @@ CLI = str(ROOT / "static_to_dynamic.py")
 
 
 def run_cli(*argv):
+    """static_to_dynamic.py's command, in this process (helpers.run_in_process); `cli_process` runs the script."""
+    from ernie_mtl.convert import cli
+
+    return run_in_process(argv, cwd=os.getcwd(), command=cli.main)
+
+
+def cli_process(*argv):
     return subprocess.run([sys.executable, CLI, *map(str, argv)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -56,7 +64,7 @@ def sharded_ckpt(demo, tmp_path_factory):
 @pytest.fixture(scope="module")
 def sharded_out(sharded_ckpt, tmp_path_factory):
     out = tmp_path_factory.mktemp("sharded_out") / "converted"
-    proc = run_cli("--input", sharded_ckpt, "--output_dir", out, "--verify")
+    proc = cli_process("--input", sharded_ckpt, "--output_dir", out, "--verify")  # the script itself, once
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, proc.stdout
 
