@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
@@ -209,6 +210,18 @@ _PROCESS_HOOKS = ("ERNIE_MTL_TEST_KILL_AT_STEP", "ERNIE_MTL_TEST_SIGNAL_AT_STEP"
                   "ERNIE_MTL_TEST_PAUSE_AT", "ERNIE_MTL_TEST_DISTURB", "ERNIE_MTL_TEST_SLEEP_RANK")
 
 
+def _process_warnings(stream) -> None:
+    """Warnings as a new Python process shows them (its default filters; pytest records them instead),
+    written to `stream` as to a process's stderr. Call inside warnings.catch_warnings()."""
+    warnings.resetwarnings()
+    for action, category, module in (("ignore", ResourceWarning, ""), ("ignore", ImportWarning, ""),
+                                     ("ignore", PendingDeprecationWarning, ""), ("ignore", DeprecationWarning, ""),
+                                     ("default", DeprecationWarning, "__main__")):
+        warnings.filterwarnings(action, category=category, module=module)
+    warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: stream.write(
+        warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def run_in_process(argv, *, cwd, env=None, command=None):
     """run_multitask_static.py's command run in this test process, as `run_cli` runs it in a new one, and the
     same kind of result (return code, stdout, stderr). It is the function the command runs once its process
@@ -242,7 +255,8 @@ def run_in_process(argv, *, cwd, env=None, command=None):
     os.chdir(cwd)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), static_mode_restored(), \
-                flags_restored():
+                flags_restored(), warnings.catch_warnings():
+            _process_warnings(err)
             try:
                 code = command(argv)
             except SystemExit as e:  # argparse's own refusals and --help

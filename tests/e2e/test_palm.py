@@ -2,12 +2,15 @@
 tiny generated data and model: they train, save PALM's `ckpt.step<N>`, predict in PALM's file formats,
 and each scores exactly what the command line scores with the equivalent YAML on the same data; the
 trainings themselves are bitwise the command line's (same checkpoint bytes), the multi-task one
-compared loss by loss. Scripts and command lines run in subprocesses with OMP_NUM_THREADS=1."""
+compared loss by loss. Scripts and command lines run in the test process (helpers.run_in_process, as a
+user's own Python or a notebook runs a script) with OMP_NUM_THREADS=1; the two-process test launches
+the script and the command line as real processes."""
 import zlib  # noqa: F401  (before paddle)
 
 import json
 import os
 import shutil
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT, launch_logs, logged_losses, ok, run_cli, state
+from helpers import ROOT, launch_logs, logged_losses, ok, run_cli, run_here, run_in_process, state
 
 pytestmark = pytest.mark.slow
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -33,9 +36,22 @@ def ex(tmp_path_factory):
 
 
 def script(ex, example, name="run.py"):
-    """Run one ported example script where PALM's README runs it (its own folder)."""
-    return ok(subprocess.run([sys.executable, name], cwd=ex / example, capture_output=True, text=True, timeout=600,
-                             env={**os.environ, "PYTHONPATH": str(ROOT), **ENV}))
+    """Run one ported example script where PALM's README runs it (its own folder), in this process as a
+    notebook or a user's own Python runs it (helpers.run_in_process; the two-process test launches it)."""
+    def run_path(argv):
+        sys.argv = [name]
+        sys.path.insert(0, str(ex / example))  # the script's folder, as `python run.py` puts it first
+        try:
+            runpy.run_path(name, run_name="__main__")
+        finally:
+            sys.path.remove(str(ex / example))
+        return 0
+
+    argv = sys.argv
+    try:
+        return ok(run_in_process([], cwd=ex / example, env=ENV, command=run_path))
+    finally:
+        sys.argv = argv
 
 
 _DONE = {}
@@ -53,8 +69,8 @@ def cli(tmp, config, *argv, cwd):
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
     if not argv:
-        return ok(run_cli(["--config", path], cwd=cwd, env=ENV))
-    return ok(run_cli(list(argv), cwd=cwd, env=ENV))
+        return ok(run_here(["--config", path], cwd=cwd, env=ENV))
+    return ok(run_here(list(argv), cwd=cwd, env=ENV))
 
 
 def common(ex, out, **keys):
