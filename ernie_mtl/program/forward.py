@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
 import numpy as np
 
 from ernie_mtl.config import model_family
-from ernie_mtl.program.caller_lookup import use_cheap_caller_lookup
+from ernie_mtl.program.caller_lookup import use_cheap_caller_lookup, use_cheap_stack_extract
 from ernie_mtl.tasks.feeds import BACKBONE_FEEDS, TASK_GATE, TASK_TYPE_IDS, FeedSpec, feed_name
 from ernie_mtl.tasks.base import Encoded, HeadOutputs, TaskType
 
@@ -129,6 +129,7 @@ def build_forward(model_type: str, arch: Mapping[str, Any], tasks: Sequence[Task
     if loss_balance not in LOSS_BALANCE:
         raise ValueError(f"loss_balance {loss_balance!r} is not one of {list(LOSS_BALANCE)}")
     use_cheap_caller_lookup()  # operators on batch-shaped variables stop reading every frame's source
+    use_cheap_stack_extract()  # each operator's recorded call stack, without a stat per frame
 
     specs: List[FeedSpec] = list(BACKBONE_FEEDS)
     if use_task_id:

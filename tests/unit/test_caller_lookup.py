@@ -1,5 +1,6 @@
 """Static programs are built without reading the source of the stack's frames for each operator
-(ernie_mtl/program/caller_lookup.py), and Paddle's warning about the operator says the same."""
+(ernie_mtl/program/caller_lookup.py), and Paddle's warning about the operator says the same; each
+operator's recorded call stack is the same without checking the source files on disk."""
 import zlib  # noqa: F401  (before paddle)
 
 import inspect
@@ -9,7 +10,8 @@ import paddle
 import pytest
 from paddle.base.layers import math_op_patch
 
-from ernie_mtl.program.caller_lookup import CheapCallerLookup, use_cheap_caller_lookup
+from ernie_mtl.program.caller_lookup import (CheapCallerLookup, CheapStackExtract, use_cheap_caller_lookup,
+                                             use_cheap_stack_extract)
 
 
 def add_batch_shaped():
@@ -72,3 +74,50 @@ def test_its_stack_matches_inspect_for_the_fields_paddle_reads():
 def test_another_inspect_in_paddle_is_left_alone(monkeypatch):
     monkeypatch.setattr(math_op_patch, "inspect", object())
     assert use_cheap_caller_lookup() is False and not isinstance(math_op_patch.inspect, CheapCallerLookup)
+
+
+def _callstacks():
+    """The op_callstack attribute of each operator of a small program (fc: mul, elementwise_add, relu)."""
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, 4], "float32")
+        paddle.static.nn.fc(x, 3, activation="relu")
+    return [op.attr("op_callstack") for op in main.global_block().ops]
+
+
+def test_each_operator_records_the_same_call_stack_without_checking_files(static_mode, monkeypatch):
+    import linecache
+    import traceback
+
+    from paddle.base import framework
+
+    monkeypatch.setattr(framework, "traceback", traceback)  # the real one (undone after the test)
+    real_check, checked, stacks = linecache.checkcache, [], {}
+    for mode in ("real", "cheap"):  # built from the same line: the same stack
+        if mode == "cheap":
+            assert use_cheap_stack_extract() is True and isinstance(framework.traceback, CheapStackExtract)
+            assert use_cheap_stack_extract() is True  # idempotent
+            monkeypatch.setattr(linecache, "checkcache", lambda *a: checked.append(a) or real_check(*a))
+        stacks[mode] = _callstacks()
+    monkeypatch.setattr(linecache, "checkcache", real_check)
+    assert stacks["real"] and all(len(s) > 10 and s[0].startswith("  File ") for s in stacks["real"])
+    assert checked == []  # no source file checked on disk
+    assert stacks["cheap"] == stacks["real"]  # every frame's file, line, function and source line, oldest first
+
+
+def test_the_cheap_stack_matches_traceback_with_a_limit_and_a_frame():
+    import sys
+    import traceback
+
+    cheap = CheapStackExtract(traceback)
+    frame = sys._getframe()
+    for limit in (None, 1, 3, -2):
+        assert cheap.extract_stack(frame, limit) == [tuple(s) for s in traceback.extract_stack(frame, limit)], limit
+    assert cheap.format_list is traceback.format_list  # the rest is the real module
+
+
+def test_another_traceback_in_paddle_is_left_alone(monkeypatch):
+    from paddle.base import framework
+
+    monkeypatch.setattr(framework, "traceback", object())
+    assert use_cheap_stack_extract() is False and not isinstance(framework.traceback, CheapStackExtract)
