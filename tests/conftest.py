@@ -91,8 +91,9 @@ def pytest_collection_modifyitems(config, items):
     """Tests whose outcome depends on real time passing at the expected pace get the `exclusive` marker:
     peers' heartbeat timeouts of a few seconds (a frozen or lost node, a rank that ends late, an
     orphaned rank noticing its launcher is gone, two nodes within a peer timeout). `make test` runs
-    them alone, after the others. Every other test, multi-process launches included, shares the cores
-    through pytest-xdist (each worker with its own port range, above). A module says which with
+    them after the others, apart from the CPU-bound tests (two of them at a time: they mostly wait).
+    Every other test, multi-process launches included, shares the cores through pytest-xdist (each
+    worker with its own port range, above). A module says which with
     `EXCLUSIVE`, per test: names matched against a test's id (a substring) and its fixtures (e.g. a
     fixture that launches two ranks); True only where every test of the module qualifies
     (tests/unit/test_suite_layout.py checks that every name matches something)."""
