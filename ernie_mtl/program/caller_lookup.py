@@ -79,20 +79,20 @@ class CheapStackExtract:
     def __init__(self, real: ModuleType) -> None:
         self._real = real
 
-    def extract_stack(self, f: Any = None, limit: Optional[int] = None) -> List[StackEntry]:
-        """(filename, lineno, name, line) of every frame from `f` (default: the caller) up, oldest first:
+    def extract_stack(self, frame: Any = None, limit: Optional[int] = None) -> List[StackEntry]:
+        """(filename, lineno, name, line) of every frame from `frame` (default: the caller) up, oldest first:
         what indexing `traceback.extract_stack()`'s FrameSummary entries gives, `line` stripped as theirs."""
-        if f is None:
-            f = sys._getframe(1)
+        if frame is None:
+            frame = sys._getframe(1)
         if limit is not None and limit < 0:  # traceback's own semantics: the oldest -limit frames
-            return [(s.filename, s.lineno, s.name, s.line) for s in self._real.extract_stack(f, limit)]
+            return [(s.filename, s.lineno, s.name, s.line) for s in self._real.extract_stack(frame, limit)]
         frames: List[StackEntry] = []
-        while f is not None and (limit is None or len(frames) < limit):
-            code, lineno = f.f_code, f.f_lineno
-            linecache.lazycache(code.co_filename, f.f_globals)
+        while frame is not None and (limit is None or len(frames) < limit):
+            code, lineno = frame.f_code, frame.f_lineno
+            linecache.lazycache(code.co_filename, frame.f_globals)
             line = None if lineno is None else linecache.getline(code.co_filename, lineno).strip()
             frames.append((code.co_filename, lineno, code.co_name, line))
-            f = f.f_back
+            frame = frame.f_back
         frames.reverse()
         return frames
 
