@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import zlib  # noqa: F401  (before paddle: paddle 2.6.2 exports clashing zlib symbols)
 
+import contextlib
 import functools
 import json
 import os
@@ -210,6 +211,26 @@ _PROCESS_HOOKS = ("ERNIE_MTL_TEST_KILL_AT_STEP", "ERNIE_MTL_TEST_SIGNAL_AT_STEP"
                   "ERNIE_MTL_TEST_PAUSE_AT", "ERNIE_MTL_TEST_DISTURB", "ERNIE_MTL_TEST_SLEEP_RANK")
 
 
+@contextlib.contextmanager
+def captured_command(out, err):
+    """A command run in this process writes to `out` and `err` (they may be one buffer) as a process writes
+    to its stdout and stderr: the ernie_mtl log (stdout, through the console's handler, which keeps the
+    stream it was made with; pytest's own capture handlers are left alone) included. Paddle's mode and the
+    flags a run sets are restored after."""
+    from ernie_mtl.dist import console
+    from ernie_mtl.engine.run import flags_restored, static_mode_restored
+
+    handlers = [h for h in console.get_logger(0).handlers if isinstance(h, console._TqdmHandler)]
+    streams = [h.setStream(out) for h in handlers]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), static_mode_restored(), \
+                flags_restored():
+            yield
+    finally:
+        for handler, stream in zip(handlers, streams):
+            handler.setStream(stream)
+
+
 def _process_warnings(stream) -> None:
     """Warnings as a new Python process shows them (its default filters; pytest records them instead),
     written to `stream` as to a process's stderr. Call inside warnings.catch_warnings()."""
@@ -232,13 +253,9 @@ def run_in_process(argv, *, cwd, env=None, command=None):
     `env` is set in os.environ for the run and restored after, as are the working folder, Paddle's mode and
     the flags a run sets. `command`: another tool's function of the same kind (e.g. the converter's
     `ernie_mtl.convert.cli.main`), given `argv` as it is."""
-    import contextlib
     import io
 
     from ernie_mtl import main
-    from ernie_mtl.dist import console
-    from ernie_mtl.dist.console import get_logger
-    from ernie_mtl.engine.run import flags_restored, static_mode_restored
 
     env = {k: str(v) for k, v in (env or {}).items()}
     hooks = sorted(k for k in _PROCESS_HOOKS if env.get(k))
@@ -246,16 +263,11 @@ def run_in_process(argv, *, cwd, env=None, command=None):
     argv = with_hooks([str(a) for a in argv], env) if command is None else [str(a) for a in argv]
     command = command or main.run_command
     out, err = io.StringIO(), io.StringIO()
-    # the log goes to stdout through the console's handler, which keeps the stream it was made with (pytest's
-    # own capture handlers are left alone)
-    handlers = [h for h in get_logger(0).handlers if isinstance(h, console._TqdmHandler)]
-    streams = [h.setStream(out) for h in handlers]
     environ, folder = dict(os.environ), os.getcwd()
     os.environ.update(env)
     os.chdir(cwd)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), static_mode_restored(), \
-                flags_restored(), warnings.catch_warnings():
+        with captured_command(out, err), warnings.catch_warnings():
             _process_warnings(err)
             try:
                 code = command(argv)
@@ -265,8 +277,6 @@ def run_in_process(argv, *, cwd, env=None, command=None):
         os.chdir(folder)
         os.environ.clear()
         os.environ.update(environ)
-        for handler, stream in zip(handlers, streams):
-            handler.setStream(stream)
     return subprocess.CompletedProcess([getattr(command, '__module__', ENTRY), *argv], code, out.getvalue(),
                                        err.getvalue())
 

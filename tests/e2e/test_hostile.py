@@ -696,21 +696,12 @@ def entry_point(cmd, name, monkeypatch):
 
 @contextlib.contextmanager
 def captured_output():
-    """stdout and stderr of this process, and the ernie_mtl logger's lines (its handler keeps the stream
-    it was created with), as one text; Paddle's mode and the flags a run sets are restored after."""
-    from ernie_mtl.dist.console import get_logger
-    from ernie_mtl.engine.run import flags_restored, static_mode_restored
+    """stdout and stderr of this process, and the ernie_mtl logger's lines, as one text."""
+    from helpers import captured_command
 
     text = io.StringIO()
-    handlers = [h for h in get_logger(0).handlers if hasattr(h, "setStream")]
-    streams = [h.setStream(text) for h in handlers]
-    try:
-        with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text), static_mode_restored(), \
-                flags_restored():
-            yield text
-    finally:
-        for handler, stream in zip(handlers, streams):
-            handler.setStream(stream)
+    with captured_command(text, text):
+        yield text
 
 
 @pytest.mark.parametrize("name,make,fragments", IN_PROCESS, ids=[c[0] for c in IN_PROCESS])
