@@ -61,13 +61,7 @@ def use_cheap_caller_lookup() -> bool:
     `inspect` to replace (another Paddle version: nothing is changed)."""
     from paddle.base.layers import math_op_patch
 
-    current = getattr(math_op_patch, "inspect", None)
-    if isinstance(current, CheapCallerLookup):
-        return True
-    if current is not inspect:
-        return False
-    math_op_patch.inspect = CheapCallerLookup(inspect)
-    return True
+    return _install(math_op_patch, inspect, CheapCallerLookup)
 
 
 StackEntry = Tuple[str, Optional[int], str, Optional[str]]  # (filename, lineno, name, line)
@@ -105,10 +99,17 @@ def use_cheap_stack_extract() -> bool:
     to replace (another Paddle version: nothing is changed)."""
     from paddle.base import framework
 
-    current = getattr(framework, "traceback", None)
-    if isinstance(current, CheapStackExtract):
+    return _install(framework, traceback, CheapStackExtract)
+
+
+def _install(module: ModuleType, real: ModuleType, proxy: type) -> bool:
+    """Replace `module`'s import of the standard module `real` by `proxy(real)`, once; False (nothing
+    changed) when `module` holds something else under that name."""
+    name = real.__name__
+    current = getattr(module, name, None)
+    if isinstance(current, proxy):
         return True
-    if current is not traceback:
+    if current is not real:
         return False
-    framework.traceback = CheapStackExtract(traceback)
+    setattr(module, name, proxy(real))
     return True
