@@ -36,8 +36,7 @@ def _config(args, arm, task=None, size=300, init="pretrained"):
 
 def test_the_default_table_is_the_one_documented(tmp_path):
     args = _args(tmp_path)
-    assert args.arm_list == list(bq.DEFAULT_ARMS) == ["single", "single-long", "mtl", "related", "refine", "anneal",
-                                                       "uncertainty", "normalize"]
+    assert args.arm_list == list(bq.DEFAULT_ARMS) == ["single", "pair", "related", "uncertainty", "refine"]
     assert (args.sizes, args.init_list, args.seeds, args.pretrain_steps) == ([300], ["pretrained"], 5, 6000)
     assert args.steps == {"sentiment": 100, "wordseg": 100} and args.refine_steps == 100 and args.refine_lr == 1e-3
     doc = (ROOT / "docs" / "quality.md").read_text(encoding="utf-8")
@@ -105,7 +104,8 @@ def test_tapt_as_task_gives_the_reviews_as_an_mlm_task(tmp_path):
     (["--arms", "single,bogus"], "--arms: unknown ['bogus']"),
     (["--inits", "warm"], "--inits 'warm'"),
     (["--sizes", "0"], "--sizes '0'"), (["--sizes", "many"], "--sizes 'many'"),
-    (["--first_seed", "0"], "--first_seed 0: both must be at least 1")])
+    (["--first_seed", "0"], "--first_seed 0: both must be at least 1"),
+    (["--jobs", "0"], "--jobs 0: give 1 to"), (["--jobs", "100000"], "--jobs 100000: give 1 to")])
 def test_bad_flags_are_refused_with_the_flag(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as e:
         _args(tmp_path, *flags)
@@ -116,11 +116,16 @@ def test_the_comparisons_are_fixed_by_the_arms(tmp_path):
     args = _args(tmp_path)
     plan = bq.comparison_plan(args.arm_list, args.init_list, args.sizes)
     questions = [(c["kind"], c["question"]) for c in plan]
-    assert [q for k, q in questions if k == "vs_single"] == [f"{a} vs single" for a in bq.DEFAULT_ARMS[1:]]
-    assert [q for k, q in questions if k == "recipe"] == [f"{r} vs related" for r in bq.RECIPES]
+    assert [q for k, q in questions if k == "vs_single"] == [
+        "related vs single", "refine vs single", "uncertainty vs single", "pair vs single"]  # in ARMS' order
+    assert [q for k, q in questions if k == "recipe"] == ["refine vs related", "uncertainty vs related"]
     assert [q for k, q in questions if k == "control"] == [
-        "refine vs single-long (same target updates)", "related vs mtl (related vs generic auxiliaries)",
         "refine vs its own multi-task stage", "refine's multi-task stage vs related"]
+    every = bq.comparison_plan(list(bq.ARMS), args.init_list, args.sizes)
+    assert [c["question"] for c in every if c["kind"] == "recipe"] == [f"{r} vs related" for r in bq.RECIPES] + [
+        "mtl-refine vs mtl"]
+    assert [c["question"] for c in every if c["kind"] == "control"][:2] == [
+        "refine vs single-long (same target updates)", "mtl-refine vs single-long (same target updates)"]
     both = bq.comparison_plan(["single", "mtl"], ["random", "pretrained"], [300, "full"])
     assert [(c["size"], c["init_a"], c["init_b"], c["question"]) for c in both if c["kind"] == "pretraining"] == [
         (s, "random", "pretrained", f"pretraining gain, {a}") for s in (300, "full") for a in ("single", "mtl")]
@@ -282,3 +287,62 @@ def test_a_two_stage_run_is_read_as_the_engine_writes_it(tmp_path):
     assert got["sentiment"]["check"]["ok"] and got["sentiment"]["reported"] == sentiment
     assert not got["wordseg"]["check"]["ok"]  # its dev accuracy 1.0 against the refine stage's own 0.9
     assert got["wordseg"]["check"]["problems"] == ["dev accuracy: exported model 1.000000, training program 0.9"]
+
+
+def test_cpu_shares_cover_the_cpus_once(monkeypatch):
+    monkeypatch.setattr(bq.os, "sched_getaffinity", lambda pid: {0, 1, 2, 5, 6})
+    assert bq.cpu_slots(1) == [[0, 1, 2, 5, 6]]
+    assert bq.cpu_slots(2) == [[0, 1], [2, 5, 6]]
+    assert bq.cpu_slots(5) == [[0], [1], [2], [5], [6]]
+
+
+def test_a_pinned_runner_starts_its_command_on_its_cpus(tmp_path):
+    cpu = sorted(bq.os.sched_getaffinity(0))[-1]
+    runner = bq.Runner(tmp_path, verbose=False).pinned([cpu])
+    log = tmp_path / "affinity.log"
+    runner(["-c", "import os, sys; print(sorted(os.sched_getaffinity(0)), sys.argv[1:])", "a b", "--x"], log, "probe")
+    first, printed = log.read_text(encoding="utf-8").splitlines()[:2]
+    assert first.startswith(f"$ (CPUs {cpu}) ") and printed == f"[{cpu}] ['a b', '--x']"
+
+
+def _plan_runs(tmp_path, monkeypatch, jobs, fail=None):
+    """run_plan with finetune replaced: which CPUs each run had, and what was recorded."""
+    import threading
+    ran, recorded, lock = {}, [], threading.Lock()
+    barrier = threading.Barrier(jobs) if jobs > 1 else None
+
+    def finetune(args, run, info, size, init, arm, task, seed, pre):
+        if barrier is not None and seed == 1:
+            barrier.wait(timeout=30)  # the first `jobs` runs must be running at the same time
+        with lock:
+            ran[(seed, arm, task)] = run.cpus
+        if (seed, arm) == fail:
+            raise SystemExit(f"bench_quality: seed {seed} {arm} failed")
+        return {"seed": seed}
+
+    monkeypatch.setattr(bq, "finetune", finetune)
+    monkeypatch.setattr(bq, "cpu_slots", lambda n: [[10 + i] for i in range(n)])
+    args = _args(tmp_path, "--arms", "pair,related", "--seeds", "3")
+    args.jobs = jobs
+    plan = bq.finetuning_plan(args, [1, 2, 3])
+    bq.run_plan(args, bq.Runner(tmp_path, verbose=False), {}, plan, {1: tmp_path},
+                lambda key, out: recorded.append((key, out)))
+    return plan, ran, recorded
+
+
+def test_runs_go_one_at_a_time_unconfined_by_default(tmp_path, monkeypatch):
+    plan, ran, recorded = _plan_runs(tmp_path, monkeypatch, 1)
+    assert [key for key, _ in recorded] == plan and len(plan) == 6
+    assert set(ran.values()) == {None}
+
+
+def test_jobs_run_at_once_each_on_its_own_cpus_and_every_run_is_recorded_once(tmp_path, monkeypatch):
+    plan, ran, recorded = _plan_runs(tmp_path, monkeypatch, 2)
+    assert sorted(key for key, _ in recorded) == sorted(plan)
+    assert all(out == {"seed": key[0]} for key, out in recorded)
+    assert {tuple(c) for c in ran.values()} == {(10,), (11,)}  # both shares used, never a run unconfined
+
+
+def test_a_failed_run_stops_the_jobs_with_its_message(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="seed 2 pair failed"):
+        _plan_runs(tmp_path, monkeypatch, 2, fail=(2, "pair"))
