@@ -156,10 +156,11 @@ def pytest_runtest_protocol(item, nextitem):
     if not _CPU_REPORT:
         yield
         return
-    cpu, wall = _cpu_seconds(), time.monotonic()
+    cpu, wall, start = _cpu_seconds(), time.monotonic(), time.time()
     yield
     test = item.nodeid if not item.nodeid.startswith("::") else f"{item.path}{item.nodeid}"  # outside the rootdir
-    record = {"test": test, "cpu_s": round(_cpu_seconds() - cpu, 2), "wall_s": round(time.monotonic() - wall, 2)}
+    record = {"test": test, "cpu_s": round(_cpu_seconds() - cpu, 2), "wall_s": round(time.monotonic() - wall, 2),
+              "start": round(start, 2)}
     os.makedirs(_CPU_REPORT, exist_ok=True)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     with open(os.path.join(_CPU_REPORT, f"{worker}.jsonl"), "a") as f:

@@ -18,8 +18,13 @@ from pathlib import Path
 
 
 def load(folder: Path) -> list:
-    return [json.loads(line) for path in sorted(folder.glob("*.jsonl")) for line in path.read_text().splitlines()
-            if line.strip()]
+    """Every record, with the worker (file) that wrote it."""
+    return [{**json.loads(line), "worker": path.stem} for path in sorted(folder.glob("*.jsonl"))
+            for line in path.read_text().splitlines() if line.strip()]
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
 def main() -> None:
@@ -44,6 +49,17 @@ def main() -> None:
     print(f"\n{'CPU s':>8} {'share':>6} {'wall s':>8} {'tests':>5}  module")
     for name, (cpu, wall, n) in sorted(modules.items(), key=lambda kv: -kv[1][0])[:args.top]:
         print(f"{cpu:8.1f} {cpu / total:6.1%} {wall:8.1f} {n:5d}  {name}")
+    workers = collections.defaultdict(list)
+    for r in records:
+        if "start" in r:
+            workers[r["worker"]].append(r)
+    if len(workers) > 1:  # when each worker finished: the idle tail of the one that finished first
+        first = min(r["start"] for rs in workers.values() for r in rs)
+        ends = {w: max(r["start"] + r["wall_s"] for r in rs) - first for w, rs in workers.items()}
+        last = max(ends.values())
+        print("\nworkers (from the first test's start): " + "; ".join(
+            f"{w} {len(workers[w])} tests, done at {_clock(end)}, then idle {_clock(last - end)}"
+            for w, end in sorted(ends.items())))
     if args.write_costs:
         write_costs(args.write_costs, {name: wall for name, (_, wall, _) in modules.items()}, args.folder)
     print(f"\n{'CPU s':>8} {'wall s':>8}  test")

@@ -119,3 +119,24 @@ def test_the_shared_pass_hands_out_the_most_expensive_modules_first(tmp_path):
     makefile = (TESTS.parent / "Makefile").read_text(encoding="utf-8")
     shared = [line for line in makefile.splitlines() if '-m "not exclusive"' in line]
     assert len(shared) == 1 and "--dist loadfile --no-loadscope-reorder" in shared[0], shared
+
+
+def test_the_cpu_report_shows_when_each_worker_went_idle(tmp_path):
+    """With records of two xdist workers, the report says when each finished (from the first test's start)
+    and how long the one that finished first stood idle: the tail that the cost order shortens."""
+    import json
+    import subprocess
+    import sys
+
+    def write(worker, rows):
+        (tmp_path / f"{worker}.jsonl").write_text("".join(
+            json.dumps({"test": f"tests/unit/test_{worker}.py::test_{i}", "cpu_s": 1.0, "wall_s": wall,
+                        "start": start}) + "\n" for i, (start, wall) in enumerate(rows)))
+
+    write("gw0", [(1000.0, 60.0), (1060.0, 40.0)])  # done 100 s after the first start
+    write("gw1", [(1001.0, 150.0)])  # done at 151 s
+    run = subprocess.run([sys.executable, str(TESTS / "cpu_report.py"), str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert ("workers (from the first test's start): gw0 2 tests, done at 1:40, then idle 0:51; "
+            "gw1 1 tests, done at 2:31, then idle 0:00") in run.stdout, run.stdout
