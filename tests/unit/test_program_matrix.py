@@ -212,3 +212,11 @@ def test_the_flags_read_inside_the_merged_update_are_declared_inputs_of_its_bloc
               rank=1, sharding=2, acc=2, amp=None)
     (cond,) = [op for op in p.main.global_block().ops if op.type == "conditional_block"]
     assert cond.input("Input") == []  # fleet's own declaration
+
+
+def test_a_sharded_build_in_a_unit_test_leaves_no_dump_in_the_working_directory(root, tmp_path, monkeypatch):
+    """tests/unit/conftest.py: fleet's program dumps stay out of the working directory (the repository root
+    under make test)."""
+    monkeypatch.chdir(tmp_path)
+    build([make_task("mlm", root, "main", 0), make_task("cls", root, "c", 1)], rank=1, sharding=2, acc=1, amp=None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
