@@ -31,7 +31,7 @@ import inspect
 import linecache
 import sys
 import traceback
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any, List, Optional, Tuple
 
 
@@ -45,7 +45,7 @@ class CheapCallerLookup:
         """FrameInfo of the calling frame ([0]) and of its caller ([1]), as `inspect.stack()` gives them
         but without code_context (the only fields math_op_patch reads are [1]'s filename and lineno)."""
         frames: List[inspect.FrameInfo] = []
-        frame = sys._getframe(1)
+        frame: Optional[FrameType] = sys._getframe(1)
         while frame is not None and len(frames) < 2:
             code = frame.f_code
             frames.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno, code.co_name, None, None))
