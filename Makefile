@@ -66,7 +66,7 @@ bench: $(STAMP)
 # What the pipeline's models are worth: pretraining and multi-task gains over paired seeds
 # (docs/quality.md; long: not part of `make bench`)
 bench-quality: $(STAMP)
-	$(PY) benchmarks/bench_quality.py
+	$(PY) benchmarks/bench_quality.py --jobs 2
 
 clean:
 	rm -rf build *.egg-info data_tools/_helpers*.so demo_data output/demo_pretrain output/demo_multitask

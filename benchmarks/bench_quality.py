@@ -1,7 +1,7 @@
 """Does what the pipeline trains get better? Pretraining and multi-task recipes on data-poor targets,
 measured over paired seeds (a benchmark that prints tables: never a timed test).
 
-    python benchmarks/bench_quality.py                       # the default table (docs/quality.md)
+    python benchmarks/bench_quality.py --jobs 2              # the default table (docs/quality.md)
     python benchmarks/bench_quality.py --sizes 300,3000 --inits random,pretrained --seeds 8
     python benchmarks/bench_quality.py --arms all            # every arm, also those outside the default table
     python benchmarks/bench_quality.py --sizes full --arms single,mtl --inits random,pretrained \\
@@ -10,7 +10,7 @@ measured over paired seeds (a benchmark that prints tables: never a timed test).
 
 The default table, fixed before any of its results was seen (docs/quality.md, "The default table"):
 both targets cut to 300 training examples, every arm of DEFAULT_ARMS from the 6,000-step pretrained
-weights, 5 paired seeds; about 3 hours on 2 cores (50 minutes of it pretraining).
+weights, 5 paired seeds; `--jobs 2` runs two fine-tuning runs at once on 2 cores (its time: docs/quality.md).
 
 Everything is the real command-line pipeline, run as subprocesses (no engine internals imported):
 
@@ -58,6 +58,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -108,9 +109,20 @@ PRETRAIN_SEED = 1  # the shared pretraining run's seed (every fine-tuning seed s
 PIN_AND_EXEC = "import os, sys; os.sched_setaffinity(0, map(int, sys.argv[1].split(','))); os.execv(sys.argv[2], sys.argv[2:])"
 
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ERNIE_MTL_THREADS_ORIGIN")
+
+
+def usable_cpus() -> List[int]:
+    """The CPUs this process may use: its affinity mask, cut to the cgroup CPU quota if there is one (the
+    engine's own budget, ernie_mtl/dist/threads.cpu_budget)."""
+    from ernie_mtl.dist.threads import cpu_budget
+
+    return sorted(os.sched_getaffinity(0))[:cpu_budget().cpus]
+
+
 def cpu_slots(jobs: int) -> List[List[int]]:
-    """This process's CPUs cut into `jobs` contiguous shares of (nearly) equal size."""
-    cpus = sorted(os.sched_getaffinity(0))
+    """The usable CPUs cut into `jobs` contiguous shares of (nearly) equal size."""
+    cpus = usable_cpus()
     return [cpus[i * len(cpus) // jobs:(i + 1) * len(cpus) // jobs] for i in range(jobs)]
 
 
@@ -124,8 +136,12 @@ class Runner:
         self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def pinned(self, cpus: Sequence[int]) -> "Runner":
-        """The same runner, its processes confined to `cpus` (the engine sizes its threads to them)."""
-        return Runner(self.work, self.verbose, cpus)
+        """The same runner, its processes confined to `cpus`: the engine sizes its threads to them (thread
+        counts inherited from this environment are dropped, so that they do not override the share)."""
+        runner = Runner(self.work, self.verbose, cpus)
+        for name in THREAD_VARIABLES:
+            runner.env.pop(name, None)
+        return runner
 
     def __call__(self, argv: Sequence[str], log: Path, what: str) -> float:
         cmd = [sys.executable, *map(str, argv)]
@@ -883,10 +899,10 @@ def parse_args(argv=None):
     bad = [a for a in args.arm_list if a not in ARMS]
     if bad or not args.arm_list:
         problems.append(f"--arms: unknown {bad}; choose from {list(ARMS)} or `all`")
-    n_cpus = len(os.sched_getaffinity(0))
+    n_cpus = len(usable_cpus())
     if not 1 <= args.jobs <= n_cpus:
-        problems.append(f"--jobs {args.jobs}: give 1 to {n_cpus} (the CPUs this process may use); each run gets "
-                        f"its own share of them")
+        problems.append(f"--jobs {args.jobs}: give 1 to {n_cpus} (the CPUs this process may use: affinity mask and "
+                        f"cgroup quota); each run gets its own share of them")
     if args.seeds < 1 or args.first_seed < 1:
         problems.append(f"--seeds {args.seeds} --first_seed {args.first_seed}: both must be at least 1")
     if not args.init_list or set(args.init_list) - {"random", "pretrained"}:
@@ -925,8 +941,8 @@ def finetuning_plan(args, seeds: Sequence[int]) -> List[tuple]:
 
 def run_plan(args, run: Runner, info: dict, plan: Sequence[tuple], pretrained: Dict[int, Path], record) -> None:
     """Run every fine-tuning of `plan`, `args.jobs` at once (each confined to its share of the CPUs), and
-    `record(key, figures)` each as it finishes. A failed run stops the invocation: the runs not started are
-    dropped, those running finish (their folders are reusable)."""
+    `record(key, figures)` each as it finishes (in this thread). A failed run stops the invocation: no run
+    starts after it, those running finish (their folders are reusable), then its error is raised."""
     def one(key: tuple, runner: Runner) -> dict:
         seed, size, init, arm, task = key
         start = pretrained.get(seed, pretrained.get(PRETRAIN_SEED)) if init == "pretrained" else None
@@ -940,10 +956,17 @@ def run_plan(args, run: Runner, info: dict, plan: Sequence[tuple], pretrained: D
     for cpus in cpu_slots(args.jobs):
         slots.put(cpus)
 
-    def pinned(key: tuple) -> dict:
+    stop = threading.Event()  # set by a failed run: the threads start nothing more
+
+    def pinned(key: tuple) -> Optional[dict]:
         cpus = slots.get()
         try:
+            if stop.is_set():
+                return None
             return one(key, run.pinned(cpus))
+        except BaseException:
+            stop.set()
+            raise
         finally:
             slots.put(cpus)
 
@@ -951,7 +974,9 @@ def run_plan(args, run: Runner, info: dict, plan: Sequence[tuple], pretrained: D
     try:
         futures = {pool.submit(pinned, key): key for key in plan}
         for done in concurrent.futures.as_completed(futures):
-            record(futures[done], done.result())
+            out = done.result()
+            if out is not None:
+                record(futures[done], out)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 

@@ -160,7 +160,8 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     test = item.nodeid if not item.nodeid.startswith("::") else f"{item.path}{item.nodeid}"  # outside the rootdir
     record = {"test": test, "cpu_s": round(_cpu_seconds() - cpu, 2), "wall_s": round(time.monotonic() - wall, 2),
-              "start": round(start, 2)}
+              "start": round(start, 2), "exclusive": item.get_closest_marker("exclusive") is not None,
+              "session": os.environ.get("PYTEST_XDIST_TESTRUNUID", "")}  # make test's two passes apart
     os.makedirs(_CPU_REPORT, exist_ok=True)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     with open(os.path.join(_CPU_REPORT, f"{worker}.jsonl"), "a") as f:

@@ -49,19 +49,27 @@ def main() -> None:
     print(f"\n{'CPU s':>8} {'share':>6} {'wall s':>8} {'tests':>5}  module")
     for name, (cpu, wall, n) in sorted(modules.items(), key=lambda kv: -kv[1][0])[:args.top]:
         print(f"{cpu:8.1f} {cpu / total:6.1%} {wall:8.1f} {n:5d}  {name}")
-    workers = collections.defaultdict(list)
+    sessions = collections.defaultdict(lambda: collections.defaultdict(list))  # pytest session -> worker -> records
     for r in records:
         if "start" in r:
-            workers[r["worker"]].append(r)
-    if len(workers) > 1:  # when each worker finished: the idle tail of the one that finished first
+            sessions[r.get("session", "")][r["worker"]].append(r)
+    for workers in sorted(sessions.values(), key=lambda ws: min(r["start"] for rs in ws.values() for r in rs)):
+        if len(workers) < 2:
+            continue
+        # when each worker finished: the idle tail of the one that finished first
         first = min(r["start"] for rs in workers.values() for r in rs)
         ends = {w: max(r["start"] + r["wall_s"] for r in rs) - first for w, rs in workers.items()}
         last = max(ends.values())
-        print("\nworkers (from the first test's start): " + "; ".join(
+        kind = "exclusive" if all(r.get("exclusive") for rs in workers.values() for r in rs) else "shared"
+        print(f"\n{kind} pass, workers (from its first test's start): " + "; ".join(
             f"{w} {len(workers[w])} tests, done at {_clock(end)}, then idle {_clock(last - end)}"
             for w, end in sorted(ends.items())))
-    if args.write_costs:
-        write_costs(args.write_costs, {name: wall for name, (_, wall, _) in modules.items()}, args.folder)
+    if args.write_costs:  # the shared pass's order: its tests only
+        wall = collections.defaultdict(float)
+        for r in records:
+            if not r.get("exclusive"):
+                wall[r["test"].split("::")[0]] += r["wall_s"]
+        write_costs(args.write_costs, dict(wall), args.folder)
     print(f"\n{'CPU s':>8} {'wall s':>8}  test")
     for r in sorted(records, key=lambda r: -r["cpu_s"])[:args.top]:
         print(f"{r['cpu_s']:8.1f} {r['wall_s']:8.1f}  {r['test']}")

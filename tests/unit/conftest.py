@@ -1,4 +1,6 @@
 """The in-process unit tests' own setting (tests/conftest.py holds the shared fixtures)."""
+import sys
+
 import pytest
 
 
@@ -8,7 +10,11 @@ def _no_fleet_sharding_dumps(monkeypatch):
     text of both programs to `main_sharding_<rank>`/`start_sharding_<rank>` in the working directory on
     every sharded build. The engine's runs keep them under `<output_dir>/program_desc` (tests/e2e checks
     that); the unit tests build programs without a run, so here they would land in the repository root,
-    at about 10% of a sharded build's time. Unit tests read the program objects, never those files."""
+    at about 10% of a sharded build's time. Unit tests read the program objects, never those files. Only
+    where Paddle is already imported (a test that builds programs has it from the `static_mode` fixture):
+    a module without Paddle does not pay its import."""
+    if "paddle" not in sys.modules:
+        return
     from paddle.distributed.fleet.meta_optimizers.sharding_optimizer import ShardingOptimizer
 
     monkeypatch.setattr(ShardingOptimizer, "_dump_program_for_debug", lambda self: None)

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -289,26 +290,38 @@ def test_a_two_stage_run_is_read_as_the_engine_writes_it(tmp_path):
     assert got["wordseg"]["check"]["problems"] == ["dev accuracy: exported model 1.000000, training program 0.9"]
 
 
-def test_cpu_shares_cover_the_cpus_once(monkeypatch):
+def test_cpu_shares_cover_the_usable_cpus_once(monkeypatch):
+    from ernie_mtl.dist import threads
+
     monkeypatch.setattr(bq.os, "sched_getaffinity", lambda pid: {0, 1, 2, 5, 6})
+    monkeypatch.setattr(threads, "cpu_budget", lambda: threads.CpuBudget(affinity=5))
     assert bq.cpu_slots(1) == [[0, 1, 2, 5, 6]]
     assert bq.cpu_slots(2) == [[0, 1], [2, 5, 6]]
     assert bq.cpu_slots(5) == [[0], [1], [2], [5], [6]]
+    monkeypatch.setattr(threads, "cpu_budget", lambda: threads.CpuBudget(affinity=5, quota=2.5))  # a container
+    assert bq.usable_cpus() == [0, 1] and bq.cpu_slots(2) == [[0], [1]]
 
 
-def test_a_pinned_runner_starts_its_command_on_its_cpus(tmp_path):
+def test_a_pinned_runner_starts_its_command_on_its_cpus(tmp_path, monkeypatch):
+    """Confined from its start, with the thread counts of this environment dropped (the engine sizes its
+    threads to the share)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
     cpu = sorted(bq.os.sched_getaffinity(0))[-1]
     runner = bq.Runner(tmp_path, verbose=False).pinned([cpu])
     log = tmp_path / "affinity.log"
-    runner(["-c", "import os, sys; print(sorted(os.sched_getaffinity(0)), sys.argv[1:])", "a b", "--x"], log, "probe")
+    probe = "import os, sys; print(sorted(os.sched_getaffinity(0)), sys.argv[1:], os.environ.get('OMP_NUM_THREADS'))"
+    runner(["-c", probe, "a b", "--x"], log, "probe")
     first, printed = log.read_text(encoding="utf-8").splitlines()[:2]
-    assert first.startswith(f"$ (CPUs {cpu}) ") and printed == f"[{cpu}] ['a b', '--x']"
+    assert first.startswith(f"$ (CPUs {cpu}) ") and printed == f"[{cpu}] ['a b', '--x'] None"
+    assert bq.Runner(tmp_path, verbose=False).env["OMP_NUM_THREADS"] == "7"  # an unpinned runner keeps it
 
 
-def _plan_runs(tmp_path, monkeypatch, jobs, fail=None):
-    """run_plan with finetune replaced: which CPUs each run had, and what was recorded."""
+def _plan_runs(tmp_path, monkeypatch, jobs, fail=None, ran=None):
+    """run_plan with finetune replaced: which CPUs each run had (`ran`, filled as runs start), and what was
+    recorded."""
     import threading
-    ran, recorded, lock = {}, [], threading.Lock()
+    ran = {} if ran is None else ran
+    recorded, lock = [], threading.Lock()
     barrier = threading.Barrier(jobs) if jobs > 1 else None
 
     def finetune(args, run, info, size, init, arm, task, seed, pre):
@@ -318,6 +331,7 @@ def _plan_runs(tmp_path, monkeypatch, jobs, fail=None):
             ran[(seed, arm, task)] = run.cpus
         if (seed, arm) == fail:
             raise SystemExit(f"bench_quality: seed {seed} {arm} failed")
+        time.sleep(0.2)  # a run takes a while: a failed one's thread is free before the others
         return {"seed": seed}
 
     monkeypatch.setattr(bq, "finetune", finetune)
@@ -344,5 +358,18 @@ def test_jobs_run_at_once_each_on_its_own_cpus_and_every_run_is_recorded_once(tm
 
 
 def test_a_failed_run_stops_the_jobs_with_its_message(tmp_path, monkeypatch):
+    """No run starts after a failure (the one running beside it may finish): seed 3's never start, also when
+    the main thread is late to see the failure (its wait for finished runs slowed down here)."""
+    as_completed = bq.concurrent.futures.as_completed
+
+    def late(futures):
+        for done in as_completed(futures):
+            time.sleep(0.1)
+            yield done
+
+    monkeypatch.setattr(bq.concurrent.futures, "as_completed", late)
+    ran = {}
     with pytest.raises(SystemExit, match="seed 2 pair failed"):
-        _plan_runs(tmp_path, monkeypatch, 2, fail=(2, "pair"))
+        _plan_runs(tmp_path, monkeypatch, 2, fail=(2, "pair"), ran=ran)
+    assert {(1, "pair", None), (1, "related", None), (2, "pair", None)} <= set(ran)
+    assert not [key for key in ran if key[0] == 3], ran

@@ -128,15 +128,23 @@ def test_the_cpu_report_shows_when_each_worker_went_idle(tmp_path):
     import subprocess
     import sys
 
-    def write(worker, rows):
-        (tmp_path / f"{worker}.jsonl").write_text("".join(
-            json.dumps({"test": f"tests/unit/test_{worker}.py::test_{i}", "cpu_s": 1.0, "wall_s": wall,
-                        "start": start}) + "\n" for i, (start, wall) in enumerate(rows)))
+    def rows(worker, session, exclusive, times):
+        return "".join(json.dumps({"test": f"tests/unit/test_{worker}.py::test_{i}", "cpu_s": 1.0, "wall_s": wall,
+                                   "start": start, "session": session, "exclusive": exclusive}) + "\n"
+                       for i, (start, wall) in enumerate(times))
 
-    write("gw0", [(1000.0, 60.0), (1060.0, 40.0)])  # done 100 s after the first start
-    write("gw1", [(1001.0, 150.0)])  # done at 151 s
-    run = subprocess.run([sys.executable, str(TESTS / "cpu_report.py"), str(tmp_path)], capture_output=True,
-                         text=True, timeout=60)
+    # make test's two passes append to the same worker files: the shared pass, then the exclusive one
+    (tmp_path / "gw0.jsonl").write_text(rows("gw0", "a", False, [(1000.0, 60.0), (1060.0, 40.0)])  # done at 100 s
+                                        + rows("gw0", "b", True, [(1200.0, 10.0)]))
+    (tmp_path / "gw1.jsonl").write_text(rows("gw1", "a", False, [(1001.0, 150.0)])  # done at 151 s
+                                        + rows("gw1", "b", True, [(1201.0, 30.0)]))
+    costs = tmp_path / "costs.json"
+    run = subprocess.run([sys.executable, str(TESTS / "cpu_report.py"), str(tmp_path), "--write_costs", str(costs)],
+                         capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert ("workers (from the first test's start): gw0 2 tests, done at 1:40, then idle 0:51; "
+    assert ("shared pass, workers (from its first test's start): gw0 2 tests, done at 1:40, then idle 0:51; "
             "gw1 1 tests, done at 2:31, then idle 0:00") in run.stdout, run.stdout
+    assert ("exclusive pass, workers (from its first test's start): gw0 1 tests, done at 0:10, then idle 0:21; "
+            "gw1 1 tests, done at 0:31, then idle 0:00") in run.stdout, run.stdout
+    assert json.loads(costs.read_text())["wall_seconds"] == {"tests/unit/test_gw1.py": 150.0,
+                                                             "tests/unit/test_gw0.py": 100.0}  # shared pass only
