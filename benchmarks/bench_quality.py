@@ -1044,7 +1044,8 @@ def main(argv=None) -> int:
                     "reported": out["stage1"][target], "of_run": out["run"]}
         left[seed] -= 1
         results["wall_seconds"] = time.perf_counter() - t0
-        results["comparisons"] = compare(results, [s for s in seeds if not left[s]])
+        complete = [s for s in seeds if not left[s]]  # seeds whose every run is in
+        results["comparisons"] = compare(results, complete) if complete else []
         results["cost"] = arm_cost(results, seeds)
         write_json(results_file, results)
 

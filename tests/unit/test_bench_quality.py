@@ -162,6 +162,35 @@ def test_fresh_seeds_keep_the_shared_pretraining_and_their_own_results_file(tmp_
     assert not (tmp_path / "results.json").exists()
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_results_are_written_after_every_run_also_before_a_seed_is_complete(tmp_path, monkeypatch, jobs):
+    """The results file is rewritten as each run finishes; before any seed has all its runs there is no
+    comparison yet (the first version of --jobs asked the statistics for a mean of nothing and stopped)."""
+    monkeypatch.setattr(bq, "build_data", lambda args, run: {"vocab_size": 1})
+    monkeypatch.setattr(bq.dc, "trivial_baselines", lambda folder: {})
+    monkeypatch.setattr(bq, "pretrain", lambda args, run, info, seed: (tmp_path, {}))
+    monkeypatch.setattr(bq, "cpu_slots", lambda n: [[0]] * n)
+    monkeypatch.setattr(bq, "plan_checks", lambda args, results, seeds: [])
+    monkeypatch.setattr(bq, "tables", lambda results, seeds: "")
+    written = []
+    write_json = bq.write_json
+    monkeypatch.setattr(bq, "write_json", lambda path, doc: written.append(json.loads(json.dumps(doc))) or
+                        write_json(path, doc))
+    score = {"sentiment": {1: 0.50, 2: 0.60}, "wordseg": {1: 0.70, 2: 0.72}}
+
+    def finetune(args, run, info, size, init, arm, task, seed, pre):
+        gain = 0.01 * seed if arm == "pair" else 0.0
+        return {t: {"reported": {"acc": score[t][seed] + gain, "f1": score[t][seed] + gain}} for t in bq.TASKS} | {
+            "steps": 1, "seconds": 1, "train_seconds": 1, "run": f"{arm}-{task}-{seed}", "stage1": {}}
+
+    monkeypatch.setattr(bq, "finetune", finetune)
+    assert bq.main(["--work_dir", str(tmp_path), "--arms", "single,pair", "--seeds", "2", "--quiet",
+                    "--jobs", jobs]) == 0
+    assert len(written) == 6 + 1 and written[0]["comparisons"] == []  # 3 runs per seed; then the final write
+    final = {(c["question"], c["task"]): c for c in written[-1]["comparisons"]}
+    assert final[("pair vs single", "sentiment")]["mean"] == pytest.approx(0.015)
+
+
 def test_invocations_that_differ_keep_their_own_results_file(tmp_path):
     def suffix(*flags):
         args = _args(tmp_path, *flags)
