@@ -10,7 +10,8 @@ measured over paired seeds (a benchmark that prints tables: never a timed test).
 
 The default table, fixed before any of its results was seen (docs/quality.md, "The default table"):
 both targets cut to 300 training examples, every arm of DEFAULT_ARMS from the 6,000-step pretrained
-weights, 5 paired seeds; `--jobs 2` runs two fine-tuning runs at once on 2 cores (its time: docs/quality.md).
+weights, 5 paired seeds; with `--jobs 2` on a quiet 2-core machine about 45 minutes of pretraining (once:
+reused by later invocations on the same --work_dir), then about 40 minutes of fine-tuning runs.
 
 Everything is the real command-line pipeline, run as subprocesses (no engine internals imported):
 

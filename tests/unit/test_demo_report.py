@@ -89,14 +89,21 @@ def test_the_quality_summary_quotes_docs_quality_md():
     spec.loader.exec_module(module)
     doc = (ROOT / "docs" / "quality.md").read_text(encoding="utf-8")
 
-    def cell(comparison, task, cells=""):  # (mean A, mean B, mean gain) of a row of the paired comparisons
-        row = next(line for line in doc.splitlines() if line.startswith(f"| {cells}{comparison} | {task}"))
+    def section(heading):  # the text of one "## " section
+        return doc.split(heading, 1)[1].split("\n## ", 1)[0]
+
+    def cell(comparison, task, cells="", text=doc):  # (mean A, mean B, mean gain) of a row of the comparisons
+        row = next(line for line in text.splitlines() if line.startswith(f"| {cells}{comparison} | {task}"))
         a, b = (float(x) for x in re.findall(r": ([0-9.]+) \+- ", row))
         gain = float(re.search(r"\| \**([+-][0-9.]+) \+- [0-9.]+\** \|", row)[1])
         return a, b, gain
 
     def poor(comparison, task):  # the mean gain of a row of the 2026-11-28 tables (300 examples, pretrained)
-        return cell(comparison, task, "300 | pretrained | ")[2]
+        return cell(comparison, task, "300 | pretrained | ",
+                    section("## Results (2026-11-28): data-poor targets, related auxiliaries"))[2]
+
+    def default(comparison, task):  # the mean gain of a row of the default table (6,000-step start)
+        return cell(comparison, task, "300 | pretrained | ", section("## Results (2026-11-29): the default table"))[2]
 
     def full(comparison, task):  # a row of the random-initialisation tables (full training sets)
         return cell(comparison, task, "full | random | ")
@@ -113,6 +120,9 @@ def test_the_quality_summary_quotes_docs_quality_md():
 
     assert f"cost word segmentation F1 {-poor('mtl vs single', 'wordseg (f1)'):.4f}" in summary, summary
     assert f"gained it {poor('related vs single', 'wordseg (f1)'):+.4f} on every seed" in summary, summary
+
+    recommended = default("uncertainty vs single", "wordseg (f1)")
+    assert f"(related auxiliaries with loss_balance: uncertainty {recommended:+.4f})" in summary, summary
 
     alone, mtl, _ = full("mtl vs single", "sentiment (acc)")
     assert f"left sentiment at {mtl:.3f} against {alone:.3f} alone" in summary, summary
