@@ -46,7 +46,7 @@ demo-pretrain: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not exclusive" --durations=10 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not exclusive" --durations=10 tests
 	$(PY) -m pytest -q -n 2 --dist load -m exclusive --durations=10 tests
 
 # The inner loop: tests/unit without the tests marked slow (each over about 4 s) or exclusive; both cores.

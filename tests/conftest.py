@@ -109,34 +109,6 @@ def pytest_collection_modifyitems(config, items):
         flag = getattr(item.module, "EXCLUSIVE", False)
         if flag is True or (flag and any(n in item.name or n in item.fixturenames for n in flag)):
             item.add_marker(pytest.mark.exclusive)
-    order_by_cost(items, module_costs())
-
-
-# The modules' wall time on the quiet 2-core machine (one pytest-xdist worker's share), written by
-# `python tests/cpu_report.py <folder> --write_costs tests/module_costs.json`.
-MODULE_COSTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "module_costs.json")
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def module_costs() -> dict:
-    with open(MODULE_COSTS, encoding="utf-8") as f:
-        return json.load(f)["wall_seconds"]
-
-
-def module_of(item) -> str:
-    """A test's module as the cost table names it: its path from the repository root."""
-    path = os.path.abspath(str(item.path))
-    return os.path.relpath(path, _ROOT).replace(os.sep, "/") if path.startswith(_ROOT + os.sep) else path
-
-
-def order_by_cost(items: list, costs: dict) -> None:
-    """The most expensive modules first, each module's tests in their own order. `make test`'s shared pass
-    hands whole modules to two workers in this order (`--dist loadfile --no-loadscope-reorder`); the
-    cheap modules left at the end even out the two workers' finish, where xdist's own order (most tests
-    first) left the heaviest e2e modules, a few long tests each, to one worker at the end. A module
-    missing from the table goes first (a new module may be heavy; tests/unit/test_suite_layout.py asks
-    for its entry)."""
-    items.sort(key=lambda item: -costs.get(module_of(item), float("inf")))
 
 
 # `ERNIE_MTL_TEST_CPU_REPORT=<folder>`: each test's wall time and CPU time (this process and every process

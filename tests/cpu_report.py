@@ -3,17 +3,10 @@ the tests write (tests/conftest.py), per module and per test, most expensive fir
 
     ERNIE_MTL_TEST_CPU_REPORT=/tmp/cpu make test
     python tests/cpu_report.py /tmp/cpu [--top 25]
-    python tests/cpu_report.py /tmp/cpu --write_costs tests/module_costs.json   # on a quiet machine
-
-`--write_costs` refreshes the modules' wall times that order `make test`'s shared pass (most expensive
-first, tests/conftest.py `order_by_cost`): do it after adding a test module or making one much cheaper.
 """
 import argparse
 import collections
 import json
-import os
-import platform
-import time
 from pathlib import Path
 
 
@@ -31,8 +24,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--write_costs", type=Path, default=None,
-                        help="also write the modules' wall seconds to this JSON file (tests/module_costs.json)")
     args = parser.parse_args()
     records = load(args.folder)
     if not records:
@@ -64,26 +55,9 @@ def main() -> None:
         print(f"\n{kind} pass, workers (from its first test's start): " + "; ".join(
             f"{w} {len(workers[w])} tests, done at {_clock(end)}, then idle {_clock(last - end)}"
             for w, end in sorted(ends.items())))
-    if args.write_costs:  # the shared pass's order: its tests only
-        wall = collections.defaultdict(float)
-        for r in records:
-            if not r.get("exclusive"):
-                wall[r["test"].split("::")[0]] += r["wall_s"]
-        write_costs(args.write_costs, dict(wall), args.folder)
     print(f"\n{'CPU s':>8} {'wall s':>8}  test")
     for r in sorted(records, key=lambda r: -r["cpu_s"])[:args.top]:
         print(f"{r['cpu_s']:8.1f} {r['wall_s']:8.1f}  {r['test']}")
-
-
-def write_costs(path: Path, wall: dict, source: Path) -> None:
-    """The modules' wall seconds, most expensive first, with where they were measured (temporary file,
-    then rename: a failed write leaves the old table)."""
-    doc = {"measured": f"{time.strftime('%Y-%m-%d')} on {platform.node()} ({os.cpu_count()} CPUs) from {source}",
-           "wall_seconds": {name: round(s, 1) for name, s in sorted(wall.items(), key=lambda kv: (-kv[1], kv[0]))}}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    print(f"wrote {path}: {len(wall)} modules")
 
 
 if __name__ == "__main__":

@@ -603,10 +603,13 @@ def proc_cmdline(pid):
 
 
 def wait_for(predicate, timeout, what):
+    """The predicate's first truthy value (use it: asking again may see a later state, e.g. a process
+    already gone)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():
-            return
+        value = predicate()
+        if value:
+            return value
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 

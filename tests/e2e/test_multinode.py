@@ -212,8 +212,8 @@ def start_and_lose_a_node(job, nodes, at_step=2, node_env=({}, {})):
     def node_1_rank():
         return [p for p in job.ranks() if proc_ppid(p) == nodes.launchers[1].pid]
 
-    wait_for(node_1_rank, 120, "node 1's rank")
-    (rank_pid,) = node_1_rank()
+    # the listing that found it: node 1's rank may reach its kill step before a second listing
+    (rank_pid,) = wait_for(node_1_rank, 120, "node 1's rank")
     wait_for(lambda: not proc_alive(rank_pid), 180, "node 1's rank to reach the kill step")
     kill_node(job, nodes, 1)
     t0 = time.monotonic()
