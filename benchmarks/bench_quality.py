@@ -68,6 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from data_tools import demo_corpus as dc  # noqa: E402  (task files, trivial baselines, scoring by hand)
 from data_tools import quality_data as qd  # noqa: E402  (the held-out-clean corpus)
+from ernie_mtl.dist import threads  # noqa: E402  (the engine's CPU budget and thread variables; no Paddle)
 
 RUN, CONVERT = ROOT / "run_multitask_static.py", ROOT / "static_to_dynamic.py"
 TASKS = ("sentiment", "wordseg")
@@ -107,18 +108,16 @@ STAGE1 = "stage1"  # arm `stage1@<arm>`: a two-stage run's multi-task stage (its
 AGREE_TOL = 1e-9
 DEFAULT_LR = 1e-3
 PRETRAIN_SEED = 1  # the shared pretraining run's seed (every fine-tuning seed starts from it)
+# --jobs: a confined run is started by this wrapper (set the affinity, then exec the command), without the
+# thread counts of this environment (the engine's own variables, ernie_mtl/dist/threads.py)
 PIN_AND_EXEC = "import os, sys; os.sched_setaffinity(0, map(int, sys.argv[1].split(','))); os.execv(sys.argv[2], sys.argv[2:])"
-
-
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ERNIE_MTL_THREADS_ORIGIN")
+THREAD_VARIABLES = (threads.OMP, threads.MKL, threads.ORIGIN)
 
 
 def usable_cpus() -> List[int]:
     """The CPUs this process may use: its affinity mask, cut to the cgroup CPU quota if there is one (the
     engine's own budget, ernie_mtl/dist/threads.cpu_budget)."""
-    from ernie_mtl.dist.threads import cpu_budget
-
-    return sorted(os.sched_getaffinity(0))[:cpu_budget().cpus]
+    return sorted(os.sched_getaffinity(0))[:threads.cpu_budget().cpus]
 
 
 def cpu_slots(jobs: int) -> List[List[int]]:
