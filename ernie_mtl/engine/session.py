@@ -8,11 +8,11 @@ parameter of an earlier run leaks into a later one.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence
 
+from ernie_mtl.checkpoint import layout
 from ernie_mtl.checkpoint.reshard import Continuation
 from ernie_mtl.checkpoint.store import CheckpointRef, Checkpointer, read_train_state_file
 from ernie_mtl.config import ConfigError, parse_cpu_kernels
@@ -172,13 +172,10 @@ def resolve_resume(cfg: RunConfig, info: ProcessInfo, log) -> Optional[Checkpoin
 
 
 def build_programs(cfg: RunConfig, topo: Topology, plan: RunPlan) -> Programs:
-    """The run's programs, the LR horizon being the planned number of optimizer steps. Built with
-    the working directory set to `<output_dir>/program_desc`: fleet's sharding dumps its programs
-    into the cwd."""
-    dump_dir = os.path.join(cfg.train.output_dir, "program_desc")
-    os.makedirs(dump_dir, exist_ok=True)
-    with contextlib.chdir(dump_dir):
-        return build_run_programs(cfg, topo, plan.tasks, total_steps=plan.planned.total_steps)
+    """The run's programs, the LR horizon being the planned number of optimizer steps; fleet's
+    sharding dumps of the programs kept under `<output_dir>/program_desc`."""
+    return build_run_programs(cfg, topo, plan.tasks, total_steps=plan.planned.total_steps,
+                              dump_dir=os.path.join(cfg.train.output_dir, layout.PROGRAM_DESC))
 
 
 def cpu_kernel_choice(cfg: RunConfig, info: ProcessInfo, barrier, programs: Programs, plan: RunPlan,

@@ -453,15 +453,14 @@ def format_gpu_program(facts: ProgramFacts, *, topology: Topology, amp: AmpConfi
 def build_gpu_program(cfg, topo: Topology, tasks, *, total_steps: int, endpoints: Sequence[str]):
     """The programs rank 0 of `topo.world_size` GPU workers would build for `cfg`, built on this machine
     through `compat.emulate_gpu_program` (fp16 op lists of a GPU build, NCCL communicator ops), with
-    the builder the trainer uses (`build.build_run_programs`). Never run. Built in a temporary working
-    directory (fleet's sharding dumps its programs into the cwd) with fleet's prints sent to stderr
-    (stdout is the plan); static mode is restored as it was."""
+    the builder the trainer uses (`build.build_run_programs`). Never run. Fleet's sharding dumps of the
+    programs go to a temporary folder (the builder's default), fleet's prints to stderr (stdout is the
+    plan); static mode is restored as it was."""
     import contextlib
     import sys
-    import tempfile
 
-    with static_mode(), tempfile.TemporaryDirectory(prefix="ernie_mtl_dry_run_") as tmp, contextlib.chdir(tmp), \
-            contextlib.redirect_stdout(sys.stderr), emulate_gpu_program(0, topo.world_size, endpoints=endpoints):
+    with static_mode(), contextlib.redirect_stdout(sys.stderr), \
+            emulate_gpu_program(0, topo.world_size, endpoints=endpoints):
         return build_run_programs(cfg, topo, tasks, total_steps=total_steps)
 
 

@@ -22,6 +22,9 @@ weights, AMP O2 cast, EMA); then `exe.run(programs.main, feed=...)` per micro-ba
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from dataclasses import dataclass, replace, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
@@ -107,7 +110,8 @@ class Programs:
 def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Union[StrategyBuilder, Any],
                    topo: Topology, tasks: Sequence[TaskType], *, seed: int, amp_cfg: Optional[AmpConfig] = None,
                    use_task_id: bool = False, ema_decay: Optional[float] = None,
-                   anomaly_guard: bool = False, loss_balance: str = "none") -> Programs:
+                   anomaly_guard: bool = False, loss_balance: str = "none",
+                   dump_dir: Optional[str] = None) -> Programs:
     """The programs of a run (fleet initialised first: `parallel.init_fleet`, or
     `compat.emulate_gpu_program` for GPU programs on CPU; static mode).
 
@@ -122,7 +126,10 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
     parallelism broadcasts rank 0's initial values but sharding keeps each owner's).
     `ema_decay`: keep an EMA of the weights on the device. `anomaly_guard`: skip (and count) an update
     whose global gradient norm is not finite, on the device (ernie_mtl/program/anomaly.py). `loss_balance`:
-    how task losses are balanced (ernie_mtl/program/forward.py)."""
+    how task losses are balanced (ernie_mtl/program/forward.py). `dump_dir`: where fleet's sharding
+    optimizer writes its debug text of the programs (`main_sharding_<rank>`, `start_sharding_<rank>`; it
+    writes them into the working directory): a run keeps them under `<output_dir>/program_desc`; None
+    puts them in a temporary folder, discarded, so a build never leaves files where it was called."""
     import paddle.distributed.fleet as fleet
 
     if paddle.in_dynamic_mode():
@@ -145,9 +152,10 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
         _drop_untied_duplicates(main, startup, set(fwd.name_map.values()))
         n_seeds = wire_dropout_seeds(main)
         freeze = plan_freeze(main, fwd.balanced or fwd.task_losses, fwd.name_map)
-        minimized = minimize_with_fleet(fwd.loss, fwd.name_map, optim_cfg, strategy, amp_cfg,
-                                        fwd.recompute_checkpoints, no_decay=fwd.no_decay,
-                                        skip_flags=freeze.param_flags)
+        with _dumps_into(dump_dir):  # only fleet's minimize writes there: task files are read before
+            minimized = minimize_with_fleet(fwd.loss, fwd.name_map, optim_cfg, strategy, amp_cfg,
+                                            fwd.recompute_checkpoints, no_decay=fwd.no_decay,
+                                            skip_flags=freeze.param_flags)
         test = forward_only(main, fwd.loss)
     declare_sub_block_inputs(main)
     check_coverage(main, freeze)
@@ -179,7 +187,21 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
         _amp_optimizer=minimized.amp_optimizer)
 
 
-def build_run_programs(cfg, topo: Topology, tasks: Sequence[TaskType], *, total_steps: int) -> Programs:
+@contextlib.contextmanager
+def _dumps_into(folder: Optional[str]):
+    """The working directory set to `folder` (created), or to a temporary folder removed after, for the
+    duration of the block: fleet's sharding optimizer writes its program dumps into the cwd."""
+    if folder is not None:
+        os.makedirs(folder, exist_ok=True)
+        with contextlib.chdir(folder):
+            yield
+        return
+    with tempfile.TemporaryDirectory(prefix="ernie_mtl_fleet_dumps_") as tmp, contextlib.chdir(tmp):
+        yield
+
+
+def build_run_programs(cfg, topo: Topology, tasks: Sequence[TaskType], *, total_steps: int,
+                       dump_dir: Optional[str] = None) -> Programs:
     """`build_programs` as a run configured by the RunConfig `cfg` calls it (fleet initialised first):
     the strategy of its parallel and AMP slices, the LR horizon `total_steps` (the plan's optimizer
     steps), its seed, task ids and EMA. The trainer and the dry run's GPU program
@@ -193,7 +215,8 @@ def build_run_programs(cfg, topo: Topology, tasks: Sequence[TaskType], *, total_
     return build_programs(cfg.model, replace(cfg.optim, max_steps=total_steps), strategy, topo, tasks,
                           seed=cfg.train.seed, amp_cfg=cfg.amp, use_task_id=m.use_task_id,
                           ema_decay=m.ema_decay if m.use_ema else None,
-                          anomaly_guard=cfg.train.on_anomaly != "none", loss_balance=m.loss_balance)
+                          anomaly_guard=cfg.train.on_anomaly != "none", loss_balance=m.loss_balance,
+                          dump_dir=dump_dir)
 
 
 def build_forward_program(model_type: str, arch: Dict[str, Any], tasks: Sequence[TaskType], *, seed: int = 0,

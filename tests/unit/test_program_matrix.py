@@ -23,6 +23,7 @@ sharding is refused by the configuration: fleet 2.6.2 cannot build it)."""
 import zlib  # noqa: F401  (before paddle)
 
 import functools
+import os
 import json
 
 import pytest
@@ -62,7 +63,7 @@ def make_task(kind, root, name, index):
     return cls(spec, TaskContext(vocab_file=str(root / "vocab.txt"), seed=3, log=lambda s: None))
 
 
-def build(tasks, *, rank, sharding, acc, amp):
+def build(tasks, *, rank, sharding, acc, amp, dump_dir=None):
     from ernie_mtl.program.builder import build_programs
     from ernie_mtl.dist.compat import emulate_gpu_program
     from ernie_mtl.dist.topology import Topology, build_strategy
@@ -76,7 +77,8 @@ def build(tasks, *, rank, sharding, acc, amp):
     topo = Topology.from_config(parallel, 2)
     strategy = functools.partial(build_strategy, topo, parallel, amp_cfg)
     with emulate_gpu_program(rank, 2):
-        return build_programs(model, optim, strategy, topo, tasks, seed=1, amp_cfg=amp_cfg, anomaly_guard=True)
+        return build_programs(model, optim, strategy, topo, tasks, seed=1, amp_cfg=amp_cfg, anomaly_guard=True,
+                              dump_dir=dump_dir)
 
 
 def parameter_users(*args):
@@ -220,3 +222,21 @@ def test_a_sharded_build_in_a_unit_test_leaves_no_dump_in_the_working_directory(
     monkeypatch.chdir(tmp_path)
     build([make_task("mlm", root, "main", 0), make_task("cls", root, "c", 1)], rank=1, sharding=2, acc=1, amp=None)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.fleet_dumps
+def test_the_builder_keeps_fleet_dumps_out_of_the_working_directory(root, tmp_path, monkeypatch):
+    """Fleet's sharding optimizer writes `main_sharding_<rank>`/`start_sharding_<rank>` into the working
+    directory. A build called from Python (no run, no `dump_dir`) leaves nothing where it was called; with
+    `dump_dir` (a run passes `<output_dir>/program_desc`) the dumps are there, and the cwd is restored."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    tasks = [make_task("mlm", root, "main", 0), make_task("cls", root, "c", 1)]
+    build(tasks, rank=1, sharding=2, acc=1, amp=None)
+    assert sorted(p.name for p in cwd.iterdir()) == []
+    tasks = [make_task("mlm", root, "main", 0), make_task("cls", root, "c", 1)]
+    build(tasks, rank=1, sharding=2, acc=1, amp=None, dump_dir=str(tmp_path / "out" / "program_desc"))
+    assert sorted(p.name for p in (tmp_path / "out" / "program_desc").iterdir()) == ["main_sharding_1",
+                                                                                     "start_sharding_1"]
+    assert sorted(p.name for p in cwd.iterdir()) == [] and str(cwd) == os.getcwd()
