@@ -98,6 +98,11 @@ class OptimConfig:
     adam_beta1: float = _f(0.9, "AdamW beta1.")
     adam_beta2: float = _f(0.999, "AdamW beta2.")
     adam_epsilon: float = _f(1e-8, "AdamW epsilon.")
+    fuse_optimizer: bool = _f(False, "Update the parameters with a few fused_adam ops (Paddle's multi-tensor Adam) "
+                                     "instead of one adamw op each: fewer ops for the host to issue per step, which "
+                                     "is what bounds a fast GPU at small batches (docs/performance.md, section 13). "
+                                     "Bitwise the same updates on CPU; on GPU another float32 rounding. Checkpoints "
+                                     "are the same files either way.")
 
     @property
     def resolved_warmup_steps(self) -> int:

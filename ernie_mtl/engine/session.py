@@ -134,6 +134,9 @@ def open_session(cfg: RunConfig, *, on_distributed: Optional[Callable[[ProcessIn
     plan = prepare(cfg, info=info, topo=topo, barrier=barrier, log=log.info,
                    resume=resume_point(resume_from, continuation, topo))
     programs = build_programs(cfg, topo, plan)
+    if programs.fused_optimizer is not None and info.rank == 0:
+        fused = programs.fused_optimizer
+        log.info(f"--fuse_optimizer: {fused['adamw']} parameter updates in {fused['fused_adam']} fused_adam ops")
     preemption.guard_again()  # in case a library imported while building replaced the handlers
     if init_from and not is_checkpoint(init_from):
         programs.weights = init_from  # a PaddleNLP directory: loaded by initialisation (before AMP O2's cast)

@@ -36,6 +36,7 @@ from paddle.utils import unique_name
 from ernie_mtl.config import MODEL_FAMILIES, AmpConfig, ConfigError, ModelConfig, OptimConfig
 from ernie_mtl.dist.console import captured_prints
 from ernie_mtl.program.ema import DeviceEMA
+from ernie_mtl.program.fused_optimizer import fuse_adamw_ops
 from ernie_mtl.program.forward import Forward, HeadGroup, backbone_names, build_forward
 from ernie_mtl.program.idle_heads import FreezePlan, check_coverage, plan_freeze, strip_idle_flags
 from ernie_mtl.program.loss_sums import LossSums, StateView
@@ -78,6 +79,7 @@ class Programs:
     loss_sums: Optional[LossSums] = None  # per-task loss sums on the device (ernie_mtl/program/loss_sums.py)
     pretrained_heads: Dict[str, str] = field(default_factory=dict)  # e.g. cls.* -> a pretrain head's parameters
     anomaly: Optional[AnomalyGuard] = None  # non-finite updates skipped on the device (program/anomaly.py)
+    fused_optimizer: Optional[Dict[str, int]] = None  # --fuse_optimizer: {adamw: fused, fused_adam: ops}
     _amp_optimizer: Any = None
 
     @property
@@ -160,6 +162,8 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
     declare_sub_block_inputs(main)
     check_coverage(main, freeze)
     anomaly = add_anomaly_guard(main, startup) if anomaly_guard else None  # after the check: it only adds skips
+    # last of the optimizer's edits: a fused group shares its members' final SkipUpdate
+    fused = fuse_adamw_ops(main) if optim_cfg.fuse_optimizer else None
     fetched = [v.name for v in fwd.task_losses.values()] + [fwd.loss.name]
     fetched += [v.name for scalars in fwd.task_scalars.values() for v in scalars.values()]
     prune_unused_forward_ops(main, keep=fetched)
@@ -183,7 +187,7 @@ def build_programs(model_cfg: ModelConfig, optim_cfg: OptimConfig, strategy: Uni
         loss_scaling=minimized.loss_scaling, lr_scheduler=minimized.lr_scheduler, strategy=minimized.strategy,
         topo=topo, arch=resolved.arch, weights=resolved.weights, amp_level=minimized.amp_level,
         dropout_seeds=n_seeds, freeze=freeze, ema=ema, loss_sums=loss_sums, pretrained_heads=pretrained_heads,
-        anomaly=anomaly,
+        anomaly=anomaly, fused_optimizer=fused,
         _amp_optimizer=minimized.amp_optimizer)
 
 

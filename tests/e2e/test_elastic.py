@@ -26,6 +26,7 @@ same command again resumes the warm-started run instead of starting it over).
 import zlib  # noqa: F401  (before paddle)
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -227,6 +228,26 @@ def test_flag_mode_another_micro_batch_keeps_the_samples_and_stays_within_the_se
         print(f"\nstep {step}: continued {continued[step]:.4f}, uninterrupted {seeds[0][step]:.4f}, "
               f"seed spread {spread:.4f}")
         assert abs(continued[step] - seeds[0][step]) <= spread, step
+
+
+@pytest.mark.slow
+def test_flag_mode_a_resume_may_switch_the_fused_optimizer_on_and_stays_bitwise(flag_straight, demo):
+    """`--fuse_optimizer true` on the resume of a checkpoint the per-parameter updates wrote: the same
+    optimizer state variables, updated bitwise alike on CPU, so the continued run is the uninterrupted one
+    (docs/training.md)."""
+    tmp, _ = flag_straight
+    out = tmp / "fused"
+    argv = tiny_args(demo, out, micro_batch_size=2, global_batch_size=4, **USER_FLAG) + [
+        "--resume", str(tmp / "straight" / "model_2"), "--fuse_optimizer", "true"]
+    logs = segment(argv, tmp, procs=0, user_env=True)
+    assert "resumed from" in logs and str(tmp / "straight" / "model_2") in logs
+    assert re.search(r"--fuse_optimizer: \d+ parameter updates in 2 fused_adam ops", logs), logs[-3000:]
+    straight, fused = slots(tmp / "straight"), slots(out)
+    assert sorted(fused) and min(step for step, _ in fused) == 2 and max(fused) == max(straight)
+    assert all(fused[key] == straight[key] for key in fused)  # tasks, examples and losses of steps 3-6
+    sa, sb = final_state(tmp / "straight"), final_state(out)
+    assert carried(sa) == carried(sb)
+    assert all(np.array_equal(sa[k], sb[k]) for k in carried(sa))
 
 
 @pytest.mark.slow

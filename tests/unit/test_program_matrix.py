@@ -240,3 +240,61 @@ def test_the_builder_keeps_fleet_dumps_out_of_the_working_directory(root, tmp_pa
     assert sorted(p.name for p in (tmp_path / "out" / "program_desc").iterdir()) == ["main_sharding_1",
                                                                                      "start_sharding_1"]
     assert sorted(p.name for p in cwd.iterdir()) == [] and str(cwd) == os.getcwd()
+
+
+@pytest.mark.parametrize("sharding,acc,amp", [(1, 1, "O2"), (2, 2, "O1")])
+def test_the_fused_optimizer_updates_what_adamw_updates_with_the_same_flags(root, sharding, acc, amp):
+    """`--fuse_optimizer` (ernie_mtl/program/fused_optimizer.py) on the GPU program of a multi-task run with
+    idle-head flags, AMP and the anomaly guard: the fused ops update the same parameters, each once, as the
+    per-parameter build of the same rank; each fused op's SkipUpdate carries the anomaly flag and, when its
+    parameters belong to an idle group, that group's flag (one group per op); O2 keeps master weights."""
+    import dataclasses
+
+    import ernie_mtl.program.builder as builder
+
+    def built(fuse, rank):
+        tasks = [make_task("mlm", root, "main", 0), make_task("seq_label_crf", root, "ner", 1)]
+        original = builder.build_programs
+
+        def with_fuse(model, optim, *args, **kwargs):
+            return original(model, dataclasses.replace(optim, fuse_optimizer=fuse), *args, **kwargs)
+
+        builder.build_programs = with_fuse
+        try:
+            return build(tasks, rank=rank, sharding=sharding, acc=acc, amp=amp)
+        finally:
+            builder.build_programs = original
+
+    for rank in (range(2) if sharding > 1 else (1,)):
+        plain, fused = built(False, rank), built(True, rank)
+        per_param = [op.input("Param")[0] for op in live_ops(plain.main) if op.type == "adamw"]
+        master = {op.input("Param")[0]: op.input("MasterParam")[0] for op in live_ops(plain.main)
+                  if op.type == "adamw" and op.input("MasterParam")}  # O2: the float16 parameters' float32 copies
+        assert bool(master) == (amp == "O2")
+        ops = live_ops(fused.main)
+        fused_ops = [op for op in ops if op.type == "fused_adam"]
+        updated = [n for op in fused_ops for n in op.input("Params")]
+        updated += [op.input("Param")[0] for op in ops if op.type == "adamw"]
+        assert fused_ops and len(updated) == len(set(updated)) and set(updated) == set(per_param), rank
+        assert sum(op.type == "adamw" for op in ops) < len(fused_ops), rank  # at most a few singletons
+        frozen = {q: g.name for g in fused.freeze.groups for q in g.params}
+        ors = {op.output("Out")[0]: set(op.input_arg_names) for op in ops if op.type == "logical_or"}
+
+        def gated_by(var):
+            return {var} | set().union(*(gated_by(v) for v in ors.get(var, ())))
+
+        for op in fused_ops:
+            gates = gated_by(op.input("SkipUpdate")[0])
+            assert fused.anomaly.flag in gates, rank
+            groups = {frozen.get(q) for q in op.input("Params")}
+            assert len(groups) == 1, (rank, groups)  # one skip flag per op: the members' step counts stay equal
+            group = groups.pop()
+            if group is not None:
+                assert fused.freeze.flag_vars[group] in gates, rank
+            masters = [master[q] for q in op.input("Params") if q in master]
+            assert op.input("MasterParams") == masters and len(masters) in (0, len(op.input("Params"))), rank
+        if acc > 1:
+            cond = [op for op in fused.main.global_block().ops if op.type == "conditional_block"][0]
+            sub = fused.main.block(cond._block_attr_id("sub_block"))
+            assert any(op.type == "fused_adam" for op in sub.ops) and not any(
+                op.type == "fused_adam" for op in fused.main.global_block().ops), rank
