@@ -52,6 +52,12 @@ def _signature(op) -> Tuple | None:
             bool(_names(op, "MasterParam")))
 
 
+def _variables(block, slots: Dict[str, List[str]]) -> Dict[str, List]:
+    """`slots` with each name as its variable, looked up from `block` upwards (an op of a sub-block names
+    the parameters of the global block)."""
+    return {slot: [block._var_recursive(name) for name in names] for slot, names in slots.items()}
+
+
 def fuse_adamw_ops(program) -> Dict[str, int]:
     """Replace the groups of compatible `adamw` ops of `program`'s live blocks by `fused_adam` ops, in
     place. Returns {"adamw": updates fused, "fused_adam": ops made}; a group of one stays an `adamw`."""
@@ -68,16 +74,17 @@ def fuse_adamw_ops(program) -> Dict[str, int]:
                 group["writes"].update(op.output_arg_names)
                 continue
             ins, outs = set(op.input_arg_names), set(op.output_arg_names)
-            for k in [k for k, g in open_groups.items() if (ins | outs) & g["writes"] or outs & g["reads"]]:
-                groups.append(open_groups.pop(k)["ops"])  # this op must see the group's updates done
-        groups.extend(g["ops"] for g in open_groups.values())
-        groups = [g for g in groups if len(g) > 1]
+            for key in [key for key, group in open_groups.items()
+                        if (ins | outs) & group["writes"] or outs & group["reads"]]:
+                groups.append(open_groups.pop(key)["ops"])  # this op must see the group's updates done
+        groups.extend(group["ops"] for group in open_groups.values())
+        groups = [members for members in groups if len(members) > 1]
         if not groups:
             continue
         index = {id(op): i for i, op in enumerate(block.ops)}
         # insert each group's op after its last member (latest first, so earlier positions hold), then
         # remove the members (latest first)
-        for members in sorted(groups, key=lambda g: index[id(g[-1])], reverse=True):
+        for members in sorted(groups, key=lambda members: index[id(members[-1])], reverse=True):
             last = members[-1]
             inputs = {plural: [n for op in members for n in _names(op, slot)]
                       for slot, plural in _ADAMW_INPUTS.items()}
@@ -97,14 +104,11 @@ def fuse_adamw_ops(program) -> Dict[str, int]:
                      "op_role": last.attr("op_role"), "op_role_var": role_var}
             if last.has_attr("op_device"):
                 attrs["op_device"] = last.attr("op_device")
-            def variables(slots):  # a sub-block's op names variables of the blocks above it
-                return {k: [block._var_recursive(n) for n in v] for k, v in slots.items()}
-
-            block._insert_op(index[id(last)] + 1, type="fused_adam", inputs=variables(inputs),
-                             outputs=variables(outputs), attrs=attrs)
+            block._insert_op(index[id(last)] + 1, type="fused_adam", inputs=_variables(block, inputs),
+                             outputs=_variables(block, outputs), attrs=attrs)
             made += 1
             fused += len(members)
-        doomed = {id(op) for g in groups for op in g}
+        doomed = {id(op) for members in groups for op in members}
         for i in range(len(block.ops) - 1, -1, -1):
             if id(block.ops[i]) in doomed:
                 block._remove_op(i, sync=False)
