@@ -78,16 +78,22 @@ def check_idle_rows(rows, min_vars=4):
 
 
 @pytest.mark.slow
-def test_idle_heads_are_not_moved_and_plugins_work(data, tmp_path):
+@pytest.mark.parametrize("fuse", [False, True])
+def test_idle_heads_are_not_moved_and_plugins_work(data, tmp_path, fuse):
     """Accumulation 2 mixes tasks in one update; a head whose tasks were not drawn in a step keeps its
     parameters, Adam moments and beta powers bitwise; a drawn head changes. The custom task type and
-    callbacks come from a plugin file."""
+    callbacks come from a plugin file. With `--fuse_optimizer` the idle groups' flags gate fused_adam ops
+    (one flag per op: ernie_mtl/program/fused_optimizer.py) and freeze alike."""
     out = tmp_path / "run"
-    cfg = global_yaml(data, "g2.yaml", save_path=str(out), task_instance="sentiment, wordseg, score",
-                      target_tag="1, 1, 1", mix_ratio="1.0, 1.0, 1.0", num_epochs=1, plugins=["plugins.py"],
+    # the masked-LM head's biases and norms (4, no decay) share its idle flag: fused into one op
+    tasks = dict(task_instance="sentiment, wordseg, score, corpus", target_tag="1, 1, 1, 0",
+                 mix_ratio="1.0, 1.0, 1.0, 0.5") if fuse else dict(task_instance="sentiment, wordseg, score",
+                                                                  target_tag="1, 1, 1", mix_ratio="1.0, 1.0, 1.0")
+    cfg = global_yaml(data, "g2.yaml", save_path=str(out), num_epochs=1, plugins=["plugins.py"],
                       callbacks=["idle_check", "log_best"], micro_batch_size=8, global_batch_size=16,
-                      weight_decay=0.1, eval_freq=1000)
+                      weight_decay=0.1, eval_freq=1000, fuse_optimizer=fuse, **tasks)
     proc = ok(run(["--config", cfg], cwd=tmp_path))
+    assert ("fused_adam ops" in proc.stdout + proc.stderr) == fuse
     check_idle_rows(jsonl(out / "idle_check.jsonl"))
     assert "log_best: best pearson of score" in proc.stderr + proc.stdout
     assert (out / "score" / "infer_model" / "manifest.json").is_file()
