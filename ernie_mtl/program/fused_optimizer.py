@@ -37,6 +37,10 @@ def _names(op, slot: str) -> List[str]:
     return list(op.input(slot)) if slot in op.input_names else []
 
 
+def _out_names(op, slot: str) -> List[str]:
+    return list(op.output(slot)) if slot in op.output_names else []
+
+
 def _signature(op) -> Tuple | None:
     """The settings a fused group shares, or None when the op has a per-op extra `fused_adam` lacks."""
     if any(_names(op, slot) for slot in ("Beta1Tensor", "Beta2Tensor", "EpsilonTensor")):
@@ -92,7 +96,7 @@ def fuse_adamw_ops(program) -> Dict[str, int]:
             inputs["LearningRate"] = list(last.input("LearningRate"))
             if _names(last, "SkipUpdate"):
                 inputs["SkipUpdate"] = list(last.input("SkipUpdate"))
-            outputs = {plural: [n for op in members for n in (op.output(slot) if slot in op.output_names else [])]
+            outputs = {plural: [n for op in members for n in _out_names(op, slot)]
                        for slot, plural in _ADAMW_OUTPUTS.items()}
             outputs = {k: v for k, v in outputs.items() if v}
             with_decay = bool(last.attr("with_decay"))

@@ -63,7 +63,7 @@ def make_task(kind, root, name, index):
     return cls(spec, TaskContext(vocab_file=str(root / "vocab.txt"), seed=3, log=lambda s: None))
 
 
-def build(tasks, *, rank, sharding, acc, amp, dump_dir=None):
+def build(tasks, *, rank, sharding, acc, amp, dump_dir=None, fuse=False):
     from ernie_mtl.program.builder import build_programs
     from ernie_mtl.dist.compat import emulate_gpu_program
     from ernie_mtl.dist.topology import Topology, build_strategy
@@ -73,7 +73,8 @@ def build(tasks, *, rank, sharding, acc, amp, dump_dir=None):
     amp_cfg = AmpConfig(use_amp=True, amp_level=amp) if amp else AmpConfig()
     model = ModelConfig(model_name_or_path="ernie-tiny-test", vocab_size=len(SPECIAL) + len(CHARS),
                         hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
-    optim = OptimConfig(max_lr=1e-3, min_lr=1e-4, max_steps=20, warmup_rate=0.1, weight_decay=0.01)
+    optim = OptimConfig(max_lr=1e-3, min_lr=1e-4, max_steps=20, warmup_rate=0.1, weight_decay=0.01,
+                        fuse_optimizer=fuse)
     topo = Topology.from_config(parallel, 2)
     strategy = functools.partial(build_strategy, topo, parallel, amp_cfg)
     with emulate_gpu_program(rank, 2):
@@ -248,22 +249,9 @@ def test_the_fused_optimizer_updates_what_adamw_updates_with_the_same_flags(root
     idle-head flags, AMP and the anomaly guard: the fused ops update the same parameters, each once, as the
     per-parameter build of the same rank; each fused op's SkipUpdate carries the anomaly flag and, when its
     parameters belong to an idle group, that group's flag (one group per op); O2 keeps master weights."""
-    import dataclasses
-
-    import ernie_mtl.program.builder as builder
-
     def built(fuse, rank):
         tasks = [make_task("mlm", root, "main", 0), make_task("seq_label_crf", root, "ner", 1)]
-        original = builder.build_programs
-
-        def with_fuse(model, optim, *args, **kwargs):
-            return original(model, dataclasses.replace(optim, fuse_optimizer=fuse), *args, **kwargs)
-
-        builder.build_programs = with_fuse
-        try:
-            return build(tasks, rank=rank, sharding=sharding, acc=acc, amp=amp)
-        finally:
-            builder.build_programs = original
+        return build(tasks, rank=rank, sharding=sharding, acc=acc, amp=amp, fuse=fuse)
 
     for rank in (range(2) if sharding > 1 else (1,)):
         plain, fused = built(False, rank), built(True, rank)
