@@ -40,11 +40,16 @@ How (`choose_onednn_types`):
   MKL_ENABLE_INSTRUCTIONS -- not the thread count, not the number of CPUs), with how it
   was measured: threads, rounds, the ratio spread, and the CPU other processes used meanwhile. A
   measurement is *disturbed* when other processes used more than `DISTURBED_CORES` cores while it ran, or
-  when its ratio spread straddles the decision threshold (noise could decide it). The next run on the
-  machine measures a disturbed entry again: a clean measurement replaces it and is then kept for good; a
-  disturbed one does not, so while the machine stays busy every run decides from the first measurement
-  (two runs never choose differently because one of them was disturbed). A later run on the same kind of
-  machine with the same shapes measures nothing. The file is read with bounds (a regular file, at most
+  when its ratio spread straddles the decision threshold (noise could decide it). **The first measurement
+  filed decides for good, disturbed or not**: a later run on the same kind of machine with the same shapes
+  measures nothing and chooses what the first run chose, so two fresh runs of one configuration compute
+  the same bits whatever the machine's load was when each started. (Until 2026-11-29 a later run measured
+  a disturbed entry again and a clean measurement replaced it; the run after the replacement could then
+  choose other kernels than the run before it, and a fresh run and a preempted-and-resumed run of one
+  configuration ended 1 float32 ulp apart: a make test failure, reproduced by flipping `matmul_v2_grad`.)
+  A disturbed decision is said in the run's log with the way out: `ernie-mtl-kernels reset --disturbed`
+  on a quiet machine deletes the disturbed entries, and the next run measures them again. The file is
+  read with bounds (a regular file, at most
   `CACHE_MAX_BYTES`, nesting within Python's limits) and written atomically; a damaged, special or
   unwritable one is ignored with a note (the run measures instead), never fatal, and a special file is
   never replaced.
@@ -140,15 +145,13 @@ def cache_file(env: Optional[Mapping[str, str]] = None) -> Path:
 
 
 class KernelCache:
-    """Measurements per (machine, signature) in one JSON file; see the module docstring. A clean
-    measurement is kept for good: `save` merges under a file lock and never replaces a clean entry
-    already in the file, and `get` prefers the file's entry to this process's own, so every run on the
-    machine decides from the same numbers (two runs started together end up with one choice, and a run
-    that resumes another repeats its choice even before reading the checkpoint). A *disturbed* entry
-    (`disturbed: true`) is measured again by later runs (`needs_measuring`): a clean measurement replaces
-    it; while every new one is disturbed too, the file's first one keeps deciding (`_trusted`), so runs on
-    a machine that stays busy still all choose alike. `reset()` deletes the file. `notes` collects what went
-    wrong with the file (never raised)."""
+    """Measurements per (machine, signature) in one JSON file; see the module docstring. The first
+    measurement filed is kept for good, disturbed (`disturbed: true`) or not: `save` merges under a file
+    lock and never replaces an entry already in the file, and `get` prefers the file's entry to this
+    process's own, so every run on the machine decides from the same numbers (two runs started together
+    end up with one choice, and a run that resumes another repeats its choice even before reading the
+    checkpoint). `reset()` deletes the file, `reset(disturbed_only=True)` only the disturbed entries (the
+    next run measures those again). `notes` collects what went wrong with the file (never raised)."""
 
     def __init__(self, path: Optional[os.PathLike] = None, *, machine: Mapping[str, Any]):
         self.path = Path(path) if path is not None else cache_file()
@@ -199,22 +202,16 @@ class KernelCache:
         return (plain, onednn) if plain > 0 and onednn > 0 and math.isfinite(plain + onednn) else None
 
     def _trusted(self, signature_key: str) -> Optional[Dict[str, Any]]:
-        """The entry a decision uses: a clean entry of the file (the first clean measurement stays), else
-        this process's own clean one, else the file's disturbed one (so runs on a machine that stays busy
-        all decide alike), else this process's own disturbed one."""
-        filed, own = self._entries.get(signature_key), self._new.get(signature_key)
-        filed = filed if self._times(filed) is not None else None
-        own = own if self._times(own) is not None else None
-        for entry, clean in ((filed, True), (own, True), (filed, False), (own, False)):
-            if entry is not None and bool(entry.get("disturbed")) != clean:
+        """The entry a decision uses: the file's (the first measurement filed stays, disturbed or not, so
+        every run on the machine decides alike), else this process's own (a file that could not be written)."""
+        for entry in (self._entries.get(signature_key), self._new.get(signature_key)):
+            if self._times(entry) is not None:
                 return entry
         return None
 
     def needs_measuring(self, signature_key: str) -> bool:
-        """No clean entry in the file and no measurement of this process's own: measure (again)."""
-        filed = self._entries.get(signature_key)
-        clean = self._times(filed) is not None and not filed.get("disturbed")
-        return not clean and self._times(self._new.get(signature_key)) is None
+        """Nothing in the file and no measurement of this process's own: measure."""
+        return self._trusted(signature_key) is None
 
     def get(self, signature_key: str) -> Optional[Tuple[float, float]]:
         """(plain seconds, oneDNN seconds) of this machine and signature that a decision uses (`_trusted`),
@@ -232,10 +229,10 @@ class KernelCache:
                                     "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
 
     def save(self) -> None:
-        """Add this process's new entries to the file as it is now, under a lock, atomically: a clean entry
-        of the file stays, a disturbed one is replaced by a clean measurement (module docstring). Then read
-        the merged entries back. An unwritable or special place is a note, not an error (this process's
-        own measurements decide)."""
+        """Add this process's new entries to the file as it is now, under a lock, atomically: an entry the
+        file already holds stays (another run filed it first; module docstring). Then read the merged
+        entries back. An unwritable or special place is a note, not an error (this process's own
+        measurements decide)."""
         if not self._new:
             return
         if self._special:
@@ -253,25 +250,49 @@ class KernelCache:
                 entries = self._mine({"machines": {self.key: slot}})
                 for key, new in self._new.items():
                     old = entries.get(key)
-                    if self._times(old) is None or (old.get("disturbed") and not new.get("disturbed")):
+                    if self._times(old) is None:
                         entries[key] = new
                 machines[self.key] = {"machine": self.machine, "signatures": entries}
                 write_json_atomic(self.path, {"format": CACHE_FORMAT, "machines": machines}, indent=1)
         except OSError as e:
             self.notes.append(f"kernel cache {self.path} not written ({e.strerror or e}); the next run measures again")
             return
-        self._entries = entries  # this process's own measurements stay in `_new`: a disturbed one decides this run
+        self._entries = entries
 
-    def reset(self) -> bool:
-        """Delete the cache file (every machine's entries); True when there was one."""
+    def reset(self, *, disturbed_only: bool = False) -> int:
+        """Delete the cache file (every machine's entries), or with `disturbed_only` only its disturbed
+        entries (every machine's; the file is rewritten atomically under the lock). Returns 1 when the file
+        was deleted, or the number of disturbed entries deleted; 0 when there was nothing to delete (a
+        special file is never touched)."""
         if self._special:
-            return False
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            return False
-        self._entries = {}
-        return True
+            return 0
+        if not disturbed_only:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                return 0
+            self._entries = {}
+            return 1
+        from ernie_mtl.checkpoint.io import write_json_atomic
+
+        if not self.path.exists():
+            return 0
+        with _locked(self.path.with_name(self.path.name + ".lock")):
+            machines, gone = self._all_machines(), 0
+            for key, slot in machines.items():
+                entries = slot.get("signatures") if isinstance(slot.get("signatures"), dict) else {}
+                kept = {k: e for k, e in entries.items() if not (isinstance(e, dict) and e.get("disturbed"))}
+                gone += len(entries) - len(kept)
+                machines[key] = {**slot, "signatures": kept}
+            if gone:
+                write_json_atomic(self.path, {"format": CACHE_FORMAT, "machines": machines}, indent=1)
+        self._entries = {k: e for k, e in self._entries.items() if not (isinstance(e, dict) and e.get("disturbed"))}
+        return gone
+
+    def _all_machines(self) -> Dict[str, Dict[str, Any]]:
+        data = self._read()
+        machines = data.get("machines", {}) if data else {}
+        return {key: slot for key, slot in machines.items() if isinstance(slot, dict)}
 
 
 class _locked:
@@ -659,9 +680,9 @@ Measure = Callable[[Any, OpSignature, float], Any]  # -> (plain s, oneDNN s) or 
 def time_op_types(program, op_types: Iterable[str], *, batch: int, seq: int, cache: Optional[KernelCache] = None,
                   measure: Optional[Measure] = None, budget_s: float = 0.25,
                   margin: float = MARGIN) -> Dict[str, TypeTiming]:
-    """{op type: TypeTiming} of `program`'s ops of `op_types`, from the cache where it has a clean entry,
+    """{op type: TypeTiming} of `program`'s ops of `op_types`, from the cache where it has an entry,
     measured otherwise (`measure(op, signature, budget_s)`; default `ProgramTimer`). New measurements are
-    written to the cache with how they were taken (a disturbed one is measured again by the next run)."""
+    written to the cache with how they were taken (the first one filed decides every later run: KernelCache)."""
     measure = measure or ProgramTimer()
     signatures = op_signatures(program, op_types, batch=batch, seq=seq)
     own: Dict[str, Dict[str, Any]] = {}
@@ -812,8 +833,8 @@ def measure_choice(program, *, batch: int, seq: int, cache: Optional[KernelCache
     disturbed = sorted(op_type for op_type, v in timings.items() if v.disturbed)
     if disturbed:
         notes.append(f"the measurement of {', '.join(disturbed)} was disturbed (other processes busy, or the rounds "
-                     "disagreed): the first such measurement decides until a run on this machine measures it "
-                     "undisturbed")
+                     "disagreed); it decides for every run on this machine, so that they choose alike. To measure "
+                     "again, run `ernie-mtl-kernels reset --disturbed` on a quiet machine before the next run")
     return KernelChoice(mode="auto", onednn=onednn, bias_grads=True, source="measured" if measured else "cached",
                         timings={op_type: v.to_json() for op_type, v in timings.items() if v.ops},
                         machine=dict(cache.machine) if cache is not None else {},
@@ -875,7 +896,7 @@ def show(path: Optional[os.PathLike] = None) -> str:
             if entry.get("plain_thread_stable") is False:
                 how.append("plain result depends on threads")
             if entry.get("disturbed"):
-                how.append("DISTURBED: measured again by the next run")
+                how.append("DISTURBED: decides until `ernie-mtl-kernels reset --disturbed`")
             lines.append(f"  {str(entry.get('op', '?'))[:70]:70s} plain {1e3 * plain:9.3f} ms  "
                          f"oneDNN {1e3 * onednn:9.3f} ms  ratio {onednn / plain:5.2f}  "
                          f"({'; '.join(how)}; {entry.get('measured', '?')})")
@@ -893,6 +914,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("action", choices=("show", "reset", "path"),
                    help="show: every measurement and how it was taken; reset: delete the file (the next run "
                         "measures again); path: print where it is")
+    p.add_argument("--disturbed", action="store_true",
+                   help="with reset: delete only the measurements taken while the machine was busy (marked "
+                        "DISTURBED by show); the next run measures those again")
     p.add_argument("--cache", default=None, help="another cache file than the default")
     args = p.parse_args(argv)
     path = Path(args.cache) if args.cache else cache_file()
@@ -905,7 +929,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if cache._special:
             print(f"ernie-mtl-kernels: error: {path} is not a regular file; not deleted", file=sys.stderr)
             return 2
-        print(f"deleted {path}" if cache.reset() else f"nothing to delete: {path} does not exist")
+        if args.disturbed:
+            try:
+                gone = cache.reset(disturbed_only=True)
+            except OSError as e:
+                print(f"ernie-mtl-kernels: error: {path} not rewritten ({e.strerror or e}); nothing deleted",
+                      file=sys.stderr)
+                return 2
+            print(f"deleted {gone} disturbed measurement(s) from {path}" if gone
+                  else f"nothing to delete: no disturbed measurement in {path}")
+        else:
+            print(f"deleted {path}" if cache.reset() else f"nothing to delete: {path} does not exist")
     return 0
 
 

@@ -295,22 +295,51 @@ def test_the_timer_measures_on_one_thread_whatever_the_process_runs_with(build_p
 
 
 @pytest.mark.slow
-def test_a_disturbed_measurement_decides_until_an_undisturbed_one_replaces_it(build_programs, tmp_path):
+def test_a_disturbed_measurement_decides_every_later_run_until_it_is_reset(build_programs, tmp_path, capsys):
+    """Two fresh runs on one machine choose the same kernels whatever the load when each started: the first
+    measurement filed decides for good, disturbed or not. (A clean later measurement used to replace a
+    disturbed one, and a fresh run and a preempted-and-resumed run of one configuration then ended a float32
+    ulp apart: tests/e2e/test_resilience.py's signal test failed in make test.) `reset --disturbed` is the
+    way to measure again."""
+    from ernie_mtl.program.kernel_choice import main
+
     busy = DictTimer(others_cores=1.7)  # another process used 1.7 cores meanwhile
     first, _ = decide(tiny(build_programs), tmp_path, timer=busy)
-    assert set(first.onednn) == FAST and any("was disturbed" in n for n in first.notes), first.notes
-    entries = json.loads((tmp_path / "cache" / "cpu_kernels.json").read_text())["machines"]
+    assert set(first.onednn) == FAST and any("reset --disturbed" in n for n in first.notes), first.notes
+    path = tmp_path / "cache" / "cpu_kernels.json"
+    entries = json.loads(path.read_text())["machines"]
     assert all(e["disturbed"] and e["others_cores"] == 1.7 for slot in entries.values()
                for e in slot["signatures"].values())
-    still_busy = DictTimer(fast=(), others_cores=1.2)  # busy again, and its noise would choose otherwise...
-    second, _ = decide(tiny(build_programs), tmp_path, timer=still_busy)
-    assert still_busy.calls and second.onednn == first.onednn  # ...measured again, but the first one decides
-    quiet = DictTimer(fast={"matmul_v2", "matmul_v2_grad"})  # the quiet machine's numbers
+    quiet = DictTimer(fast={"matmul_v2"})  # a quiet machine's numbers would choose otherwise...
+    second, _ = decide(tiny(build_programs), tmp_path, timer=quiet)
+    assert not quiet.calls and second.onednn == first.onednn  # ...but nothing is measured: the first decides
+    assert second.source == "cached" and any("was disturbed" in n for n in second.notes)
+
+    assert main(["reset", "--disturbed", "--cache", str(path)]) == 0
+    assert "deleted" in capsys.readouterr().out
     third, _ = decide(tiny(build_programs), tmp_path, timer=quiet)
-    assert quiet.calls and set(third.onednn) == {"matmul_v2", "matmul_v2_grad"}  # replaced by the clean one
+    assert quiet.calls and set(third.onednn) == {"matmul_v2"}  # measured again, on the user's word
+    assert not any("was disturbed" in n for n in third.notes)
     later = DictTimer(fast=())
     fourth, _ = decide(tiny(build_programs), tmp_path, timer=later)
-    assert not later.calls and fourth.onednn == third.onednn  # a clean measurement is kept for good
+    assert not later.calls and fourth.onednn == third.onednn
+    assert main(["reset", "--disturbed", "--cache", str(path)]) == 0  # a clean entry is not disturbed: stays
+    assert "nothing to delete" in capsys.readouterr().out and json.loads(path.read_text())["machines"]
+
+
+def test_reset_disturbed_keeps_clean_entries_of_every_machine(tmp_path):
+    path = tmp_path / "cpu_kernels.json"
+    for machine in (machine_identity(), {**machine_identity(), "cpu": "another CPU"}):
+        cache = KernelCache(path, machine=machine)
+        cache.put("clean", "matmul_v2 X8x128x768 Y768x768", 2e-3, 1e-3, disturbed=False)
+        cache.put("busy", "scale X8x12x128x64", 1e-4, 2e-4, disturbed=True)
+        cache.save()
+    assert KernelCache(path, machine=machine_identity()).reset(disturbed_only=True) == 2
+    for machine in (machine_identity(), {**machine_identity(), "cpu": "another CPU"}):
+        cache = KernelCache(path, machine=machine)
+        assert cache.get("clean") == (2e-3, 1e-3) and cache.get("busy") is None and cache.needs_measuring("busy")
+    assert KernelCache(path, machine=machine_identity()).reset(disturbed_only=True) == 0
+    assert KernelCache(tmp_path / "missing.json", machine=machine_identity()).reset(disturbed_only=True) == 0
 
 
 def test_rounds_that_straddle_the_threshold_are_disturbed():
@@ -388,7 +417,7 @@ def test_the_kernels_command_shows_and_resets_the_cache(tmp_path, capsys):
     shown = capsys.readouterr().out
     assert str(path) in shown and describe_machine(machine_identity()) in shown
     assert "matmul_v2 X8x128x768 Y768x768" in shown and "ratio  0.50" in shown and "5 rounds on 1 thread(s)" in shown
-    assert "DISTURBED: measured again by the next run" in shown and "others 1.20 cores" in shown
+    assert "DISTURBED: decides until `ernie-mtl-kernels reset --disturbed`" in shown and "others 1.20 cores" in shown
     assert main(["reset", "--cache", str(path)]) == 0
     assert not path.exists() and f"deleted {path}" in capsys.readouterr().out
     assert main(["show", "--cache", str(path)]) == 0 and "(empty" in capsys.readouterr().out
