@@ -919,6 +919,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "DISTURBED by show); the next run measures those again")
     p.add_argument("--cache", default=None, help="another cache file than the default")
     args = p.parse_args(argv)
+    if args.disturbed and args.action != "reset":
+        p.error(f"--disturbed goes with reset (reset --disturbed), not with {args.action}")
     path = Path(args.cache) if args.cache else cache_file()
     if args.action == "path":
         print(path)

@@ -325,6 +325,9 @@ def test_a_disturbed_measurement_decides_every_later_run_until_it_is_reset(build
     assert not later.calls and fourth.onednn == third.onednn
     assert main(["reset", "--disturbed", "--cache", str(path)]) == 0  # a clean entry is not disturbed: stays
     assert "nothing to delete" in capsys.readouterr().out and json.loads(path.read_text())["machines"]
+    with pytest.raises(SystemExit) as refused:
+        main(["show", "--disturbed", "--cache", str(path)])
+    assert refused.value.code == 2 and "--disturbed goes with reset" in capsys.readouterr().err
 
 
 def test_reset_disturbed_keeps_clean_entries_of_every_machine(tmp_path):
