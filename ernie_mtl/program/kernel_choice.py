@@ -281,13 +281,17 @@ class KernelCache:
             machines, gone = self._all_machines(), 0
             for key, slot in machines.items():
                 entries = slot.get("signatures") if isinstance(slot.get("signatures"), dict) else {}
-                kept = {k: e for k, e in entries.items() if not (isinstance(e, dict) and e.get("disturbed"))}
+                kept = self._undisturbed(entries)
                 gone += len(entries) - len(kept)
                 machines[key] = {**slot, "signatures": kept}
             if gone:
                 write_json_atomic(self.path, {"format": CACHE_FORMAT, "machines": machines}, indent=1)
-        self._entries = {k: e for k, e in self._entries.items() if not (isinstance(e, dict) and e.get("disturbed"))}
+        self._entries = self._undisturbed(self._entries)
         return gone
+
+    @staticmethod
+    def _undisturbed(entries: Mapping[str, Any]) -> Dict[str, Any]:
+        return {k: e for k, e in entries.items() if not (isinstance(e, dict) and e.get("disturbed"))}
 
     def _all_machines(self) -> Dict[str, Dict[str, Any]]:
         data = self._read()
